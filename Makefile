@@ -1,0 +1,30 @@
+# One entry point for a newcomer: `make run` starts gpupool, `make test` runs every test.
+# Both do their own set-up into .venv (and build native/), so they work on a fresh machine.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+
+.PHONY: setup run test lint native bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+native: setup
+	@if [ -f native/Makefile ]; then $(MAKE) -C native; fi
+
+run: setup native
+	$(VENV)/bin/gpupool-sim demo
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: setup native lint
+	$(VENV)/bin/pytest -q tests
+
+clean:
+	rm -rf $(VENV) native/build
