@@ -1,0 +1,122 @@
+"""Node capacity as dense arrays, so placement looks at every node in one vector step.
+
+Rows are nodes, columns are GPU slots. A slot a node does not have holds -1 free, so no
+request ever fits there. Arrays are only ever changed through ``take``/``give`` so the
+derived columns (``full_free``) stay true.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .model import MILLI, Node, PodDemand
+
+
+@dataclass
+class ClusterArrays:
+    names: list[str]
+    index: dict[str, int]
+    pools: list[str]
+    models: list[str]
+    labels: list[dict[str, str]]
+    pool_id: np.ndarray  # (N,) int16
+    model_id: np.ndarray  # (N,) int16; model of the node's GPUs (-1: no GPU)
+    gpu_count: np.ndarray  # (N,) int16
+    gpu_mem: np.ndarray  # (N, G) int32 MiB per GPU slot, 1 where there is none
+    gpu_free: np.ndarray  # (N, G) int32 milli-GPU free per slot, -1 where there is none
+    full_free: np.ndarray  # (N,) int16 GPUs with nothing on them
+    cpu_free: np.ndarray  # (N,) int64 milli-CPU
+    mem_free: np.ndarray  # (N,) int64 MiB
+
+    @classmethod
+    def from_nodes(cls, nodes: list[Node]) -> ClusterArrays:
+        n = len(nodes)
+        g = max((len(x.gpus) for x in nodes), default=0) or 1
+        pools = sorted({x.pool for x in nodes})
+        models = sorted({gpu.model for x in nodes for gpu in x.gpus})
+        pool_ix = {p: i for i, p in enumerate(pools)}
+        model_ix = {m: i for i, m in enumerate(models)}
+        gpu_free = np.full((n, g), -1, dtype=np.int32)
+        gpu_mem = np.ones((n, g), dtype=np.int32)
+        model_id = np.full(n, -1, dtype=np.int16)
+        for i, node in enumerate(nodes):
+            for gpu in node.gpus:
+                gpu_free[i, gpu.index] = MILLI
+                gpu_mem[i, gpu.index] = gpu.memory_mib
+            if node.gpus:
+                model_id[i] = model_ix[node.gpus[0].model]
+        return cls(
+            names=[x.name for x in nodes],
+            index={x.name: i for i, x in enumerate(nodes)},
+            pools=pools,
+            models=models,
+            labels=[dict(x.labels) for x in nodes],
+            pool_id=np.array([pool_ix[x.pool] for x in nodes], dtype=np.int16),
+            model_id=model_id,
+            gpu_count=np.array([len(x.gpus) for x in nodes], dtype=np.int16),
+            gpu_mem=gpu_mem,
+            gpu_free=gpu_free,
+            full_free=np.array([len(x.gpus) for x in nodes], dtype=np.int16),
+            cpu_free=np.array([x.cpu_milli for x in nodes], dtype=np.int64),
+            mem_free=np.array([x.memory_mib for x in nodes], dtype=np.int64),
+        )
+
+    def copy(self) -> ClusterArrays:
+        """A copy whose capacity columns can change without touching this one."""
+        return ClusterArrays(
+            names=self.names,
+            index=self.index,
+            pools=self.pools,
+            models=self.models,
+            labels=self.labels,
+            pool_id=self.pool_id,
+            model_id=self.model_id,
+            gpu_count=self.gpu_count,
+            gpu_mem=self.gpu_mem,
+            gpu_free=self.gpu_free.copy(),
+            full_free=self.full_free.copy(),
+            cpu_free=self.cpu_free.copy(),
+            mem_free=self.mem_free.copy(),
+        )
+
+    def take(self, node: int, gpus: tuple[int, ...], milli: int, cpu: int, mem: int) -> None:
+        for j in gpus:
+            if self.gpu_free[node, j] == MILLI:
+                self.full_free[node] -= 1
+            self.gpu_free[node, j] -= milli
+        self.cpu_free[node] -= cpu
+        self.mem_free[node] -= mem
+
+    def give(self, node: int, gpus: tuple[int, ...], milli: int, cpu: int, mem: int) -> None:
+        for j in gpus:
+            self.gpu_free[node, j] += milli
+            if self.gpu_free[node, j] == MILLI:
+                self.full_free[node] += 1
+        self.cpu_free[node] += cpu
+        self.mem_free[node] += mem
+
+    def eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> np.ndarray:
+        """Nodes whose pool, GPU model, CPU and memory allow one pod of ``demand``."""
+        mask = (self.cpu_free >= demand.cpu_milli) & (self.mem_free >= demand.memory_mib)
+        if pool is not None:
+            if pool not in self.pools:
+                return np.zeros(len(self.names), dtype=bool)
+            mask &= self.pool_id == self.pools.index(pool)
+        if models:
+            ids = [self.models.index(m) for m in models if m in self.models]
+            mask &= np.isin(self.model_id, ids)
+        if demand.gpu_count:
+            mask &= self.gpu_count >= demand.gpu_count
+        return mask
+
+    def need_milli(self, demand: PodDemand) -> np.ndarray | int:
+        """Milli-GPUs the pod needs per GPU: a number, or per slot for memory requests."""
+        if demand.gpu_memory_mib:
+            return np.minimum(MILLI, -(-demand.gpu_memory_mib * MILLI // self.gpu_mem))
+        return demand.milli_on(1)
+
+    def capacity_milli(self, pool: str | None = None) -> int:
+        counts = self.gpu_count if pool is None else self.gpu_count[self.pool_id == self.pools.index(pool)]
+        return int(counts.sum()) * MILLI
