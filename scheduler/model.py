@@ -40,6 +40,9 @@ DEFAULT_PREEMPTIBLE = {Kind.INFERENCE: False, Kind.WORKSPACE: False, Kind.TRAINI
 class State(str, enum.Enum):
     PENDING = "pending"
     RUNNING = "running"
+    # Evicted but still holding its GPUs until it exits (grace period); never a victim
+    # again, and the scheduler counts its GPUs as soon-free instead of evicting more.
+    RELEASING = "releasing"
 
 
 @dataclass(frozen=True)
@@ -220,7 +223,7 @@ class Workload:
         if not isinstance(self.pods, int) or self.pods < 1:
             raise ValidationError(f"{w}.pods", f"gang size must be an integer >= 1, got {self.pods!r}")
         self.demand.validate(f"{w}.demand")
-        if self.state == State.RUNNING and len(self.placement) != self.pods:
+        if self.state != State.PENDING and len(self.placement) != self.pods:
             raise ValidationError(f"{w}.placement", f"a running workload needs {self.pods} pod placements")
         if self.grace_period_s < 0:
             raise ValidationError(f"{w}.grace_period_s", "must be >= 0")

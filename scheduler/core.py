@@ -1,0 +1,424 @@
+"""``decide(snapshot) -> Decisions``: one pure, deterministic scheduling cycle.
+
+The cycle reads top to bottom:
+  0. working copy   copy free capacity and usage; compute fair shares per pool
+  1. in quota       place work that fits its project's (and department's) quota
+  2. fair share     place over-quota work, least-served project (by weight) first,
+                    as far as each project's fair share of the idle GPUs goes
+  3. idle leftovers let over-quota work use GPUs nobody else asked for (up to limits)
+  4. make room      for work still waiting: reclaim over-quota GPUs for projects below
+                    quota, then for projects below fair share, then preempt lower
+                    priority work of the same project; fewest evictions that make room
+  5. reasons        every workload left waiting says why, with its queue position
+Every step works on the cycle's copy inside checkpoints; nothing outside changes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from .model import (
+    MILLI,
+    Bind,
+    Decisions,
+    Evict,
+    Pending,
+    PodPlacement,
+    Project,
+    Quota,
+    State,
+    Workload,
+)
+from .placement import Choice, get_policy
+from .quota import admit, department_quota, fair_shares
+from .snapshot import Snapshot
+from .working import Working
+
+__all__ = ["decide"]
+
+
+def decide(snapshot: Snapshot) -> Decisions:
+    return _Cycle(snapshot).run()
+
+
+def queue_order(w: Workload) -> tuple:
+    """Higher priority first, then first come, first served; the name breaks ties."""
+    return (-w.effective_priority, w.submit_time, w.name)
+
+
+def describe_demand(w: Workload) -> str:
+    d = w.demand
+    if d.gpus:
+        gpu = f"{d.gpus} GPU{'s' if d.gpus > 1 else ''}"
+    elif d.gpu_fraction:
+        gpu = f"{d.gpu_fraction:g} GPU"
+    elif d.gpu_memory_mib:
+        gpu = f"{d.gpu_memory_mib / 1024:g} GiB of GPU memory"
+    else:
+        gpu = f"{d.cpu_milli / 1000:g} CPU and {d.memory_mib / 1024:g} GiB memory"
+    return gpu if w.pods == 1 else f"{w.pods} pods x {gpu}"
+
+
+class _Cycle:
+    def __init__(self, snap: Snapshot):
+        t0 = time.perf_counter()
+        self.snap = snap
+        self.cfg = snap.config
+        self.work = Working(snap)
+        self.policy = get_policy(self.cfg.policy)
+        self.order = sorted(snap.pending.values(), key=queue_order)
+        if hasattr(self.policy, "prepare"):
+            holding = [w for ws in snap.holding.values() for w in ws.values()]
+            self.policy.prepare([w.demand for w in holding + self.order])
+        self.dept_projects: dict[str, list[Project]] = defaultdict(list)
+        for p in snap.projects.values():
+            self.dept_projects[p.department].append(p)
+        self.pools = self.work.arrays.pools
+        self.fair = self._fair_shares()
+        self.decisions = Decisions()
+        for (project, pool), milli in sorted(self.fair.items()):
+            self.decisions.fair_share_milli[(project, pool)] = milli
+        self.placed: set[str] = set()
+        self.why: dict[str, str | tuple[str, str]] = {}
+        self.failed: dict[tuple, int] = {}  # placement key -> epoch it failed at
+        self.evicted: set[str] = set()
+        self.reserved: set[str] = set()  # placed behind evictions; bound in a later cycle
+        self.decisions.timings["snapshot_s"] = time.perf_counter() - t0
+
+    # -- 0. fair shares ---------------------------------------------------------------
+    def _fair_shares(self) -> dict[tuple[str, str], int]:
+        demand: dict[str, dict[str, float]] = {pool: defaultdict(float) for pool in self.pools}
+        for (project, pool), milli in self.snap.usage.items():
+            if pool in demand:
+                demand[pool][project] += milli
+        for w in self.order:
+            pools = self._pools_for(w)
+            if pools and w.project in self.snap.projects:
+                demand[pools[0]][w.project] += self._milli(w, pools[0])
+        out = {}
+        for pool in self.pools:
+            shares = fair_shares(
+                self.work.arrays.capacity_milli(pool),
+                self.snap.departments,
+                self.snap.projects,
+                demand[pool],
+                pool,
+            )
+            out.update({(p, pool): s for p, s in shares.items()})
+        return out
+
+    # -- helpers ----------------------------------------------------------------------
+    def _pools_for(self, w: Workload) -> list[str]:
+        if w.node_pool is not None:
+            return [w.node_pool] if w.node_pool in self.pools else []
+        project = self.snap.projects.get(w.project)
+        quota = (lambda pool: project.quotas.get(pool, Quota()).gpus) if project else (lambda pool: 0)
+        return sorted(self.pools, key=lambda pool: (-quota(pool), pool))
+
+    def _milli(self, w: Workload, pool: str) -> int:
+        """The gang's GPU need in ``pool``; memory requests count on its largest GPUs."""
+        a = self.work.arrays
+        rows = a.pool_id == a.pools.index(pool)
+        mem = int(a.gpu_mem[rows].max()) if rows.any() else 1
+        return w.gpu_milli_estimate(mem)
+
+    def _verdict(self, w: Workload, pool: str):
+        project = self.snap.projects[w.project]
+        dq = department_quota(
+            self.snap.departments[project.department], self.dept_projects[project.department], pool
+        )
+        return admit(
+            project,
+            dq,
+            pool,
+            w.kind,
+            w.may_go_over_quota,
+            self._milli(w, pool),
+            self.work.usage[(w.project, pool)],
+            self.work.dept_usage[(project.department, pool)],
+        )
+
+    def _place(self, w: Workload, pool: str) -> list[Choice] | None:
+        """Place the whole gang in ``pool`` (taking its capacity), or nothing."""
+        key = (pool, w.gpu_models, w.demand, w.pods, w.topology_key)
+        if self.failed.get(key) == self.work.epoch:
+            return None
+        a = self.work.arrays
+        topo = w.topology_key or (self.cfg.default_topology_key if w.pods > 1 else None)
+        for domain in self._domains(topo, pool):
+            cp = self.work.checkpoint()
+            choices: list[Choice] = []
+            for _ in range(w.pods):
+                mask = a.eligible(pool, w.gpu_models, w.demand)
+                if domain is not None:
+                    mask &= domain
+                c = self.policy.place(a, mask, w.demand)
+                if c is None:
+                    break
+                self.work.take(w, [c])
+                choices.append(c)
+            if len(choices) == w.pods:
+                return choices
+            self.work.rollback(cp)
+        self.failed[key] = self.work.epoch
+        return None
+
+    def _domains(self, key: str | None, pool: str) -> Iterator[np.ndarray | None]:
+        """Topology domains to try for a gang, fullest first, then the whole pool."""
+        a = self.work.arrays
+        if key:
+            values = sorted({lab[key] for lab in a.labels if key in lab})
+            masks = [np.array([lab.get(key) == v for lab in a.labels]) for v in values]
+            masks.sort(key=lambda m: int(a.full_free[m].sum()))
+            yield from masks
+        yield None
+
+    def _bind(self, w: Workload, choices: list[Choice], over_quota: bool) -> None:
+        names = self.work.arrays.names
+        pods = tuple(PodPlacement(names[c.node], c.gpus, c.milli) for c in choices)
+        self.decisions.binds.append(Bind(w.name, pods, over_quota))
+        self.placed.add(w.name)
+
+    def _try(self, w: Workload, allow: Callable[[str, object], bool]) -> bool:
+        """Place ``w`` in the first pool whose verdict ``allow`` accepts and that has room."""
+        for pool in self._pools_for(w):
+            v = self._verdict(w, pool)
+            if not allow(pool, v):
+                continue
+            choices = self._place(w, pool)
+            if choices is not None:
+                self._bind(w, choices, v.over_quota)
+                return True
+            self.why[w.name] = self._capacity_reason(w, pool)
+        return False
+
+    def _fits_fair_share(self, w: Workload, pool: str) -> bool:
+        return self.work.usage[(w.project, pool)] + self._milli(w, pool) <= self.fair.get((w.project, pool), 0)
+
+    # -- the cycle --------------------------------------------------------------------
+    def run(self) -> Decisions:
+        t0 = time.perf_counter()
+        waiting = self._check_known()
+        self._in_quota(waiting)
+        self._fair_share(waiting)
+        self._leftovers(waiting)
+        self._make_room(waiting)
+        self._reasons(waiting)
+        self.decisions.timings["actions_s"] = time.perf_counter() - t0
+        return self.decisions
+
+    def _check_known(self) -> list[Workload]:
+        waiting = []
+        for w in self.order:
+            if w.project not in self.snap.projects:
+                self.why[w.name] = f"project {w.project} does not exist"
+            elif w.node_pool is not None and w.node_pool not in self.pools:
+                self.why[w.name] = f"node pool {w.node_pool} does not exist"
+            else:
+                waiting.append(w)
+        return waiting
+
+    def _in_quota(self, waiting: list[Workload]) -> None:
+        for w in waiting:
+            if not self._try(w, lambda pool, v: v.allowed and not v.over_quota):
+                if w.name not in self.why:
+                    # The verdict of its first pool explains it best.
+                    self.why[w.name] = self._verdict(w, self._pools_for(w)[0]).reason
+
+    def _fair_share(self, waiting: list[Workload]) -> None:
+        queues: dict[str, list[Workload]] = defaultdict(list)
+        for w in waiting:
+            if w.name not in self.placed and w.may_go_over_quota:
+                queues[w.project].append(w)
+        heap = [(self._served(p), p) for p in queues]
+        heapq.heapify(heap)
+        nxt = dict.fromkeys(queues, 0)
+        while heap:
+            _, p = heapq.heappop(heap)
+            q = queues[p]
+            while nxt[p] < len(q):
+                w = q[nxt[p]]
+                nxt[p] += 1
+                if self._try(w, lambda pool, v, w=w: v.allowed and self._fits_fair_share(w, pool)):
+                    break
+            if nxt[p] < len(q):
+                heapq.heappush(heap, (self._served(p), p))
+
+    def _served(self, project: str) -> tuple[float, str]:
+        """How much over-quota capacity a project holds per unit of weight (lower goes first)."""
+        p = self.snap.projects[project]
+        over = 0.0
+        for pool in self.pools:
+            q = p.quotas.get(pool, Quota())
+            used = self.work.usage[(project, pool)] - q.quota_milli
+            over += max(0, used) / max(q.over_quota_weight, 1e-9)
+        return (over, project)
+
+    def _leftovers(self, waiting: list[Workload]) -> None:
+        for w in waiting:
+            if w.name not in self.placed and w.may_go_over_quota:
+                self._try(w, lambda pool, v: v.allowed)
+
+    # -- 4. make room -----------------------------------------------------------------
+    def _make_room(self, waiting: list[Workload]) -> None:
+        releasing = [
+            w for ws in self.snap.holding.values() for w in ws.values() if w.state == State.RELEASING
+        ]
+        tried: set[tuple] = set()
+        for w in waiting:
+            if w.name in self.placed:
+                continue
+            if releasing and self._fits_after_release(w, releasing):
+                n = len(releasing)
+                self.why[w.name] = f"waiting for {n} evicted workload{'s' if n > 1 else ''} to release GPUs"
+                continue
+            key = (w.project, w.demand, w.pods, w.gpu_models, w.node_pool, w.effective_priority)
+            if key in tried:
+                continue
+            if not self._plan_for(w):
+                tried.add(key)
+
+    def _fits_after_release(self, w: Workload, releasing: list[Workload]) -> bool:
+        cp = self.work.checkpoint()
+        for r in releasing:
+            self.work.give(r, self.work.choices_of(r))
+        ok = any(self._verdict(w, pool).allowed and self._place(w, pool) for pool in self._pools_for(w))
+        self.work.rollback(cp)
+        return ok
+
+    def _plan_for(self, w: Workload) -> bool:
+        for pool in self._pools_for(w):
+            v = self._verdict(w, pool)
+            strategies = []
+            if self.cfg.reclaim and v.allowed and not v.over_quota:
+                strategies.append(("reclaim", self._reclaim_victims(w, pool, below="quota")))
+            if self.cfg.fair_share_reclaim and v.allowed and v.over_quota and self._fits_fair_share(w, pool):
+                strategies.append(("fair share", self._reclaim_victims(w, pool, below="fair")))
+            if self.cfg.preempt:
+                strategies.append(("preempt", self._own_victims(w, pool)))
+            for name, victims in strategies:
+                if victims and self._evict_to_fit(w, pool, name, victims):
+                    return True
+        return False
+
+    def _victim_order(self, w: Workload) -> tuple:
+        """Lowest priority first, then the most recently submitted."""
+        return (w.effective_priority, -w.submit_time, w.name)
+
+    def _holding(self, project: str, pool: str) -> list[Workload]:
+        out = []
+        for v in self.snap.holding.get(project, {}).values():
+            if v.state == State.RUNNING and v.is_preemptible and v.name not in self.evicted:
+                if any(self.snap.nodes[p.node].pool == pool for p in v.placement if p.node in self.snap.nodes):
+                    out.append(v)
+        return sorted(out, key=self._victim_order)
+
+    def _reclaim_victims(self, w: Workload, pool: str, below: str) -> list[Workload]:
+        """Other projects' preemptible work, furthest above fair share first; each victim
+        must leave its project at or above its quota (or fair share) after it goes."""
+        out = []
+        others = [p for p in self.snap.projects if p != w.project]
+        for p in sorted(others, key=lambda p: (-(self.work.usage[(p, pool)] - self.fair.get((p, pool), 0)), p)):
+            out.extend(self._holding(p, pool))
+        floor = {
+            p: (self.snap.projects[p].quotas.get(pool, Quota()).quota_milli if below == "quota" else self.fair.get((p, pool), 0))
+            for p in others
+        }
+        return [(v, floor[v.project]) for v in out]
+
+    def _own_victims(self, w: Workload, pool: str) -> list:
+        return [(v, None) for v in self._holding(w.project, pool) if v.effective_priority < w.effective_priority]
+
+    def _evict_to_fit(self, w: Workload, pool: str, strategy: str, candidates: list) -> bool:
+        """Evict candidates in order until ``w`` fits, then drop every eviction that was not
+        needed. Leaves ``w`` holding its room (it binds once the victims are gone)."""
+        cp = self.work.checkpoint()
+
+        def evict_set(victims: list[Workload]) -> list[Choice] | None:
+            self.work.rollback(cp)
+            for v in victims:
+                self.work.give(v, self.work.choices_of(v))
+            if not self._verdict(w, pool).allowed:
+                return None
+            if strategy == "fair share" and not self._fits_fair_share(w, pool):
+                return None
+            return self._place(w, pool)
+
+        victims: list[Workload] = []
+        placed = None
+        for v, floor in candidates:
+            milli = sum(c.milli * len(c.gpus) for c in self.work.choices_of(v))
+            if floor is not None and self.work.usage[(v.project, pool)] - milli < floor:
+                continue
+            victims.append(v)
+            placed = evict_set(victims)
+            if placed is not None:
+                break
+            self.work.rollback(cp)
+            for u in victims:
+                self.work.give(u, self.work.choices_of(u))
+        if placed is None:
+            self.work.rollback(cp)
+            return False
+        for v in list(victims[:-1]):  # the last one was needed, or we'd have stopped sooner
+            trial = [u for u in victims if u is not v]
+            if evict_set(trial) is not None:
+                victims = trial
+        placed = evict_set(victims)
+        assert placed is not None
+        for v in victims:
+            self.evicted.add(v.name)
+            self.decisions.evictions.append(Evict(v.name, self._evict_reason(v, w, strategy), v.grace_period_s))
+        self.placed.add(w.name)
+        self.reserved.add(w.name)
+        projects = sorted({v.project for v in victims})
+        self.why[w.name] = (
+            f"{'preempting' if strategy == 'preempt' else 'reclaiming GPUs from'} "
+            f"{len(victims)} workload{'s' if len(victims) > 1 else ''} of project "
+            f"{', '.join(projects)}; starts when they exit"
+        )
+        return True
+
+    def _evict_reason(self, v: Workload, w: Workload, strategy: str) -> str:
+        if strategy == "preempt":
+            return f"preempted by higher-priority workload {w.name} of project {w.project}"
+        if strategy == "reclaim":
+            return f"reclaimed: project {w.project} is below its quota and needs the GPUs for {w.name}"
+        return f"reclaimed for fair share: project {w.project} is below its fair share and needs the GPUs for {w.name}"
+
+    # -- 5. reasons -------------------------------------------------------------------
+    def _reasons(self, waiting: list[Workload]) -> None:
+        position = 0
+        for w in self.order:
+            if w.name in self.placed and w.name not in self.reserved:
+                continue
+            position += 1
+            reason = self.why.get(w.name) or self._over_quota_reason(w)
+            if isinstance(reason, tuple):  # (pool, what): a capacity miss
+                ahead = position - 1
+                reason = f"no node in {reason[0]} has {reason[1]} free; {ahead} workload{'s' if ahead != 1 else ''} ahead"
+            self.decisions.pending.append(Pending(w.name, reason, position))
+
+    def _capacity_reason(self, w: Workload, pool: str) -> tuple[str, str]:
+        a = self.work.arrays
+        eligible = a.eligible(pool, w.gpu_models, w.demand)
+        where = f"pool {pool}" + (f" with GPU model {'/'.join(w.gpu_models)}" if w.gpu_models else "")
+        if not eligible.any():
+            what = f"{w.demand.cpu_milli / 1000:g} CPU and {w.demand.memory_mib / 1024:g} GiB memory"
+        else:
+            what = describe_demand(w) if w.pods == 1 else f"room for the whole gang of {describe_demand(w)}"
+        return (where, what)
+
+    def _over_quota_reason(self, w: Workload) -> str:
+        pool = self._pools_for(w)[0]
+        used = self.work.usage[(w.project, pool)] / MILLI
+        fair = self.fair.get((w.project, pool), 0) / MILLI
+        return (
+            f"project {w.project} is over its quota ({used:g} GPUs in use) and its fair share "
+            f"of idle GPUs ({fair:g}) is taken"
+        )

@@ -1,0 +1,138 @@
+"""Quota rules: fair shares and whether a project may take more GPUs. One place for both.
+
+Fair share, per node pool, top down: every department first gets what it wants up to its
+quota; GPUs nobody is guaranteed are then divided among departments that want more, in
+proportion to their over-quota weights and up to their limits. Each department's share is
+divided among its projects the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model import MILLI, Department, Kind, Project, Quota
+
+
+def waterfill(total: float, base: list[float], cap: list[float], weight: list[float]) -> list[float]:
+    """Give each entry its ``base`` (scaled down if they do not all fit), then divide what
+    is left by ``weight`` without going over ``cap``."""
+    n = len(base)
+    base_sum = sum(base)
+    if base_sum >= total:
+        scale = total / base_sum if base_sum else 0.0
+        return [b * scale for b in base]
+    got = list(base)
+    left = total - base_sum
+    open_ = {i for i in range(n) if cap[i] > got[i] and weight[i] > 0}
+    while left > 1e-9 and open_:
+        wsum = sum(weight[i] for i in open_)
+        step = {i: left * weight[i] / wsum for i in open_}
+        full = {i for i in open_ if got[i] + step[i] >= cap[i]}
+        if not full:
+            for i in open_:
+                got[i] += step[i]
+            break
+        # Fill the entries that hit their cap, then share the rest among the others.
+        for i in full:
+            left -= cap[i] - got[i]
+            got[i] = cap[i]
+        open_ -= full
+    return got
+
+
+def _limit(q: Quota) -> float:
+    return float("inf") if q.limit_milli is None else float(q.limit_milli)
+
+
+def department_quota(dept: Department, projects: list[Project], pool: str) -> Quota:
+    """A department without a quota for the pool is guaranteed the sum of its projects'."""
+    if pool in dept.quotas:
+        return dept.quotas[pool]
+    return Quota(gpus=sum(p.quotas.get(pool, Quota()).gpus for p in projects))
+
+
+def fair_shares(
+    capacity_milli: int,
+    departments: dict[str, Department],
+    projects: dict[str, Project],
+    demand: dict[str, float],
+    pool: str,
+) -> dict[str, int]:
+    """Each project's fair share of the pool in milli-GPUs, for the given demands."""
+    by_dept: dict[str, list[Project]] = {d: [] for d in departments}
+    for p in projects.values():
+        by_dept.setdefault(p.department, []).append(p)
+    dnames = [d for d in by_dept if d in departments]
+    d_demand, d_base, d_cap, d_weight = [], [], [], []
+    for d in dnames:
+        q = department_quota(departments[d], by_dept[d], pool)
+        want = sum(min(demand.get(p.name, 0.0), _limit(p.quotas.get(pool, Quota()))) for p in by_dept[d])
+        want = min(want, _limit(q))
+        d_demand.append(want)
+        d_base.append(min(q.quota_milli, want))
+        d_cap.append(want)
+        d_weight.append(q.over_quota_weight)
+    d_share = waterfill(capacity_milli, d_base, d_cap, d_weight)
+    shares: dict[str, int] = {}
+    for d, share in zip(dnames, d_share):
+        ps = by_dept[d]
+        qs = [p.quotas.get(pool, Quota()) for p in ps]
+        wants = [min(demand.get(p.name, 0.0), _limit(q)) for p, q in zip(ps, qs)]
+        got = waterfill(
+            share,
+            [min(q.quota_milli, w) for q, w in zip(qs, wants)],
+            wants,
+            [q.over_quota_weight for q in qs],
+        )
+        for p, g in zip(ps, got):
+            shares[p.name] = int(g + 1e-6)
+    return shares
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    over_quota: bool
+    reason: str = ""
+
+
+def _gpus(milli: float) -> str:
+    return f"{milli / MILLI:g}"
+
+
+def admit(
+    project: Project,
+    dept_quota: Quota,
+    pool: str,
+    kind: Kind,
+    may_go_over_quota: bool,
+    milli: int,
+    project_used: int,
+    dept_used: int,
+) -> Verdict:
+    """May ``project`` take ``milli`` more GPU in ``pool``, and is it over its quota then?
+
+    In quota means inside both the project's quota and its department's. Over quota is
+    for work that may go there, up to the project's and the department's limits; how much
+    of the idle capacity it gets is the fair share's business, not this rule's.
+    """
+    q = project.quotas.get(pool, Quota())
+    if project_used + milli <= q.quota_milli and dept_used + milli <= dept_quota.quota_milli:
+        return Verdict(True, False)
+    where = f"project {project.name} is at its quota {_gpus(project_used)}/{_gpus(q.quota_milli)} GPUs"
+    if project_used + milli <= q.quota_milli:
+        where = (
+            f"department {project.department} is at its quota "
+            f"{_gpus(dept_used)}/{_gpus(dept_quota.quota_milli)} GPUs"
+        )
+    if pool != "default":
+        where += f" in pool {pool}"
+    if not may_go_over_quota:
+        return Verdict(False, True, f"{where} and over-quota is off for {kind.value}s")
+    if q.limit_milli is not None and project_used + milli > q.limit_milli:
+        return Verdict(False, True, f"project {project.name} is at its limit {_gpus(q.limit_milli)} GPUs")
+    if dept_quota.limit_milli is not None and dept_used + milli > dept_quota.limit_milli:
+        return Verdict(
+            False, True, f"department {project.department} is at its limit {_gpus(dept_quota.limit_milli)} GPUs"
+        )
+    return Verdict(True, True)

@@ -1,0 +1,163 @@
+"""The scheduler's view of the cluster, kept up to date one change at a time.
+
+Adapters feed it events (a node came, a workload was bound, a project's quota changed);
+it keeps the aggregates a cycle needs (free capacity per GPU, usage per project and pool)
+so that a ``decide`` cycle costs what the pending work costs, not what the running work
+does. Only node changes rebuild the capacity arrays.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from .cluster import ClusterArrays
+from .model import (
+    Department,
+    Node,
+    Project,
+    State,
+    ValidationError,
+    Workload,
+)
+
+
+@dataclass
+class SchedulerConfig:
+    policy: str = "gpupool"
+    # Node label gangs try to share when a workload names none (e.g. "rack").
+    default_topology_key: str | None = None
+    reclaim: bool = True  # take back over-quota GPUs for projects under quota
+    fair_share_reclaim: bool = True  # also for projects under their fair share
+    preempt: bool = True  # higher priority displaces lower inside a project
+
+
+@dataclass
+class Snapshot:
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.departments: dict[str, Department] = {}
+        self.projects: dict[str, Project] = {}
+        self.workloads: dict[str, Workload] = {}
+        self.pending: dict[str, Workload] = {}
+        # Workloads holding GPUs (running or releasing), per project.
+        self.holding: dict[str, dict[str, Workload]] = defaultdict(dict)
+        self.usage: dict[tuple[str, str], int] = defaultdict(int)  # (project, pool) -> milli
+        self._held: dict[str, list[tuple[str, int]]] = {}  # workload -> [(pool, milli)]
+        self._arrays: ClusterArrays | None = None
+
+    @classmethod
+    def build(
+        cls,
+        nodes=(),
+        departments=(),
+        projects=(),
+        workloads=(),
+        config: SchedulerConfig | None = None,
+    ) -> Snapshot:
+        snap = cls(config or SchedulerConfig())
+        for n in nodes:
+            snap.add_node(n)
+        for d in departments:
+            snap.set_department(d)
+        for p in projects:
+            snap.set_project(p)
+        for w in workloads:
+            snap.upsert_workload(w)
+        return snap
+
+    # -- nodes ---------------------------------------------------------------------------
+    def add_node(self, node: Node) -> None:
+        node.validate()
+        self.nodes[node.name] = node
+        self._arrays = None
+
+    def remove_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+        self._arrays = None
+
+    @property
+    def arrays(self) -> ClusterArrays:
+        """Free capacity after every holding workload; rebuilt only after node changes."""
+        if self._arrays is None:
+            arrays = ClusterArrays.from_nodes(list(self.nodes.values()))
+            for by_name in self.holding.values():
+                for w in by_name.values():
+                    self._apply(arrays, w, take=True)
+            self._arrays = arrays
+        return self._arrays
+
+    def total_gpus(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes.values())
+
+    # -- organisation --------------------------------------------------------------------
+    def set_department(self, dept: Department) -> None:
+        for pool, q in dept.quotas.items():
+            q.validate(f"department[{dept.name}].quotas[{pool}]")
+        self.departments[dept.name] = dept
+
+    def remove_department(self, name: str) -> None:
+        if any(p.department == name for p in self.projects.values()):
+            raise ValidationError(f"department[{name}]", "still has projects; remove them first")
+        self.departments.pop(name, None)
+
+    def set_project(self, project: Project) -> None:
+        if project.department not in self.departments:
+            raise ValidationError(
+                f"project[{project.name}].department",
+                f"department {project.department!r} does not exist",
+            )
+        for pool, q in project.quotas.items():
+            q.validate(f"project[{project.name}].quotas[{pool}]")
+        self.projects[project.name] = project
+
+    def remove_project(self, name: str) -> None:
+        self.projects.pop(name, None)
+
+    # -- workloads -----------------------------------------------------------------------
+    def upsert_workload(self, w: Workload) -> None:
+        w.validate()
+        total = self.total_gpus()
+        need = w.pods * w.demand.gpu_count
+        if self.nodes and need > total:
+            raise ValidationError(
+                f"workload[{w.name}].pods",
+                f"the gang needs {need} GPUs and the whole cluster has {total}",
+            )
+        self.remove_workload(w.name)
+        self.workloads[w.name] = w
+        if w.state == State.PENDING:
+            self.pending[w.name] = w
+            return
+        for p in w.placement:
+            if p.node not in self.nodes:
+                raise ValidationError(f"workload[{w.name}].placement", f"unknown node {p.node!r}")
+        self.holding[w.project][w.name] = w
+        held = self._held[w.name] = [
+            (self.nodes[p.node].pool, p.gpu_milli * len(p.gpu_indices)) for p in w.placement
+        ]
+        for pool, milli in held:
+            self.usage[(w.project, pool)] += milli
+        if self._arrays is not None:
+            self._apply(self._arrays, w, take=True)
+
+    def remove_workload(self, name: str) -> None:
+        w = self.workloads.pop(name, None)
+        if w is None:
+            return
+        if self.pending.pop(name, None) is not None:
+            return
+        self.holding[w.project].pop(name, None)
+        for pool, milli in self._held.pop(name):
+            self.usage[(w.project, pool)] -= milli
+        if self._arrays is not None:
+            self._apply(self._arrays, w, take=False)
+
+    def _apply(self, arrays: ClusterArrays, w: Workload, take: bool) -> None:
+        op = arrays.take if take else arrays.give
+        for p in w.placement:
+            i = arrays.index.get(p.node)
+            if i is not None:
+                op(i, p.gpu_indices, p.gpu_milli, w.demand.cpu_milli, w.demand.memory_mib)

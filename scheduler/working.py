@@ -1,0 +1,65 @@
+"""A cycle's private copy of the cluster, where every change can be undone.
+
+Each change is logged with what it did; ``rollback(cp)`` undoes back to a checkpoint, so
+a gang that half fits, or an eviction plan that does not make room, leaves no trace.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .cluster import ClusterArrays
+from .model import Workload
+from .placement import Choice
+from .snapshot import Snapshot
+
+
+class Working:
+    def __init__(self, snap: Snapshot):
+        self.arrays: ClusterArrays = snap.arrays.copy()
+        self.usage: dict[tuple[str, str], int] = defaultdict(int, snap.usage)
+        self.dept_of = {p.name: p.department for p in snap.projects.values()}
+        self.dept_usage: dict[tuple[str, str], int] = defaultdict(int)
+        for (project, pool), milli in snap.usage.items():
+            if project in self.dept_of:
+                self.dept_usage[(self.dept_of[project], pool)] += milli
+        self.nodes = snap.nodes
+        self._log: list[tuple[bool, Workload, list[Choice]]] = []
+        # Bumped whenever capacity grows, so "did not fit" answers can be cached until then.
+        self.epoch = 0
+
+    def pool_of(self, node: int) -> str:
+        return self.arrays.pools[self.arrays.pool_id[node]]
+
+    def choices_of(self, w: Workload) -> list[Choice]:
+        """A holding workload's placement in this cycle's node numbering."""
+        ix = self.arrays.index
+        return [Choice(ix[p.node], p.gpu_indices, p.gpu_milli) for p in w.placement if p.node in ix]
+
+    def checkpoint(self) -> int:
+        return len(self._log)
+
+    def rollback(self, cp: int) -> None:
+        while len(self._log) > cp:
+            took, w, choices = self._log.pop()
+            self._apply(w, choices, not took)
+
+    def take(self, w: Workload, choices: list[Choice]) -> None:
+        self._apply(w, choices, True)
+        self._log.append((True, w, choices))
+
+    def give(self, w: Workload, choices: list[Choice]) -> None:
+        self._apply(w, choices, False)
+        self._log.append((False, w, choices))
+
+    def _apply(self, w: Workload, choices: list[Choice], take: bool) -> None:
+        sign = 1 if take else -1
+        dept = self.dept_of.get(w.project, "")
+        op = self.arrays.take if take else self.arrays.give
+        for c in choices:
+            op(c.node, c.gpus, c.milli, w.demand.cpu_milli, w.demand.memory_mib)
+            pool = self.pool_of(c.node)
+            self.usage[(w.project, pool)] += sign * c.milli * len(c.gpus)
+            self.dept_usage[(dept, pool)] += sign * c.milli * len(c.gpus)
+        if not take:
+            self.epoch += 1
