@@ -132,6 +132,12 @@ class _Cycle:
         dq = department_quota(
             self.snap.departments[project.department], self.dept_projects[project.department], pool
         )
+        usage = self.work.usage
+        # A department's guarantee is spent only by its projects' in-quota GPUs.
+        dept_in_quota = sum(
+            min(usage[(p.name, pool)], p.quotas.get(pool, Quota()).quota_milli)
+            for p in self.dept_projects[project.department]
+        )
         return admit(
             project,
             dq,
@@ -139,7 +145,8 @@ class _Cycle:
             w.kind,
             w.may_go_over_quota,
             self._milli(w, pool),
-            self.work.usage[(w.project, pool)],
+            usage[(w.project, pool)],
+            dept_in_quota,
             self.work.dept_usage[(project.department, pool)],
         )
 
@@ -185,16 +192,21 @@ class _Cycle:
         self.placed.add(w.name)
 
     def _try(self, w: Workload, allow: Callable[[str, object], bool]) -> bool:
-        """Place ``w`` in the first pool whose verdict ``allow`` accepts and that has room."""
+        """Place ``w`` in the first pool whose verdict ``allow`` accepts and that has room;
+        otherwise remember why it failed in its first pool."""
+        why = None
         for pool in self._pools_for(w):
             v = self._verdict(w, pool)
             if not allow(pool, v):
+                why = why or v.reason
                 continue
             choices = self._place(w, pool)
             if choices is not None:
                 self._bind(w, choices, v.over_quota)
                 return True
-            self.why[w.name] = self._capacity_reason(w, pool)
+            why = why or self._capacity_reason(w, pool)
+        if why:
+            self.why[w.name] = why
         return False
 
     def _fits_fair_share(self, w: Workload, pool: str) -> bool:
@@ -225,10 +237,7 @@ class _Cycle:
 
     def _in_quota(self, waiting: list[Workload]) -> None:
         for w in waiting:
-            if not self._try(w, lambda pool, v: v.allowed and not v.over_quota):
-                if w.name not in self.why:
-                    # The verdict of its first pool explains it best.
-                    self.why[w.name] = self._verdict(w, self._pools_for(w)[0]).reason
+            self._try(w, lambda pool, v: v.allowed and not v.over_quota)
 
     def _fair_share(self, waiting: list[Workload]) -> None:
         queues: dict[str, list[Workload]] = defaultdict(list)

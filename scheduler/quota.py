@@ -108,22 +108,25 @@ def admit(
     may_go_over_quota: bool,
     milli: int,
     project_used: int,
+    dept_in_quota: int,
     dept_used: int,
 ) -> Verdict:
     """May ``project`` take ``milli`` more GPU in ``pool``, and is it over its quota then?
 
-    In quota means inside both the project's quota and its department's. Over quota is
+    In quota means inside both the project's quota and its department's (counting only
+    its projects' in-quota GPUs: one project's bursting never spends another's guarantee).
+    Over quota is
     for work that may go there, up to the project's and the department's limits; how much
     of the idle capacity it gets is the fair share's business, not this rule's.
     """
     q = project.quotas.get(pool, Quota())
-    if project_used + milli <= q.quota_milli and dept_used + milli <= dept_quota.quota_milli:
+    if project_used + milli <= q.quota_milli and dept_in_quota + milli <= dept_quota.quota_milli:
         return Verdict(True, False)
     where = f"project {project.name} is at its quota {_gpus(project_used)}/{_gpus(q.quota_milli)} GPUs"
     if project_used + milli <= q.quota_milli:
         where = (
             f"department {project.department} is at its quota "
-            f"{_gpus(dept_used)}/{_gpus(dept_quota.quota_milli)} GPUs"
+            f"{_gpus(dept_in_quota)}/{_gpus(dept_quota.quota_milli)} GPUs"
         )
     if pool != "default":
         where += f" in pool {pool}"

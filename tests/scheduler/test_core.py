@@ -1,0 +1,392 @@
+"""The scheduler core's promises, each on a small hand-made cluster."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+
+from scheduler.core import decide
+from scheduler.model import (
+    MILLI,
+    Department,
+    Kind,
+    PodDemand,
+    Project,
+    Quota,
+    State,
+    ValidationError,
+    Workload,
+)
+from scheduler.snapshot import Snapshot
+from scheduler.working import Working
+
+from .builders import apply, make_node, make_workload, org, snapshot
+
+
+def bound(decisions) -> dict[str, tuple]:
+    return {b.workload: b.pods for b in decisions.binds}
+
+
+def gpus_of(snap: Snapshot, project: str) -> float:
+    return sum(v for (p, _), v in snap.usage.items() if p == project) / MILLI
+
+
+# -- 1. guaranteed quota -------------------------------------------------------------------
+
+def test_in_quota_work_is_placed_before_over_quota_work():
+    ds, ps = org(("a", 2), ("b", 2))
+    # b's over-quota job was submitted first, yet a's in-quota job gets the GPUs.
+    ws = [
+        make_workload("b-over").project("b").gpus(3).submitted(0).obj(),
+        make_workload("a-in").project("a").gpus(2).submitted(5).obj(),
+    ]
+    d = decide(snapshot([make_node("n1", gpus=4)], ds, ps, ws))
+    assert set(bound(d)) == {"a-in"}
+    assert "b-over" in {p.workload for p in d.pending}
+
+
+def test_in_quota_work_is_never_evicted_for_another_project():
+    ds, ps = org(("a", 2), ("b", 2))
+    running = [
+        make_workload("a1").project("a").gpus(2).preemptible(False).running(("n1", (0, 1), 1000)).obj(),
+        make_workload("b1").project("b").gpus(2).running(("n1", (2, 3), 1000)).obj(),
+    ]
+    pending = [make_workload("a2").project("a").gpus(1).priority(200).obj()]
+    d = decide(snapshot([make_node("n1", gpus=4)], ds, ps, running + pending))
+    assert d.evictions == []
+    assert d.reason("a2") == "no node in pool default has 1 GPU free; 0 workloads ahead"
+
+
+# -- 2. over quota -------------------------------------------------------------------------
+
+def test_idle_gpus_divided_by_over_quota_weight():
+    ds, ps = org(("a", 1), ("b", 1), ("idle", 2), weights={"a": 3, "b": 1})
+    ws = [make_workload(f"{p}{i}").project(p).gpus(1).submitted(i).obj() for p in "ab" for i in range(8)]
+    d = decide(snapshot([make_node("n1", gpus=8)], ds, ps, ws))
+    got = {p: sum(1 for b in d.binds if b.workload.startswith(p)) for p in "ab"}
+    # 8 GPUs: 1 + 1 guaranteed, 6 idle split 3:1 -> a 1+4.5, b 1+1.5; whole GPUs: 5 and 2 (+1 leftover)
+    assert got["a"] + got["b"] == 8
+    assert got["a"] >= 5 and got["b"] >= 2
+    assert d.fair_share_milli[("a", "default")] == 5500
+    assert d.fair_share_milli[("b", "default")] == 2500
+
+
+def test_department_quota_caps_its_projects_fair_share():
+    d1 = Department("d1", {"default": Quota(2, 1.0, 2)})
+    d2 = Department("d2", {"default": Quota(2, 1.0)})
+    ps = [Project("a", "d1", {"default": Quota(2)}), Project("b", "d2", {"default": Quota(2)})]
+    ws = [make_workload(f"{p}{i}").project(p).gpus(1).submitted(i).obj() for p in "ab" for i in range(6)]
+    d = decide(snapshot([make_node("n1", gpus=8)], [d1, d2], ps, ws))
+    got = {p: sum(1 for b in d.binds if b.workload.startswith(p)) for p in "ab"}
+    assert got["a"] == 2  # the department's limit caps it though 4 GPUs sit idle
+    assert got["b"] == 6
+    assert "department d1 is at its limit 2 GPUs" in d.reason("a2")
+
+
+def test_limit_caps_project_even_when_gpus_idle():
+    ds, ps = org(("a", 1), limits={"a": 2})
+    ws = [make_workload(f"a{i}").project("a").gpus(1).submitted(i).obj() for i in range(4)]
+    d = decide(snapshot([make_node("n1", gpus=8)], ds, ps, ws))
+    assert len(d.binds) == 2
+    assert d.reason("a2") == "project a is at its limit 2 GPUs"
+
+
+def test_workspace_does_not_go_over_quota_unless_opted_in():
+    ds, ps = org(("vision", 4), ("other", 4))
+    ws = [
+        make_workload("ws1").project("vision").kind(Kind.WORKSPACE).gpus(4).obj(),
+        make_workload("ws2").project("vision").kind(Kind.WORKSPACE).gpus(1).submitted(1).obj(),
+        make_workload("ws3").project("vision").kind(Kind.WORKSPACE).gpus(1).submitted(2).over_quota().obj(),
+    ]
+    d = decide(snapshot([make_node("n1", gpus=8)], ds, ps, ws))
+    assert set(bound(d)) == {"ws1", "ws3"}
+    assert d.reason("ws2") == "project vision is at its quota 4/4 GPUs and over-quota is off for workspaces"
+
+
+def test_inference_never_goes_over_quota():
+    ds, ps = org(("a", 0.5), ("b", 4))
+    w = make_workload("inf").project("a").kind(Kind.INFERENCE).gpus(1).over_quota().obj()
+    d = decide(snapshot([make_node("n1", gpus=2)], ds, ps, [w]))
+    assert d.binds == [] and "over-quota is off for inferences" in d.reason("inf")
+
+
+# -- 3. reclaim ----------------------------------------------------------------------------
+
+def test_reclaim_evicts_over_quota_work_of_project_furthest_above_fair_share():
+    ds, ps = org(("a", 4), ("b", 2), ("c", 2))
+    n = make_node("n1", gpus=8)
+    running = [
+        # b holds 5 (3 over), c holds 3 (1 over): b is furthest above its share.
+        *[make_workload(f"b{i}").project("b").gpus(1).submitted(i).running(("n1", (i,), 1000)).obj() for i in range(5)],
+        *[make_workload(f"c{i}").project("c").gpus(1).submitted(i).running(("n1", (5 + i,), 1000)).obj() for i in range(3)],
+    ]
+    pending = [make_workload("a1").project("a").gpus(2).submitted(100).obj()]
+    d = decide(snapshot([n], ds, ps, running + pending))
+    assert sorted(e.workload for e in d.evictions) == ["b3", "b4"]  # most recent first
+    assert all(e.grace_period_s == 60 for e in d.evictions)
+    assert "below its quota" in d.evictions[0].reason
+    assert "reclaiming GPUs from 2 workloads of project b" in d.reason("a1")
+
+
+def test_reclaim_never_evicts_non_preemptible_work():
+    ds, ps = org(("a", 4), ("b", 2))
+    running = [make_workload(f"b{i}").project("b").kind(Kind.WORKSPACE).over_quota().gpus(1)
+               .running(("n1", (i,), 1000)).obj() for i in range(4)]
+    pending = [make_workload("a1").project("a").gpus(2).obj()]
+    d = decide(snapshot([make_node("n1", gpus=4)], ds, ps, running + pending))
+    assert d.evictions == []
+    assert "no node in pool default has 2 GPUs free" in d.reason("a1")
+
+
+def test_reclaim_picks_lowest_priority_and_fewest_evictions():
+    ds, ps = org(("a", 2), ("b", 0))
+    running = [
+        make_workload("b-big").project("b").gpus(2).priority(10).submitted(0).running(("n1", (0, 1), 1000)).obj(),
+        make_workload("b-hi").project("b").gpus(1).priority(90).submitted(5).running(("n1", (2,), 1000)).obj(),
+        make_workload("b-lo").project("b").gpus(1).priority(5).submitted(1).running(("n1", (3,), 1000)).obj(),
+    ]
+    pending = [make_workload("a1").project("a").gpus(2).obj()]
+    d = decide(snapshot([make_node("n1", gpus=4)], ds, ps, running + pending))
+    # b-lo goes first (lowest priority) but does not make room alone; b-big does, so b-lo is spared.
+    assert [e.workload for e in d.evictions] == ["b-big"]
+
+
+def test_reclaimed_work_waits_for_release_without_more_evictions():
+    ds, ps = org(("a", 2), ("b", 0))
+    running = [make_workload(f"b{i}").project("b").gpus(1).submitted(i).running(("n1", (i,), 1000)).obj()
+               for i in range(4)]
+    snap = snapshot([make_node("n1", gpus=4)], ds, ps, running + [make_workload("a1").project("a").gpus(2).obj()])
+    d1 = decide(snap)
+    assert len(d1.evictions) == 2
+    apply(snap, d1, release_evicted=False)  # victims still exiting
+    d2 = decide(snap)
+    assert d2.evictions == [] and d2.binds == []
+    assert "waiting for 2 evicted workloads to release GPUs" == d2.reason("a1")
+    for e in d1.evictions:
+        snap.remove_workload(e.workload)
+    d3 = decide(snap)
+    assert set(bound(d3)) == {"a1"}
+
+
+def test_no_thrashing_over_many_cycles():
+    """Two projects, both wanting everything: evictions settle, they never ping-pong."""
+    ds, ps = org(("a", 4), ("b", 4))
+    nodes = [make_node("n1", gpus=4), make_node("n2", gpus=4)]
+    ws = [make_workload(f"{p}{i}").project(p).gpus(1).submitted(t).obj()
+          for t, (p, i) in enumerate((p, i) for i in range(12) for p in "ab")]
+    # a arrives first and takes everything; b arrives later and reclaims.
+    snap = snapshot(nodes, ds, ps, [w for w in ws if w.project == "a"])
+    apply(snap, decide(snap))
+    for w in ws:
+        if w.project == "b":
+            snap.upsert_workload(w)
+    evictions_per_cycle = []
+    evicted_names = []
+    for _ in range(30):
+        d = decide(snap)
+        evictions_per_cycle.append(len(d.evictions))
+        evicted_names += [e.workload for e in d.evictions]
+        apply(snap, d)
+    assert gpus_of(snap, "a") == 4 and gpus_of(snap, "b") == 4
+    assert sum(evictions_per_cycle[3:]) == 0
+    assert all(n.startswith("a") for n in evicted_names)  # b never evicts back
+
+
+# -- 4. preempt within a project -----------------------------------------------------------
+
+def test_higher_priority_displaces_lower_priority_in_same_project():
+    ds, ps = org(("a", 4), ("b", 4))
+    running = [
+        make_workload("a-lo").project("a").gpus(2).priority(10).running(("n1", (0, 1), 1000)).obj(),
+        make_workload("a-mid").project("a").gpus(2).priority(40).running(("n1", (2, 3), 1000)).obj(),
+        make_workload("b-lo").project("b").gpus(4).priority(1).preemptible(False)
+        .running(("n2", (0, 1, 2, 3), 1000)).obj(),
+    ]
+    pending = [make_workload("a-hi").project("a").gpus(2).priority(90).obj()]
+    d = decide(snapshot([make_node("n1", gpus=4), make_node("n2", gpus=4)], ds, ps, running + pending))
+    assert [e.workload for e in d.evictions] == ["a-lo"]
+    assert "preempted by higher-priority workload a-hi" in d.evictions[0].reason
+
+
+def test_equal_priority_does_not_preempt():
+    ds, ps = org(("a", 2))
+    running = [make_workload("a1").project("a").gpus(2).priority(50).running(("n1", (0, 1), 1000)).obj()]
+    d = decide(snapshot([make_node("n1", gpus=2)], ds, ps, running + [make_workload("a2").project("a").gpus(2).obj()]))
+    assert d.evictions == []
+
+
+# -- 5. gangs ------------------------------------------------------------------------------
+
+def test_gang_placed_whole_or_not_at_all():
+    ds, ps = org(("a", 16))
+    nodes = [make_node("n1", gpus=4), make_node("n2", gpus=4), make_node("n3", gpus=4)]
+    ws = [make_workload("busy").project("a").gpus(4).preemptible(False).running(("n3", (0, 1, 2, 3), 1000)).obj(),
+          make_workload("big").project("a").gpus(2).pods(5).obj(),  # 10 GPUs > 8 free: none
+          make_workload("ok").project("a").gpus(2).pods(4).submitted(1).obj()]
+    snap = snapshot(nodes, ds, ps, ws)
+    before = snap.arrays.gpu_free.copy()
+    d = decide(snap)
+    assert set(bound(d)) == {"ok"} and len(bound(d)["ok"]) == 4
+    assert "room for the whole gang of 5 pods x 2 GPUs" in d.reason("big")
+    assert (snap.arrays.gpu_free == before).all()  # decide never touches the snapshot
+
+
+def test_gang_prefers_one_topology_domain():
+    ds, ps = org(("a", 32))
+    nodes = [make_node(f"n{r}{i}", gpus=4, rack=f"r{r}") for r in range(2) for i in range(2)]
+    running = [make_workload("x").project("a").gpus(1).running(("n00", (0,), 1000)).obj()]
+    gang = make_workload("g").project("a").gpus(4).pods(2).topology("rack").obj()
+    d = decide(snapshot(nodes, ds, ps, running + [gang]))
+    racks = {p.node[:2] for p in bound(d)["g"]}
+    assert racks == {"n1"}  # rack r1 is the only one that holds both pods
+
+
+def test_gang_larger_than_cluster_is_a_validation_error():
+    ds, ps = org(("a", 4))
+    snap = snapshot([make_node("n1", gpus=4)], ds, ps)
+    with pytest.raises(ValidationError) as e:
+        snap.upsert_workload(make_workload("g").project("a").gpus(2).pods(3).obj())
+    assert e.value.field == "workload[g].pods" and "whole cluster has 4" in str(e.value)
+
+
+def test_rolled_back_checkpoint_equals_original():
+    ds, ps = org(("a", 4))
+    snap = snapshot([make_node("n1", gpus=4)], ds, ps)
+    work = Working(snap)
+    ref = (work.arrays.gpu_free.copy(), work.arrays.full_free.copy(), work.arrays.cpu_free.copy(), dict(work.usage))
+    cp = work.checkpoint()
+    from scheduler.placement import Choice
+    w = make_workload("w").project("a").gpus(0.5).cpu(1000, 10).obj()
+    work.take(w, [Choice(0, (1,), 500)])
+    work.take(w, [Choice(0, (2,), 500)])
+    work.rollback(cp)
+    assert (work.arrays.gpu_free == ref[0]).all() and (work.arrays.full_free == ref[1]).all()
+    assert (work.arrays.cpu_free == ref[2]).all()
+    assert {k: v for k, v in work.usage.items() if v} == {k: v for k, v in ref[3].items() if v}
+
+
+# -- 6. fractions --------------------------------------------------------------------------
+
+def test_fractions_share_one_gpu_and_never_exceed_it():
+    ds, ps = org(("a", 4))
+    ws = [make_workload(f"f{i}").project("a").gpus(0.25).submitted(i).obj() for i in range(4)]
+    ws += [make_workload("f-half").project("a").gpus(0.5).submitted(9).obj()]
+    snap = snapshot([make_node("n1", gpus=2)], ds, ps, ws)
+    d = decide(snap)
+    per_gpu: dict = {}
+    for b in d.binds:
+        (p,) = b.pods
+        assert len(p.gpu_indices) == 1
+        per_gpu[p.gpu_indices[0]] = per_gpu.get(p.gpu_indices[0], 0) + p.gpu_milli
+    assert sorted(per_gpu.values()) == [500, 1000]  # four quarters packed on one GPU
+    assert all(v <= 1000 for v in per_gpu.values())
+
+
+def test_fraction_goes_to_partly_used_gpu_not_a_fresh_one():
+    ds, ps = org(("a", 8))
+    running = [make_workload("r").project("a").gpus(0.5).running(("n2", (3,), 500)).obj(),
+               make_workload("whole").project("a").gpus(1).running(("n1", (0,), 1000)).obj()]
+    d = decide(snapshot([make_node("n1", gpus=4), make_node("n2", gpus=4)], ds, ps,
+                        running + [make_workload("f").project("a").gpus(0.5).obj()]))
+    assert bound(d)["f"][0].node == "n2" and bound(d)["f"][0].gpu_indices == (3,)
+
+
+def test_gpu_memory_request_fits_by_memory():
+    ds, ps = org(("a", 4))
+    w = make_workload("m").project("a").gpu_memory(40 * 1024).obj()
+    snap = snapshot([make_node("n1", gpus=1, memory_mib=81920)], ds, ps, [w])
+    d = decide(snap)
+    assert bound(d)["m"][0].gpu_milli == 500
+
+
+# -- 7. pools, models, CPU and memory --------------------------------------------------------
+
+def test_node_pool_model_and_cpu_constraints():
+    ds, ps = org(("a", 16), pool="default")
+    ps[0].quotas["a100"] = Quota(8)
+    nodes = [make_node("h", gpus=4, model="H100"),
+             make_node("a", gpus=4, model="A100", pool="a100"),
+             make_node("small", gpus=4, model="H100", cpu_milli=2000)]
+    ws = [
+        make_workload("pool").project("a").gpus(1).pool("a100").obj(),
+        make_workload("model").project("a").gpus(1).models("H100").cpu(8000).obj(),
+        make_workload("cpu").project("a").gpus(1).models("H100").cpu(200_000).submitted(2).obj(),
+    ]
+    d = decide(snapshot(nodes, ds, ps, ws))
+    assert bound(d)["pool"][0].node == "a"
+    assert bound(d)["model"][0].node == "h"
+    assert "no node in pool default with GPU model H100 has 200 CPU" in d.reason("cpu")
+
+
+def test_unknown_pool_and_project_are_reasons_not_crashes():
+    ds, ps = org(("a", 1))
+    ws = [make_workload("p").project("a").gpus(1).pool("nope").obj(),
+          make_workload("q").project("ghost").gpus(1).obj()]
+    d = decide(snapshot([make_node("n1", gpus=1)], ds, ps, ws))
+    assert d.reason("p") == "node pool nope does not exist"
+    assert d.reason("q") == "project ghost does not exist"
+
+
+# -- 8. reasons and positions ----------------------------------------------------------------
+
+def test_every_waiting_workload_has_reason_and_position():
+    ds, ps = org(("a", 8))
+    ws = [make_workload(f"w{i}").project("a").gpus(1).submitted(i).obj() for i in range(6)]
+    d = decide(snapshot([make_node("n1", gpus=2)], ds, ps, ws))
+    assert [p.workload for p in d.pending] == ["w2", "w3", "w4", "w5"]
+    assert [p.queue_position for p in d.pending] == [1, 2, 3, 4]
+    assert d.reason("w4") == "no node in pool default has 1 GPU free; 2 workloads ahead"
+
+
+# -- validation ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "demand, field",
+    [
+        (PodDemand(gpu_fraction=-0.5), "gpu_fraction"),
+        (PodDemand(gpu_fraction=1.5), "gpu_fraction"),
+        (PodDemand(gpus=-1), "gpus"),
+        (PodDemand(gpus=1, gpu_fraction=0.5), "demand"),
+        (PodDemand(cpu_milli=-1), "cpu_milli"),
+    ],
+    ids=["negative-fraction", "fraction-above-one", "negative-gpus", "two-forms", "negative-cpu"],
+)
+def test_bad_demand_names_the_field(demand, field):
+    with pytest.raises(ValidationError) as e:
+        Workload("w", "a", demand=demand).validate()
+    assert field in e.value.field
+
+
+def test_bad_quota_and_orphan_project_are_rejected():
+    snap = Snapshot()
+    snap.set_department(Department("d"))
+    with pytest.raises(ValidationError, match=r"project\[p\]\.quotas\[default\]\.gpus"):
+        snap.set_project(Project("p", "d", {"default": Quota(-1)}))
+    with pytest.raises(ValidationError, match="department 'nowhere' does not exist"):
+        snap.set_project(Project("q", "nowhere"))
+    with pytest.raises(ValidationError, match="limit"):
+        snap.set_project(Project("r", "d", {"default": Quota(4, 1, 2)}))
+
+
+def test_decide_is_deterministic_and_pure():
+    ds, ps = org(("a", 3), ("b", 1))
+    ws = [make_workload(f"{p}{i}").project(p).gpus(0.5 if i % 2 else 1).submitted(i).obj()
+          for p in "ab" for i in range(7)]
+    snap = snapshot([make_node("n1", gpus=4), make_node("n2", gpus=4)], ds, ps, ws)
+    before = copy.deepcopy((snap.usage, snap.workloads))
+    d1, d2 = decide(snap), decide(snap)
+    assert (d1.binds, d1.evictions, d1.pending) == (d2.binds, d2.evictions, d2.pending)
+    assert (snap.usage, snap.workloads) == before
+
+
+def test_snapshot_updates_incrementally():
+    ds, ps = org(("a", 4))
+    snap = snapshot([make_node("n1", gpus=2)], ds, ps)
+    w = make_workload("w").project("a").gpus(0.5).obj()
+    snap.upsert_workload(dataclasses.replace(w, state=State.RUNNING, placement=()) if False else w)
+    apply(snap, decide(snap))
+    assert snap.usage[("a", "default")] == 500 and snap.arrays.gpu_free.min() == 500
+    snap.remove_workload("w")
+    assert snap.usage[("a", "default")] == 0 and snap.arrays.gpu_free.min() == 1000
