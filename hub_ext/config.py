@@ -1,0 +1,141 @@
+"""gpupool's settings, one traitlets class read from ``gpupool_config.py``.
+
+Every option has a help text; ``gpupool options`` prints them all. The same file is a
+JupyterHub config file too, so hub options (``c.JupyterHub.*``) can sit beside these.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
+from traitlets.config import Configurable
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Gpupool(Configurable):
+    """Options of gpupool's embedded mode (hub, spawner, scheduler loop, admin service)."""
+
+    state_dir = Unicode(
+        help="Folder for the hub's and gpupool's state (SQLite files, cookie secret, logs). "
+        "Default: $GPUPOOL_STATE_DIR or ./.gpupool",
+    ).tag(config=True)
+
+    @default("state_dir")
+    def _state_dir(self):
+        return os.environ.get("GPUPOOL_STATE_DIR", str(Path.cwd() / ".gpupool"))
+
+    db_url = Unicode(
+        help="SQLAlchemy URL of gpupool's database (organisation, workloads, events). "
+        "Default: sqlite:///STATE_DIR/gpupool.sqlite",
+    ).tag(config=True)
+
+    @default("db_url")
+    def _db_url(self):
+        return f"sqlite:///{Path(self.state_dir) / 'gpupool.sqlite'}"
+
+    org_file = Unicode(
+        str(ROOT / "hub_ext" / "starter_org.yaml"),
+        help="YAML file with the starter organisation (departments, projects with quotas, "
+        "members, admins). Loaded into the database when it holds no department yet.",
+    ).tag(config=True)
+
+    ip = Unicode("127.0.0.1", help="Address the public proxy listens on.").tag(config=True)
+    port = Integer(8000, help="Port of the public proxy (the URL users open).").tag(config=True)
+    hub_port = Integer(8081, help="Port of the hub's internal API.").tag(config=True)
+    service_port = Integer(
+        10101, help="Port of gpupool's service (admin panel and REST API), loopback only."
+    ).tag(config=True)
+    proxy_api_port = Integer(8001, help="Port of configurable-http-proxy's API.").tag(config=True)
+
+    user_password = Unicode(
+        "gpupool-user",
+        help="Shared password of the starter organisation's users (embedded mode's "
+        "SharedPasswordAuthenticator). Change it, or configure another authenticator.",
+    ).tag(config=True)
+    admin_password = Unicode(
+        "gpupool-admin-password-change-me",
+        help="Shared password of the organisation's admins (at least 32 characters).",
+    ).tag(config=True)
+
+    declared_gpus = List(
+        Dict(),
+        default_value=[
+            {"node": "local", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "count": 4}
+        ],
+        help="GPU inventory used when NVML finds no GPU: a list of "
+        "{node, model, memory_mib, count}. On a machine with GPUs NVML's list wins "
+        "(set use_nvml=False to always use this one).",
+    ).tag(config=True)
+    use_nvml = Bool(True, help="Discover GPUs with NVML when the library is present.").tag(
+        config=True
+    )
+
+    schedule_period_s = Float(
+        2.0, help="Seconds between scheduler cycles; a submission or release also triggers one."
+    ).tag(config=True)
+    sample_period_s = Float(
+        10.0, help="Seconds between allocation/utilization samples for the admin chart."
+    ).tag(config=True)
+    start_timeout_s = Integer(
+        3600,
+        help="How long a workspace may wait in the queue plus start before the spawn fails.",
+    ).tag(config=True)
+
+    cull_idle_s = Integer(
+        3600,
+        help="Stop workspaces idle this long (GPU use from NVML where there is a GPU, "
+        "JupyterHub activity otherwise). 0 disables culling.",
+    ).tag(config=True)
+    cull_gpu_util_pct = Float(
+        1.0, help="GPU utilization (percent) at or under which a GPU workspace counts as idle."
+    ).tag(config=True)
+    cull_every_s = Integer(60, help="Seconds between idle-culler passes.").tag(config=True)
+
+    max_cpu = Float(16.0, help="Most CPUs a workspace may ask for.").tag(config=True)
+    max_memory_gib = Float(128.0, help="Most memory (GiB) a workspace may ask for.").tag(
+        config=True
+    )
+    environments = Dict(
+        default_value={"default": {"display": "Python 3 (hub environment)", "image": ""}},
+        help="Environments offered in the form: name -> {display, image}. Embedded mode "
+        "starts every environment from the hub's Python; the Kubernetes spawner uses image.",
+    ).tag(config=True)
+
+    preload_library = Unicode(
+        str(ROOT / "native" / "build" / "libgpupool.so"),
+        help="The CUDA interception library put in LD_PRELOAD of GPU workloads when the "
+        "file exists.",
+    ).tag(config=True)
+    code_server = Unicode(
+        help="code-server executable for the VS Code workspace kind; empty: VS Code is not "
+        "offered. Default: code-server on PATH or .tools/bin/code-server.",
+    ).tag(config=True)
+
+    @default("code_server")
+    def _code_server(self):
+        import shutil
+
+        found = shutil.which("code-server")
+        local = ROOT / ".tools" / "bin" / "code-server"
+        return found or (str(local) if local.exists() else "")
+
+    admin_page_size = Integer(
+        200, help="Rows per table page in the admin panel (workloads, events)."
+    ).tag(config=True)
+
+
+def load_config(path: str | None = None) -> Gpupool:
+    """The settings from a gpupool_config.py (default: $GPUPOOL_CONFIG), for processes
+    other than the hub (the service, the CLI)."""
+    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
+
+    path = path or os.environ.get("GPUPOOL_CONFIG", "")
+    config = Config()
+    if path and os.path.exists(path):
+        p = Path(path).resolve()
+        config = PyFileConfigLoader(p.name, str(p.parent)).load_config()
+    return Gpupool(config=config)

@@ -1,0 +1,43 @@
+"""The spawn form: JupyterHub's ``options_form``, rendered from ``templates/form.html``
+with the user's projects, their quota and usage, and the last choices."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from .requests import FRACTION_MAX, FRACTION_MIN, FRACTION_STEP, WORKSPACE_KINDS, WorkloadRequest
+
+_env = Environment(
+    loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
+    autoescape=select_autoescape(["html"]),
+)
+
+
+def form_context(rt, user: str) -> dict:
+    limits = rt.limits(user)
+    last = rt.store.last_options(user)
+    if last.get("project") not in limits.projects:
+        last.pop("project", None)
+    defaults = WorkloadRequest(project=limits.projects[0] if limits.projects else "").to_dict()
+    choice = {**defaults, **{k: v for k, v in last.items() if k in defaults}}
+    gpu = max((g for n in rt.nodes for g in n.gpus), key=lambda g: g.memory_mib, default=None)
+    return {
+        "limits": limits,
+        "choice": choice,
+        "kinds": {k: v for k, v in WORKSPACE_KINDS.items() if k != "vscode" or limits.vscode},
+        "environments": rt.cfg.environments,
+        "fraction": {"min": FRACTION_MIN, "max": FRACTION_MAX, "step": FRACTION_STEP},
+        "gpu_model": gpu.model if gpu else "none",
+        "status_json": json.dumps(
+            {**rt.project_status(limits.projects),
+             "gpu_memory_gib": limits.gpu_memory_gib, "max_gpus": limits.max_gpus}
+        ),
+    }
+
+
+def render_form(spawner) -> str:
+    rt = spawner.gpupool
+    return _env.get_template("form.html").render(**form_context(rt, spawner.user.name))

@@ -1,0 +1,96 @@
+"""Turn gpupool's settings into JupyterHub's: spawner, authenticator, roles and custom
+scopes, the gpupool service (admin panel + REST API), ports and state files."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from sqlalchemy import select
+
+from .config import ROOT, Gpupool
+from .db import MemberRow
+from .org import org_users
+from .runtime import Runtime
+
+SCOPES = {
+    "custom:gpupool:admin": {
+        "description": "Manage gpupool's organisation: departments, projects, quotas, members; "
+        "see and stop every workload.",
+    },
+    "custom:gpupool:use": {
+        "description": "See your own projects and run workloads in them.",
+    },
+}
+
+
+def configure(c) -> Runtime:
+    cfg = Gpupool(config=c)
+    state = Path(cfg.state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    rt = Runtime.instance(cfg)
+    try:
+        asyncio.get_running_loop().call_soon(rt.start)
+    except RuntimeError:  # config loaded outside the hub (e.g. a check): no loop yet
+        pass
+
+    users, admins = org_users(rt.org_file)
+    with rt.Session() as s:
+        users |= set(s.scalars(select(MemberRow.user)))
+
+    c.JupyterHub.ip = cfg.ip
+    c.JupyterHub.port = cfg.port
+    c.JupyterHub.hub_ip = "127.0.0.1"
+    c.JupyterHub.hub_port = cfg.hub_port
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{cfg.proxy_api_port}"
+    c.ConfigurableHTTPProxy.command = [_chp()]
+    c.ConfigurableHTTPProxy.pid_file = str(state / "proxy.pid")
+    c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
+    c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
+    c.JupyterHub.pid_file = str(state / "jupyterhub.pid")
+    c.JupyterHub.allow_named_servers = True
+    c.JupyterHub.named_server_limit_per_user = 5
+    c.JupyterHub.default_url = "/hub/home"
+
+    c.JupyterHub.authenticator_class = "shared-password"
+    c.SharedPasswordAuthenticator.user_password = cfg.user_password
+    c.SharedPasswordAuthenticator.admin_password = cfg.admin_password
+    c.Authenticator.admin_users = admins
+    c.Authenticator.allowed_users = users - admins
+
+    c.JupyterHub.spawner_class = "hub_ext.spawner.GpupoolLocalSpawner"
+    c.Spawner.start_timeout = cfg.start_timeout_s
+    c.Spawner.http_timeout = 180
+    c.Spawner.default_url = "/lab"
+
+    c.JupyterHub.custom_scopes = SCOPES
+    c.JupyterHub.load_roles = [
+        {"name": "user", "scopes": ["self", "access:services!service=gpupool", "custom:gpupool:use"]},
+        {"name": "gpupool-admin", "scopes": list(SCOPES), "users": sorted(admins)},
+        {"name": "gpupool-service", "scopes": ["admin:servers", "read:users", "list:users"],
+         "services": ["gpupool"]},
+    ]
+    env = {k: v for k, v in os.environ.items() if k.startswith("GPUPOOL_")}
+    env["GPUPOOL_STATE_DIR"] = cfg.state_dir
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    c.JupyterHub.services = [
+        {
+            "name": "gpupool",
+            "display": True,
+            "url": f"http://127.0.0.1:{cfg.service_port}",
+            "command": [sys.executable, "-m", "hub_ext.service"],
+            "environment": env,
+            "oauth_no_confirm": True,
+            "oauth_client_allowed_scopes": list(SCOPES),
+        }
+    ]
+    return rt
+
+
+def _chp() -> str:
+    import shutil
+
+    local = ROOT / ".tools" / "bin" / "configurable-http-proxy"
+    return str(local) if local.exists() else (shutil.which("configurable-http-proxy") or str(local))

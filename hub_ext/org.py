@@ -1,0 +1,340 @@
+"""The organisation store: departments, projects (quotas, members) and their usage.
+
+Errors: ``FieldError`` (bad value, HTTP 400), ``NotFound`` (404), ``Conflict`` (409).
+A department's quota bounds the sum of its projects' quotas. Shrinking a project's quota
+below what it runs now is allowed: the scheduler reclaims over-quota work.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+from sqlalchemy import delete, func, select
+
+from scheduler.model import DEFAULT_POOL, Department, Project, Quota
+
+from .db import DepartmentRow, MemberRow, NodeRow, ProjectRow, WorkloadRow, add_event, bump_version
+from .requests import NAME_RE, FieldError
+
+
+class NotFound(LookupError):
+    pass
+
+
+class Conflict(ValueError):
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+        self.message = message
+
+
+QUOTA_FIELDS = ("gpus", "over_quota_weight", "limit")
+USER_RE = r"^[A-Za-z0-9._@-]{1,255}$"
+
+
+def _num(data: dict, key: str, default, lo=0.0, allow_none=False):
+    v = data.get(key, default)
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise FieldError(key, f"must be a number >= {lo:g}{' or null' if allow_none else ''}, got {v!r}")
+    try:
+        f = float(v)
+    except ValueError:
+        raise FieldError(key, f"must be a number >= {lo:g}, got {v!r}") from None
+    if not math.isfinite(f) or f < lo:
+        raise FieldError(key, f"must be a number >= {lo:g}, got {v!r}")
+    return f
+
+
+def _quota_fields(data: dict, current=None) -> dict:
+    cur = current or {"gpus": 0.0, "over_quota_weight": 1.0, "limit": None}
+    out = {
+        "gpus": _num(data, "gpus", cur["gpus"]),
+        "over_quota_weight": _num(data, "over_quota_weight", cur["over_quota_weight"]),
+        "limit": _num(data, "limit", cur["limit"], allow_none=True),
+    }
+    if out["limit"] is not None and out["limit"] < out["gpus"]:
+        raise FieldError("limit", f"must be >= the quota ({out['gpus']:g} GPUs) or null")
+    return out
+
+
+def _check_name(data: dict, what: str) -> str:
+    name = data.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise FieldError("name", f"{what} name must be 1-63 lowercase letters, digits or '-'")
+    return name
+
+
+def _check_unknown(data: dict, allowed: tuple[str, ...]) -> None:
+    if not isinstance(data, dict):
+        raise FieldError("body", "must be a JSON object")
+    for k in data:
+        if k not in allowed:
+            raise FieldError(k, f"unknown field; allowed: {', '.join(allowed)}")
+
+
+def _members(data: dict) -> list[str] | None:
+    import re
+
+    if "members" not in data:
+        return None
+    m = data["members"]
+    if not isinstance(m, list) or not all(isinstance(u, str) and re.match(USER_RE, u) for u in m):
+        raise FieldError("members", "must be a list of user names")
+    return sorted(set(m))
+
+
+# -- reads -------------------------------------------------------------------------------
+def dept_dict(d: DepartmentRow, projects: list[str] | None = None) -> dict:
+    out = {"name": d.name, "gpus": d.gpus, "over_quota_weight": d.over_quota_weight, "limit": d.limit}
+    if projects is not None:
+        out["projects"] = projects
+    return out
+
+
+def usage(s) -> dict[str, dict]:
+    """Per project: GPUs allocated now (running or releasing) and workloads by state."""
+    out: dict[str, dict] = defaultdict(lambda: {"allocated_gpus": 0.0, "running": 0, "pending": 0})
+    rows = s.execute(select(WorkloadRow.project, WorkloadRow.state, WorkloadRow.placement)).all()
+    for project, state, placement in rows:
+        u = out[project]
+        if state in ("running", "releasing", "stopping"):
+            u["running"] += 1
+            u["allocated_gpus"] += sum(p["gpu_milli"] * len(p["gpu_indices"]) for p in placement) / 1000
+        elif state == "pending":
+            u["pending"] += 1
+    return out
+
+
+def capacity_gpus(s) -> int:
+    return sum(len(g) for (g,) in s.execute(select(NodeRow.gpus)).all())
+
+
+def project_dict(p: ProjectRow, members: list[str], use: dict | None = None) -> dict:
+    use = use or {"allocated_gpus": 0.0, "running": 0, "pending": 0}
+    return {
+        "name": p.name,
+        "department": p.department,
+        "gpus": p.gpus,
+        "over_quota_weight": p.over_quota_weight,
+        "limit": p.limit,
+        "members": members,
+        "allocated_gpus": round(use["allocated_gpus"], 3),
+        "running": use["running"],
+        "pending": use["pending"],
+    }
+
+
+def members_by_project(s) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = defaultdict(list)
+    for project, user in s.execute(select(MemberRow.project, MemberRow.user).order_by(MemberRow.user)):
+        out[project].append(user)
+    return out
+
+
+def list_projects(s, only: set[str] | None = None) -> list[dict]:
+    members, use = members_by_project(s), usage(s)
+    rows = s.scalars(select(ProjectRow).order_by(ProjectRow.name)).all()
+    return [
+        project_dict(p, members.get(p.name, []), use.get(p.name))
+        for p in rows
+        if only is None or p.name in only
+    ]
+
+
+def get_project(s, name: str) -> dict:
+    p = s.get(ProjectRow, name)
+    if p is None:
+        raise NotFound(f"project {name!r} does not exist")
+    members = list(s.scalars(select(MemberRow.user).where(MemberRow.project == name).order_by(MemberRow.user)))
+    return project_dict(p, members, usage(s).get(name))
+
+
+def projects_of(s, user: str) -> list[str]:
+    return list(s.scalars(select(MemberRow.project).where(MemberRow.user == user).order_by(MemberRow.project)))
+
+
+def list_departments(s) -> list[dict]:
+    by_dept: dict[str, list[str]] = defaultdict(list)
+    for name, dept in s.execute(select(ProjectRow.name, ProjectRow.department).order_by(ProjectRow.name)):
+        by_dept[dept].append(name)
+    rows = s.scalars(select(DepartmentRow).order_by(DepartmentRow.name)).all()
+    return [dept_dict(d, by_dept.get(d.name, [])) for d in rows]
+
+
+def get_department(s, name: str) -> dict:
+    d = s.get(DepartmentRow, name)
+    if d is None:
+        raise NotFound(f"department {name!r} does not exist")
+    projects = list(s.scalars(select(ProjectRow.name).where(ProjectRow.department == name)))
+    return dept_dict(d, sorted(projects))
+
+
+# -- writes ------------------------------------------------------------------------------
+def _projects_sum(s, dept: str, skip: str | None = None) -> float:
+    q = select(func.coalesce(func.sum(ProjectRow.gpus), 0.0)).where(ProjectRow.department == dept)
+    if skip:
+        q = q.where(ProjectRow.name != skip)
+    return float(s.scalar(q))
+
+
+def create_department(s, data: dict) -> dict:
+    _check_unknown(data, ("name", *QUOTA_FIELDS))
+    name = _check_name(data, "department")
+    if s.get(DepartmentRow, name) is not None:
+        raise Conflict("name", f"department {name!r} already exists")
+    s.add(DepartmentRow(name=name, **_quota_fields(data)))
+    add_event(s, "org", f"department {name} created")
+    bump_version(s)
+    s.flush()
+    return get_department(s, name)
+
+
+def update_department(s, name: str, data: dict) -> dict:
+    _check_unknown(data, QUOTA_FIELDS)
+    d = s.get(DepartmentRow, name)
+    if d is None:
+        raise NotFound(f"department {name!r} does not exist")
+    q = _quota_fields(data, dept_dict(d))
+    used = _projects_sum(s, name)
+    if q["gpus"] + 1e-9 < used:
+        raise FieldError("gpus", f"must be >= {used:g}, the sum of the department's project quotas")
+    for k, v in q.items():
+        setattr(d, k, v)
+    add_event(s, "org", f"department {name} quota {q['gpus']:g} GPUs")
+    bump_version(s)
+    return get_department(s, name)
+
+
+def delete_department(s, name: str) -> None:
+    if s.get(DepartmentRow, name) is None:
+        raise NotFound(f"department {name!r} does not exist")
+    if s.scalar(select(func.count()).select_from(ProjectRow).where(ProjectRow.department == name)):
+        raise Conflict("name", f"department {name!r} still has projects; delete them first")
+    s.execute(delete(DepartmentRow).where(DepartmentRow.name == name))
+    add_event(s, "org", f"department {name} deleted")
+    bump_version(s)
+
+
+def _check_dept_room(s, dept: str, gpus: float, skip: str | None = None) -> None:
+    d = s.get(DepartmentRow, dept)
+    if d is None:
+        raise FieldError("department", f"department {dept!r} does not exist")
+    room = d.gpus - _projects_sum(s, dept, skip)
+    if gpus > room + 1e-9:
+        raise FieldError(
+            "gpus",
+            f"must be from 0 to {max(room, 0):g}: department {dept!r} has a quota of "
+            f"{d.gpus:g} GPUs and its other projects hold {d.gpus - room:g}",
+        )
+
+
+def _set_members(s, project: str, members: list[str]) -> None:
+    s.execute(delete(MemberRow).where(MemberRow.project == project))
+    s.add_all(MemberRow(project=project, user=u) for u in members)
+
+
+def create_project(s, data: dict) -> dict:
+    _check_unknown(data, ("name", "department", "members", *QUOTA_FIELDS))
+    name = _check_name(data, "project")
+    if s.get(ProjectRow, name) is not None:
+        raise Conflict("name", f"project {name!r} already exists")
+    dept = data.get("department")
+    if not isinstance(dept, str):
+        raise FieldError("department", "must name an existing department")
+    q = _quota_fields(data)
+    _check_dept_room(s, dept, q["gpus"])
+    members = _members(data) or []
+    s.add(ProjectRow(name=name, department=dept, **q))
+    s.flush()
+    _set_members(s, name, members)
+    add_event(s, "org", f"project {name} created with {q['gpus']:g} GPUs", project=name)
+    bump_version(s)
+    s.flush()
+    return get_project(s, name)
+
+
+def update_project(s, name: str, data: dict) -> dict:
+    _check_unknown(data, ("department", "members", *QUOTA_FIELDS))
+    p = s.get(ProjectRow, name)
+    if p is None:
+        raise NotFound(f"project {name!r} does not exist")
+    q = _quota_fields(data, {"gpus": p.gpus, "over_quota_weight": p.over_quota_weight, "limit": p.limit})
+    dept = data.get("department", p.department)
+    if not isinstance(dept, str):
+        raise FieldError("department", "must name an existing department")
+    _check_dept_room(s, dept, q["gpus"], skip=name)
+    old = p.gpus
+    p.department = dept
+    for k, v in q.items():
+        setattr(p, k, v)
+    members = _members(data)
+    if members is not None:
+        _set_members(s, name, members)
+    if old != q["gpus"]:
+        add_event(s, "quota", f"project {name} quota {old:g} -> {q['gpus']:g} GPUs", project=name)
+    bump_version(s)
+    s.flush()
+    return get_project(s, name)
+
+
+def delete_project(s, name: str) -> None:
+    if s.get(ProjectRow, name) is None:
+        raise NotFound(f"project {name!r} does not exist")
+    active = s.scalar(
+        select(func.count()).select_from(WorkloadRow).where(
+            WorkloadRow.project == name, WorkloadRow.state.in_(("pending", "running", "releasing"))
+        )
+    )
+    if active:
+        raise Conflict("name", f"project {name!r} has {active} active workloads; stop them first")
+    s.execute(delete(MemberRow).where(MemberRow.project == name))
+    s.execute(delete(ProjectRow).where(ProjectRow.name == name))
+    add_event(s, "org", f"project {name} deleted", project=name)
+    bump_version(s)
+
+
+# -- scheduler model ---------------------------------------------------------------------
+def model_departments(s) -> list[Department]:
+    return [
+        Department(d.name, {DEFAULT_POOL: Quota(d.gpus, d.over_quota_weight, d.limit)})
+        for d in s.scalars(select(DepartmentRow))
+    ]
+
+
+def model_projects(s) -> list[Project]:
+    return [
+        Project(p.name, p.department, {DEFAULT_POOL: Quota(p.gpus, p.over_quota_weight, p.limit)})
+        for p in s.scalars(select(ProjectRow))
+    ]
+
+
+# -- starter organisation ----------------------------------------------------------------
+def load_starter(s, path: str | Path) -> dict:
+    """Load the YAML organisation when the database has no department yet. Returns the
+    file's content (the hub also takes its users and admins from it)."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if s.scalar(select(func.count()).select_from(DepartmentRow)):
+        return data
+    for d in data.get("departments", []):
+        d = dict(d)
+        projects = d.pop("projects", [])
+        create_department(s, d)
+        for p in projects:
+            create_project(s, {**p, "department": d["name"]})
+    s.commit()
+    return data
+
+
+def org_users(data: dict) -> tuple[set[str], set[str]]:
+    """(all users, admins) named in a starter organisation file."""
+    admins = set(data.get("admins", []))
+    users = set(admins) | set(data.get("users", []))
+    for d in data.get("departments", []):
+        for p in d.get("projects", []):
+            users |= set(p.get("members", []))
+    return users, admins

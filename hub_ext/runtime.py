@@ -1,0 +1,165 @@
+"""The hub-side runtime: database, GPU inventory, the embedded scheduler loop, the
+launcher for trainings/inferences and the allocation sampler. One per hub process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from sqlalchemy import delete, func, select
+
+from scheduler.embedded import EmbeddedScheduler, gpu_env, terminate
+from scheduler.model import MILLI, Bind, Workload
+
+from . import org
+from .config import Gpupool
+from .db import SampleRow, WorkloadRow, make_sessionmaker
+from .inventory import discover, gpu_utilization
+from .limits import limits_for
+from .requests import Limits
+from .store import DbStore
+
+log = logging.getLogger("gpupool")
+
+
+class Runtime:
+    _instance: Runtime | None = None
+
+    def __init__(self, cfg: Gpupool):
+        self.cfg = cfg
+        Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
+        self.Session = make_sessionmaker(cfg.db_url)
+        self.store = DbStore(self.Session)
+        with self.Session() as s:
+            self.org_file = org.load_starter(s, cfg.org_file)
+        self.nodes, self.inventory_source = discover(cfg.declared_gpus, cfg.use_nvml)
+        self.store.set_nodes(self.nodes, self.inventory_source)
+        self.store.reset_after_restart()
+        self.scheduler = EmbeddedScheduler(self.store, self.nodes, cfg.schedule_period_s)
+        self.scheduler.launch = self._launch_process
+        self._started = False
+
+    @classmethod
+    def instance(cls, cfg: Gpupool | None = None) -> Runtime:
+        if cls._instance is None:
+            cls._instance = cls(cfg or Gpupool())
+        return cls._instance
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self.scheduler.start()
+            asyncio.ensure_future(self._sample_loop())
+
+    # -- what the form and the rules need ------------------------------------------------
+    def limits(self, user: str) -> Limits:
+        with self.Session() as s:
+            return limits_for(s, self.cfg, user)
+
+    def project_status(self, projects: tuple[str, ...]) -> dict:
+        """Per project: quota, limit, GPUs in use, and GPUs free in the cluster."""
+        with self.Session() as s:
+            rows = [p for p in org.list_projects(s) if p["name"] in projects]
+            capacity = org.capacity_gpus(s)
+            allocated = sum(u["allocated_gpus"] for u in org.usage(s).values())
+        free_gpus = self._free_per_gpu()
+        return {
+            "capacity": capacity,
+            "free": round(capacity - allocated, 3),
+            "largest_free_fraction": max(free_gpus, default=0) / MILLI,
+            "whole_free": sum(1 for f in free_gpus if f >= MILLI),
+            "projects": {
+                p["name"]: {
+                    "quota": p["gpus"], "limit": p["limit"], "used": p["allocated_gpus"],
+                    "pending": p["pending"], "department": p["department"],
+                }
+                for p in rows
+            },
+        }
+
+    def _free_per_gpu(self) -> list[int]:
+        free = {(n.name, g.index): MILLI for n in self.nodes for g in n.gpus}
+        for w in self.scheduler.snapshot.workloads.values():
+            for p in w.placement:
+                for i in p.gpu_indices:
+                    free[(p.node, i)] = free.get((p.node, i), MILLI) - p.gpu_milli
+        return list(free.values())
+
+    def env_for(self, w: Workload, b: Bind) -> dict:
+        pod = b.pods[0]
+        node = next(n for n in self.nodes if n.name == pod.node)
+        return gpu_env(node, pod, w.demand.gpu_memory_mib, self.cfg.preload_library)
+
+    # -- trainings and inferences submitted through the API ------------------------------
+    async def _launch_process(self, w: Workload, b: Bind):
+        row = self.store.get(w.name)
+        if row is None:
+            return None
+        cmd = row.spec.get("command") or []
+        workdir = Path(self.cfg.state_dir) / "workloads" / w.name
+        workdir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.env_for(w, b), "GPUPOOL_WORKLOAD": w.name,
+               "GPUPOOL_PROJECT": w.project, "GPUPOOL_CHECKPOINT_DIR": str(workdir)}
+        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+        logf = open(workdir / "output.log", "ab")  # noqa: SIM115 (closed when the process exits)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, cwd=workdir, env=env, stdout=logf, stderr=logf, start_new_session=True
+            )
+        except OSError as e:
+            logf.close()
+            self.store.set_state(w.name, "failed", reason=f"could not start: {e}", placement=[])
+            self.scheduler.release(w.name, "failed to start")
+            return None
+        self.store.set_state(w.name, "running", pid=proc.pid)
+
+        async def watch():
+            code = await proc.wait()
+            logf.close()
+            current = self.store.get(w.name)
+            if current is not None and current.state == "releasing":
+                self.scheduler.requeue(w.name)  # preempted: back in the queue
+                return
+            state = "succeeded" if code == 0 else "failed"
+            if current is not None and current.state == "stopping":
+                state = "stopped"
+            self.store.set_state(w.name, state, reason=f"exit code {code}", placement=[], pid=None)
+            self.scheduler.release(w.name, state)
+
+        asyncio.ensure_future(watch())
+
+        async def evict(grace_s: float) -> None:
+            await terminate(proc.pid, grace_s, lambda: proc.returncode is None)
+
+        return evict
+
+    # -- allocation / utilization over time ----------------------------------------------
+    async def _sample_loop(self) -> None:
+        while True:
+            try:
+                self.sample()
+            except Exception:
+                log.exception("sampling failed")
+            await asyncio.sleep(self.cfg.sample_period_s)
+
+    def sample(self) -> None:
+        capacity = sum(len(n.gpus) for n in self.nodes) * MILLI
+        allocated = sum(w.allocated_milli() for w in self.scheduler.snapshot.workloads.values())
+        util = gpu_utilization()
+        pct = sum(util.values()) / len(util) if util else None
+        with self.Session() as s:
+            s.add(SampleRow(ts=time.time(), capacity_milli=capacity, allocated_milli=allocated,
+                            utilization_pct=pct))
+            # keep about a week at the default period
+            n = s.scalar(select(func.count()).select_from(SampleRow))
+            if n and n > 60_000:
+                oldest = s.scalar(select(SampleRow.ts).order_by(SampleRow.ts).offset(n - 60_000).limit(1))
+                s.execute(delete(SampleRow).where(SampleRow.ts < oldest))
+            s.commit()
+
+    def workload_row(self, name: str) -> WorkloadRow | None:
+        return self.store.get(name)

@@ -1,0 +1,187 @@
+"""gpupool's spawners. ``GpupoolSpawnerMixin`` holds everything that is not about how a
+workspace process is started: the form, the request rules, queueing with the scheduler,
+progress events and releasing the GPUs; subclasses only implement ``launch_workspace``.
+
+``GpupoolLocalSpawner`` (embedded mode) starts ``jupyterhub-singleuser`` as a local
+process with the placement's environment; the Kubernetes spawner is a KubeSpawner
+subclass with the same mixin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from jupyterhub.spawner import SimpleLocalProcessSpawner
+from traitlets import default
+
+from scheduler.embedded import terminate
+from scheduler.model import MILLI, Bind, ValidationError
+
+from .form import render_form
+from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest, parse_request, workload_name
+from .runtime import Runtime
+from .store import to_workload
+
+
+class GpupoolSpawnerMixin:
+    """Scheduling, form and progress; the class it is mixed into launches the process."""
+
+    @property
+    def gpupool(self) -> Runtime:
+        return Runtime.instance()
+
+    @property
+    def workload(self) -> str:
+        return workload_name(self.user.name, self.name)
+
+    @default("options_form")
+    def _default_options_form(self):
+        return render_form
+
+    def options_from_form(self, formdata):  # traitlets allow overriding by method
+        req = parse_request(formdata, self.gpupool.limits(self.user.name))
+        return req.to_dict()
+
+    def request(self) -> WorkloadRequest:
+        options = dict(self.user_options or {}) or self.gpupool.store.last_options(self.user.name)
+        return parse_request(options, self.gpupool.limits(self.user.name))
+
+    # -- progress ------------------------------------------------------------------------
+    def _emit(self, progress: int, message: str) -> None:
+        if not hasattr(self, "_gp_events"):
+            self._gp_events, self._gp_new = [], asyncio.Event()
+        self._gp_events.append({"progress": progress, "message": message})
+        self._gp_new.set()
+
+    async def progress(self):
+        if not hasattr(self, "_gp_events"):
+            self._gp_events, self._gp_new = [], asyncio.Event()
+        sent = 0
+        while True:
+            while sent < len(self._gp_events):
+                yield self._gp_events[sent]
+                sent += 1
+            self._gp_new.clear()
+            await self._gp_new.wait()
+
+    # -- start / stop --------------------------------------------------------------------
+    async def start(self):
+        self._gp_events, self._gp_new = [], asyncio.Event()
+        rt = self.gpupool
+        try:
+            req = self.request()
+        except FieldError as e:
+            raise RuntimeError(f"Invalid request: {e}") from None
+        rt.store.save_options(self.user.name, req.to_dict())
+        kind = WORKSPACE_KINDS[req.workspace_kind]
+        self._emit(5, f"Submitted {kind} to project {req.project}: {req.gpu_label()}, "
+                      f"{req.cpu:g} CPU, {req.memory_gib:g} GiB memory")
+        rt.store.add_workload(self.workload, self.user.name, req, notify=False, server=self.name)
+        w = to_workload(rt.store.get(self.workload))
+        try:
+            waiter = rt.scheduler.submit(w, evict=self._evict)
+        except ValidationError as e:
+            rt.store.remove_workload(self.workload)
+            raise RuntimeError(f"Cannot schedule: {e}") from None
+        bind = await self._wait_for_bind(waiter)
+        pod = bind.pods[0]
+        where = f"{pod.node}, GPU {','.join(map(str, pod.gpu_indices))}" if pod.gpu_indices else pod.node
+        share = f" ({pod.gpu_milli / MILLI:g} of each)" if pod.gpu_indices else ""
+        self._emit(50, f"Placed on {where}{share}{' over quota: may be reclaimed' if bind.over_quota else ''}")
+        self.gpupool_env = rt.env_for(w, bind)
+        self._emit(70, f"Starting {kind}")
+        try:
+            return await self.launch_workspace(req, bind)
+        except BaseException:
+            rt.scheduler.release(self.workload, "failed to start")
+            rt.store.remove_workload(self.workload)
+            raise
+
+    async def _wait_for_bind(self, waiter) -> Bind:
+        last = None
+        while not waiter.bound.done():
+            get = asyncio.ensure_future(waiter.updates.get())
+            await asyncio.wait({waiter.bound, get}, return_when=asyncio.FIRST_COMPLETED)
+            if not get.done():
+                get.cancel()
+                continue
+            p = get.result()
+            if (p.reason, p.queue_position) != last:
+                last = (p.reason, p.queue_position)
+                self._emit(20, f"Waiting in the queue (position {p.queue_position}): {p.reason}")
+        return waiter.bound.result()
+
+    async def _evict(self, grace_s: float) -> None:
+        self._emit(90, "Evicted by the scheduler")
+        pid = getattr(self, "pid", 0)
+        if pid:
+            await terminate(pid, grace_s, lambda: _alive(pid))
+        self.gpupool.scheduler.release(self.workload, "evicted")
+        self.gpupool.store.remove_workload(self.workload)
+
+    async def stop(self, now=False):
+        try:
+            await super().stop(now=now)
+        finally:
+            self.gpupool.scheduler.release(self.workload, "stopped")
+            self.gpupool.store.remove_workload(self.workload)
+
+    async def launch_workspace(self, req: WorkloadRequest, bind: Bind):
+        raise NotImplementedError
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+class GpupoolLocalSpawner(GpupoolSpawnerMixin, SimpleLocalProcessSpawner):
+    """Embedded mode: each workspace is a local ``jupyterhub-singleuser`` process running
+    as the hub's user, in ``home_dir_template`` (one folder per user)."""
+
+    @default("home_dir_template")
+    def _home_tpl(self):
+        return str(Path(self.gpupool.cfg.state_dir) / "home" / "{username}")
+
+    @default("cmd")
+    def _cmd(self):
+        return [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
+
+    def get_env(self):
+        env = super().get_env()
+        env.update(getattr(self, "gpupool_env", {}))
+        bindir = str(Path(sys.executable).parent)
+        path = [bindir, env.get("PATH", "/usr/local/bin:/usr/bin:/bin")]
+        cs = self.gpupool.cfg.code_server
+        if cs:
+            path.insert(0, str(Path(cs).parent))
+            env["CODE_EXECUTABLE"] = "code-server"
+            env["CODE_WORKINGDIR"] = self.home_dir
+        env["PATH"] = ":".join(path)
+        env["GPUPOOL_WORKLOAD"] = self.workload
+        return env
+
+    async def launch_workspace(self, req: WorkloadRequest, bind: Bind):
+        args = [a for a in self.args if not a.startswith("--ServerApp.default_url")]
+        if req.workspace_kind == "vscode":
+            if not self.gpupool.cfg.code_server or not shutil.which(self.gpupool.cfg.code_server):
+                raise RuntimeError("VS Code is not installed on this hub (code-server missing)")
+            args.append("--ServerApp.default_url=/vscode/")
+        self.args = args
+        self.cpu_limit, self.mem_limit = req.cpu, int(req.memory_gib * 1024**3)
+        t0 = time.monotonic()
+        result = await SimpleLocalProcessSpawner.start(self)
+        self.log.info("gpupool: %s launched in %.2fs", self.workload, time.monotonic() - t0)
+        return result

@@ -1,0 +1,152 @@
+"""The embedded scheduler's database side (``scheduler.embedded.Store``) and the
+workload rows the spawner and the service write."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from sqlalchemy import delete, select, update
+
+from scheduler.model import Kind, PodPlacement, State, Workload
+
+from . import org
+from .db import NodeRow, WorkloadRow, add_event, bump_version, get_meta, set_meta, version
+from .requests import WorkloadRequest
+
+ACTIVE = ("pending", "running", "releasing")
+
+
+def to_workload(row: WorkloadRow) -> Workload:
+    req = WorkloadRequest(**row.spec)
+    w = Workload(
+        name=row.name,
+        project=row.project,
+        kind=Kind(row.kind),
+        demand=req.demand(),
+        preemptible=req.preemptible if row.kind != "inference" else False,
+        allow_over_quota=req.preemptible or None,
+        submit_time=row.submit_time,
+        grace_period_s=float(row.spec.get("grace_period_s", 30.0)) if isinstance(row.spec, dict) else 30.0,
+    )
+    if row.state in ("running", "releasing") and row.placement:
+        w.state = State.RUNNING if row.state == "running" else State.RELEASING
+        w.placement = tuple(
+            PodPlacement(p["node"], tuple(p["gpu_indices"]), p["gpu_milli"]) for p in row.placement
+        )
+        w.over_quota = row.over_quota
+    return w
+
+
+def placement_json(pods) -> list[dict]:
+    return [{"node": p.node, "gpu_indices": list(p.gpu_indices), "gpu_milli": p.gpu_milli} for p in pods]
+
+
+class DbStore:
+    def __init__(self, sessionmaker):
+        self.Session = sessionmaker
+
+    # -- scheduler.embedded.Store --------------------------------------------------------
+    def version(self) -> int:
+        with self.Session() as s:
+            return version(s)
+
+    def load_org(self):
+        with self.Session() as s:
+            return org.model_departments(s), org.model_projects(s)
+
+    def load_workloads(self) -> list[Workload]:
+        with self.Session() as s:
+            rows = s.scalars(select(WorkloadRow).where(WorkloadRow.state.in_(ACTIVE))).all()
+            return [to_workload(r) for r in rows]
+
+    def record(self, decisions, snapshot) -> None:
+        with self.Session() as s:
+            now = time.time()
+            for b in decisions.binds:
+                s.execute(
+                    update(WorkloadRow).where(WorkloadRow.name == b.workload).values(
+                        state="running", placement=placement_json(b.pods), over_quota=b.over_quota,
+                        reason="", queue_position=0, start_time=now,
+                    )
+                )
+            if decisions.pending:
+                names = [p.workload for p in decisions.pending]
+                current = dict(
+                    s.execute(
+                        select(WorkloadRow.name, WorkloadRow.reason).where(WorkloadRow.name.in_(names))
+                    ).all()
+                )
+                for p in decisions.pending:
+                    if current.get(p.workload) != p.reason:
+                        s.execute(
+                            update(WorkloadRow).where(WorkloadRow.name == p.workload).values(
+                                reason=p.reason, queue_position=p.queue_position
+                            )
+                        )
+            s.commit()
+
+    def set_state(self, name: str, state: str, **fields) -> None:
+        with self.Session() as s:
+            s.execute(update(WorkloadRow).where(WorkloadRow.name == name).values(state=state, **fields))
+            s.commit()
+
+    def event(self, kind: str, message: str, workload: str = "", project: str = "") -> None:
+        with self.Session() as s:
+            add_event(s, kind, message, workload, project)
+            s.commit()
+
+    # -- spawner / service ---------------------------------------------------------------
+    def add_workload(self, name: str, owner: str, req: WorkloadRequest, notify: bool,
+                     server: str = "") -> None:
+        with self.Session() as s:
+            s.execute(delete(WorkloadRow).where(WorkloadRow.name == name))
+            s.add(WorkloadRow(name=name, owner=owner, project=req.project, kind=req.kind,
+                              spec=req.to_dict(), state="pending", submit_time=time.time(),
+                              server=server))
+            add_event(s, "submitted", f"{owner} asked for {req.gpu_label()} ({req.kind})", name, req.project)
+            if notify:
+                bump_version(s)
+            s.commit()
+
+    def remove_workload(self, name: str) -> None:
+        with self.Session() as s:
+            s.execute(delete(WorkloadRow).where(WorkloadRow.name == name))
+            s.commit()
+
+    def get(self, name: str) -> WorkloadRow | None:
+        with self.Session() as s:
+            return s.get(WorkloadRow, name)
+
+    def set_nodes(self, nodes, source: str) -> None:
+        with self.Session() as s:
+            s.execute(delete(NodeRow))
+            for n in nodes:
+                s.add(NodeRow(
+                    name=n.name, pool=n.pool, cpu_milli=n.cpu_milli, memory_mib=n.memory_mib,
+                    source=source,
+                    gpus=[{"index": g.index, "model": g.model, "memory_mib": g.memory_mib,
+                           "uuid": g.uuid} for g in n.gpus],
+                ))
+            s.commit()
+
+    def reset_after_restart(self) -> None:
+        """Nothing of ours runs after a hub restart: drop workspaces, requeue the rest."""
+        with self.Session() as s:
+            s.execute(delete(WorkloadRow).where(WorkloadRow.kind == "workspace"))
+            s.execute(update(WorkloadRow).where(WorkloadRow.state.in_(("running", "releasing")))
+                      .values(state="pending", placement=[], pid=None))
+            bump_version(s)
+            s.commit()
+
+    def last_options(self, user: str) -> dict:
+        with self.Session() as s:
+            try:
+                return json.loads(get_meta(s, f"last-options:{user}", "{}"))
+            except ValueError:
+                return {}
+
+    def save_options(self, user: str, options: dict) -> None:
+        with self.Session() as s:
+            set_meta(s, f"last-options:{user}", options)
+            s.commit()

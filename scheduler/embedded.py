@@ -1,0 +1,263 @@
+"""The embedded adapter: the scheduler loop inside the hub process.
+
+A thin loop around the pure core. It keeps a ``Snapshot`` in step with the database,
+calls ``decide`` every period or when poked, and applies the decisions:
+
+* bind: record the placement (snapshot + database) and hand it to whoever launches the
+  workload (a waiting spawner, or the process launcher for trainings and inferences);
+* evict: mark the workload releasing, SIGTERM its process, SIGKILL after the grace
+  period; once it has exited, requeue it (trainings) or drop it (workspaces);
+* pending: write the reason and queue position where the spawn progress can read them.
+
+The store is a narrow protocol (``Store``) so tests can run the loop on a fake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .core import decide
+from .model import (
+    MILLI,
+    Bind,
+    Decisions,
+    Department,
+    Evict,
+    Node,
+    PodPlacement,
+    Project,
+    State,
+    ValidationError,
+    Workload,
+)
+from .snapshot import Snapshot
+
+log = logging.getLogger("gpupool.embedded")
+
+
+class Store(Protocol):
+    """What the loop needs from the database."""
+
+    def version(self) -> int: ...
+    def load_org(self) -> tuple[list[Department], list[Project]]: ...
+    def load_workloads(self) -> list[Workload]: ...
+    def record(self, decisions: Decisions, snapshot: Snapshot) -> None: ...
+    def set_state(self, name: str, state: str, **fields) -> None: ...
+    def event(self, kind: str, message: str, workload: str = "", project: str = "") -> None: ...
+
+
+# A launcher runs a bound workload and can be asked to stop it (eviction).
+Evictor = Callable[[float], Awaitable[None]]
+
+
+@dataclass
+class Waiter:
+    bound: asyncio.Future
+    evict: Evictor | None = None
+    updates: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+def gpu_env(node: Node, pod: PodPlacement, demand_memory_mib: int, preload: str = "") -> dict:
+    """Environment of a process placed on ``pod``: visible GPUs, the memory cap for the
+    interception library, and LD_PRELOAD when the library is built."""
+    gpus = [node.gpus[i] for i in pod.gpu_indices]
+    ids = [g.uuid if g.uuid and not g.uuid.startswith("GPU-declared") else str(g.index) for g in gpus]
+    env = {
+        "CUDA_VISIBLE_DEVICES": ",".join(ids),
+        "NVIDIA_VISIBLE_DEVICES": ",".join(ids),
+        "GPUPOOL_NODE": node.name,
+        "GPUPOOL_GPU_INDICES": ",".join(str(i) for i in pod.gpu_indices),
+        "GPUPOOL_GPU_MILLI": str(pod.gpu_milli),
+        "GPUPOOL_GPU_FRACTION": f"{pod.gpu_milli / MILLI:g}",
+    }
+    if gpus and pod.gpu_milli < MILLI:
+        cap = demand_memory_mib or gpus[0].memory_mib * pod.gpu_milli // MILLI
+        env["GPUPOOL_GPU_MEMORY_LIMIT_MIB"] = str(cap)
+        env["CUDA_DEVICE_MEMORY_LIMIT"] = f"{cap}m"
+        if preload and os.path.exists(preload):
+            env["LD_PRELOAD"] = preload
+    return env
+
+
+class EmbeddedScheduler:
+    def __init__(self, store: Store, nodes: list[Node], period_s: float = 2.0):
+        self.store = store
+        self.period_s = period_s
+        self.snapshot = Snapshot()
+        for n in nodes:
+            self.snapshot.add_node(n)
+        self.waiters: dict[str, Waiter] = {}
+        self.launch: Callable[[Workload, Bind], Awaitable[Evictor | None]] | None = None
+        self.last: Decisions = Decisions()
+        self._version = -1
+        self._poke = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._loop())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            self._task = None
+
+    def poke(self) -> None:
+        self._poke.set()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._poke.wait(), self.period_s)
+            except asyncio.TimeoutError:
+                pass
+            self._poke.clear()
+            try:
+                await self.cycle()
+            except Exception:  # keep scheduling whatever one cycle hit
+                log.exception("scheduler cycle failed")
+
+    # -- the spawner's side --------------------------------------------------------------
+    def submit(self, w: Workload, evict: Evictor | None = None) -> Waiter:
+        """Queue a workload the caller launches itself; the waiter's future gets the Bind.
+        Raises ValidationError for a workload the cluster can never hold."""
+        w.state = State.PENDING
+        w.placement = ()
+        self.snapshot.upsert_workload(w)
+        waiter = self.waiters[w.name] = Waiter(asyncio.get_running_loop().create_future(), evict)
+        self.poke()
+        return waiter
+
+    def release(self, name: str, reason: str = "stopped") -> None:
+        """The workload has stopped: its GPUs go back to the pool at once."""
+        w = self.snapshot.workloads.get(name)
+        self.snapshot.remove_workload(name)
+        waiter = self.waiters.pop(name, None)
+        if waiter and not waiter.bound.done():
+            waiter.bound.cancel()
+        if w is not None:
+            self.store.event("released", f"{name} released its GPUs ({reason})", name, w.project)
+        self.poke()
+
+    # -- one cycle -----------------------------------------------------------------------
+    async def cycle(self) -> Decisions:
+        async with self._lock:
+            self._sync()
+            decisions = decide(self.snapshot)
+            self.last = decisions
+            for b in decisions.binds:
+                await self._bind(b)
+            for e in decisions.evictions:
+                self._evict(e)
+            self.store.record(decisions, self.snapshot)
+            for p in decisions.pending:
+                waiter = self.waiters.get(p.workload)
+                if waiter is not None:
+                    waiter.updates.put_nowait(p)
+            return decisions
+
+    def _sync(self) -> None:
+        """Take in what the service changed: organisation, new and deleted workloads."""
+        v = self.store.version()
+        if v == self._version:
+            return
+        self._version = v
+        depts, projects = self.store.load_org()
+        for name in set(self.snapshot.projects) - {p.name for p in projects}:
+            self.snapshot.remove_project(name)
+        for d in depts:
+            self.snapshot.set_department(d)
+        for p in projects:
+            self.snapshot.set_project(p)
+        for name in set(self.snapshot.departments) - {d.name for d in depts}:
+            try:
+                self.snapshot.remove_department(name)
+            except ValidationError:
+                pass
+        stored = {w.name: w for w in self.store.load_workloads()}
+        for name in list(self.snapshot.workloads):
+            if name in stored:
+                continue
+            waiter = self.waiters.get(name)
+            if waiter is None:
+                self.snapshot.remove_workload(name)
+            elif waiter.evict is not None:  # asked to stop through the API: end it
+                evict, waiter.evict = waiter.evict, None
+                asyncio.ensure_future(evict(self.snapshot.workloads[name].grace_period_s))
+        for name, w in stored.items():
+            if name in self.snapshot.workloads or name in self.waiters:
+                continue
+            try:
+                self.snapshot.upsert_workload(w)
+            except ValidationError as e:
+                self.store.set_state(name, "failed", reason=str(e))
+
+    async def _bind(self, b: Bind) -> None:
+        w = self.snapshot.workloads[b.workload]
+        w.state, w.placement, w.over_quota = State.RUNNING, b.pods, b.over_quota
+        self.snapshot.upsert_workload(w)
+        where = "; ".join(f"{p.node} GPU {','.join(map(str, p.gpu_indices))} "
+                          f"({p.gpu_milli / MILLI:g} each)" for p in b.pods)
+        self.store.event("placed", f"{w.name} placed on {where}"
+                         f"{' over quota' if b.over_quota else ''}", w.name, w.project)
+        waiter = self.waiters.get(w.name)
+        if waiter is not None:
+            if not waiter.bound.done():
+                waiter.bound.set_result(b)
+            return
+        if self.launch is not None:
+            evict = await self.launch(w, b)
+            if evict is not None:
+                self.waiters[w.name] = Waiter(asyncio.get_running_loop().create_future(), evict)
+                self.waiters[w.name].bound.set_result(b)
+
+    def _evict(self, e: Evict) -> None:
+        w = self.snapshot.workloads.get(e.workload)
+        if w is None:
+            return
+        w.state = State.RELEASING
+        self.snapshot.upsert_workload(w)
+        self.store.event("preempted", f"{w.name} evicted: {e.reason}", w.name, w.project)
+        self.store.set_state(w.name, "releasing", reason=e.reason)
+        waiter = self.waiters.get(w.name)
+        if waiter is not None and waiter.evict is not None:
+            asyncio.ensure_future(waiter.evict(e.grace_period_s))
+        else:  # nothing of ours runs it (e.g. left over from a restart): requeue now
+            self.requeue(w.name)
+
+    def requeue(self, name: str) -> None:
+        """After an evicted workload has exited: back to pending with its spec."""
+        w = self.snapshot.workloads.get(name)
+        self.waiters.pop(name, None)
+        if w is None:
+            return
+        w.state, w.placement, w.over_quota = State.PENDING, (), False
+        self.snapshot.upsert_workload(w)
+        self.store.set_state(name, "pending", placement=[], pid=None)
+        self.poke()
+
+
+async def terminate(pid: int, grace_s: float, alive: Callable[[], bool]) -> None:
+    """SIGTERM a process (group), then SIGKILL once the grace period has passed."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not alive():
+                return
+            await asyncio.sleep(0.2)
