@@ -109,6 +109,7 @@ void *gp_procaddr_wrap(const char *symbol, void *real, int cuda_version, cuuint6
 {
     if (!symbol || !real)
         return real;
+    gp_config_load();
     int id = procaddr_row(symbol, real, cuda_version, flags);
     if (id >= 0) {
         void *expect = NULL;
