@@ -1,0 +1,111 @@
+"""Requirement 4: one account per container, shared by its processes: atomic reservation
+under races, no stuck lock after SIGKILL, reclaim of a killed process's memory, fork, a
+process started later, and a non-root user."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+
+import pytest
+
+from .conftest import CUDA_OOM, base_env, run_probe, start_probe, wait_for
+
+G = 1 << 30
+M = 1 << 20
+
+
+def test_racing_processes_never_exceed_the_limit_together(native, region_dir, tmp_path):
+    go, end = tmp_path / "go", tmp_path / "end"
+    env = base_env(native, region_dir, GPUPOOL_MEMORY_LIMIT="500M")
+    # all hold what they got until every one has filled (an exit gives memory back)
+    procs = [start_probe(native, env, "dlsym", "init", "ctx:0", f"wait_file:{go}", "fill:10M",
+                         f"touch:{tmp_path}/done{i}", f"wait_file:{end}", "info")
+             for i in range(6)]
+    go.touch()
+    for i, p in enumerate(procs):
+        wait_for(tmp_path / f"done{i}", p)
+    end.touch()
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    filled = [int(ln.split("n=")[1]) for out in outs for ln in out.splitlines()
+              if ln.startswith("fill")]
+    assert len(filled) == 6
+    assert sum(filled) == 50  # exactly the limit: none over, none lost
+    frees = [int(ln.split("free=")[1].split()[0]) for out in outs for ln in out.splitlines()
+             if ln.startswith("info")]
+    assert all(f < 10 * M for f in frees)
+
+
+def test_killed_during_the_driver_call_is_reclaimed(native, region_dir, tmp_path):
+    mark = tmp_path / "in_driver"
+    env = base_env(native, region_dir, GPUPOOL_MEMORY_LIMIT="1G",
+                   FAKE_CUDA_ALLOC_SLEEP_MS="30000", FAKE_CUDA_ALLOC_MARK=str(mark))
+    victim = start_probe(native, env, "dlsym", "init", "ctx:0", "alloc:600M")
+    wait_for(mark, victim)  # reserved in the account, inside the driver now
+    env2 = base_env(native, region_dir, GPUPOOL_MEMORY_LIMIT="1G")
+    before = run_probe(native, env2, "dlsym", "init", "ctx:0", "info")
+    assert before.values("info", "free") == [G - 600 * M]  # the reservation is visible
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    r = run_probe(native, env2, "dlsym", "init", "ctx:0", "info", "alloc:600M", "alloc:600M")
+    assert r.values("info", "free") == [G]
+    assert r.rcs("alloc") == [0, CUDA_OOM]
+
+
+def test_killed_while_holding_the_lock_leaves_no_stuck_lock(native, region_dir, tmp_path):
+    mark = tmp_path / "locked"
+    env = base_env(native, region_dir, lib=native.test_lib, GPUPOOL_MEMORY_LIMIT="1G",
+                   GPUPOOL_TEST_STALL_LOCKED=str(mark))
+    victim = start_probe(native, env, "dlsym", "init", "ctx:0", "alloc:100M")
+    wait_for(mark, victim)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    env2 = base_env(native, region_dir, GPUPOOL_MEMORY_LIMIT="1G")
+    r = run_probe(native, env2, "dlsym", "init", "ctx:0", "info", "alloc:600M", "alloc:600M",
+                  timeout=20)
+    assert r.rc == 0, r.stderr
+    assert r.values("info", "free") == [G]  # the half-made reservation is gone too
+    assert r.rcs("alloc") == [0, CUDA_OOM]
+
+
+def test_fork_and_later_processes_see_the_usage(native, region_dir, tmp_path):
+    ready = tmp_path / "ready"
+    env = base_env(native, region_dir, GPUPOOL_MEMORY_LIMIT="1G")
+    first = start_probe(native, env, "dlsym", "init", "ctx:0", "alloc:300M", "fork", "info",
+                        "alloc:200M", "info", "join", "info", f"touch:{ready}", "hold")
+    try:
+        wait_for(ready, first)
+        later = run_probe(native, env, "dlsym", "init", "ctx:0", "info", "alloc:800M")
+        assert later.values("info", "free") == [G - 300 * M]
+        assert later.rcs("alloc") == [CUDA_OOM]
+    finally:
+        first.kill()
+        out = first.communicate()[0]
+    lines = out.splitlines()
+    child = [ln for ln in lines if ln.startswith("child info")]
+    assert [int(ln.split("free=")[1].split()[0]) for ln in child] == [G - 300 * M, G - 500 * M]
+    assert "child alloc rc=0" in lines
+    parent = [ln for ln in lines if ln.startswith("info")]
+    assert parent == [f"info rc=0 free={G - 300 * M} total={G}"]  # the exited child gave back
+    after = run_probe(native, env, "dlsym", "init", "ctx:0", "info")
+    assert after.values("info", "free") == [G]  # and the killed parent is reclaimed
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root to switch to an unprivileged user")
+def test_non_root_user_shares_the_account(native, region_dir, tmp_path):
+    ready = region_dir / "ready"
+    env = base_env(native, region_dir, GPUPOOL_MEMORY_LIMIT="1G")
+    holder = start_probe(native, env, "dlsym", "init", "ctx:0", "alloc:300M", f"touch:{ready}",
+                         "hold")
+    try:
+        wait_for(ready, holder)
+        r = run_probe(native, env, "dlsym", "init", "ctx:0", "info", "alloc:600M", "alloc:200M",
+                      user="65534")
+        assert r.rc == 0, r.stderr
+        assert r.values("info", "free") == [G - 300 * M]
+        assert r.rcs("alloc") == [0, CUDA_OOM]
+    finally:
+        holder.kill()
+        holder.wait()
