@@ -3,15 +3,31 @@
 Rows are nodes, columns are GPU slots. A slot a node does not have holds -1 free, so no
 request ever fits there. Arrays are only ever changed through ``take``/``give`` so the
 derived columns (``full_free``) stay true.
+
+Every ``take``/``give`` also stamps the node it changed with a number from a clock shared by
+an array set and all its copies (``Lineage``), so a stamp names one node state exactly:
+placement policies key per-node caches on ``stamp`` and recompute only the rows whose stamp
+moved (see ``scheduler/policies.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .model import MILLI, Node, PodDemand
+
+
+class Lineage:
+    """Shared by an array set and its copies: the stamp clock and policies' per-node caches."""
+
+    __slots__ = ("clock", "caches", "__weakref__")
+
+    def __init__(self) -> None:
+        self.clock = itertools.count(1)
+        self.caches: dict = {}
 
 
 @dataclass
@@ -29,6 +45,16 @@ class ClusterArrays:
     full_free: np.ndarray  # (N,) int16 GPUs with nothing on them
     cpu_free: np.ndarray  # (N,) int64 milli-CPU
     mem_free: np.ndarray  # (N,) int64 MiB
+    # (N,) int64: clock value of the node's last take/give (0: as built); equal stamps within
+    # one lineage mean equal node state.
+    stamp: np.ndarray = field(default=None)  # type: ignore[assignment]
+    lineage: Lineage = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.stamp is None:
+            self.stamp = np.zeros(len(self.names), dtype=np.int64)
+        if self.lineage is None:
+            self.lineage = Lineage()
 
     @classmethod
     def from_nodes(cls, nodes: list[Node]) -> ClusterArrays:
@@ -79,6 +105,8 @@ class ClusterArrays:
             full_free=self.full_free.copy(),
             cpu_free=self.cpu_free.copy(),
             mem_free=self.mem_free.copy(),
+            stamp=self.stamp.copy(),
+            lineage=self.lineage,
         )
 
     def take(self, node: int, gpus: tuple[int, ...], milli: int, cpu: int, mem: int) -> None:
@@ -88,6 +116,7 @@ class ClusterArrays:
             self.gpu_free[node, j] -= milli
         self.cpu_free[node] -= cpu
         self.mem_free[node] -= mem
+        self.stamp[node] = next(self.lineage.clock)
 
     def give(self, node: int, gpus: tuple[int, ...], milli: int, cpu: int, mem: int) -> None:
         for j in gpus:
@@ -96,6 +125,7 @@ class ClusterArrays:
                 self.full_free[node] += 1
         self.cpu_free[node] += cpu
         self.mem_free[node] += mem
+        self.stamp[node] = next(self.lineage.clock)
 
     def eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> np.ndarray:
         """Nodes whose pool, GPU model, CPU and memory allow one pod of ``demand``."""

@@ -3,24 +3,23 @@
 A policy sees every node at once (a boolean ``mask`` of the nodes whose pool, model, CPU
 and memory already allow the pod) and returns the node, the GPU slots and the milli-GPUs
 per slot, or None when no node can hold the pod. Policies never change the arrays.
+
+A policy may also have ``prepare(demands)``: the core calls it once per cycle with the
+demands of the pending and running workloads, so a fragmentation-aware policy knows the
+workload mix it should keep room for. The scoring policies live in ``scheduler.policies``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from .cluster import ClusterArrays
 from .model import MILLI, PodDemand
+from .policies import FGD, BestFit, Choice, GpupoolPolicy, RandomFit
 
-
-@dataclass(frozen=True)
-class Choice:
-    node: int
-    gpus: tuple[int, ...]
-    milli: int  # per GPU
+__all__ = ["Choice", "PlacementPolicy", "POLICIES", "get_policy"]
 
 
 class PlacementPolicy(Protocol):
@@ -29,18 +28,14 @@ class PlacementPolicy(Protocol):
     def place(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand) -> Choice | None: ...
 
 
-def _fit_slots(arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand):
-    """(node rows, need per slot, fits per slot) for a single-GPU fractional pod."""
-    need = arrays.need_milli(demand)
-    fits = (arrays.gpu_free >= need) & mask[:, None]
-    return need, fits
+class TightPack:
+    """Packs work tight without a score: whole GPUs on the nodes with fewest free GPUs,
+    fractions on the GPU with least room left, CPU-only pods off the GPU nodes."""
 
+    name = "tightpack"
 
-class BestFit:
-    """Packs work tight: whole GPUs on the nodes with fewest free GPUs, fractions on the
-    GPU with least room left. The simple baseline; ``scheduler.policies`` has the rest."""
-
-    name = "bestfit"
+    def __init__(self, seed: int | None = None):
+        del seed  # deterministic
 
     def place(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand) -> Choice | None:
         if demand.gpus:
@@ -52,7 +47,8 @@ class BestFit:
             slots = np.flatnonzero(arrays.gpu_free[node] == MILLI)[: demand.gpus]
             return Choice(node, tuple(int(s) for s in slots), MILLI)
         if demand.is_fractional:
-            need, fits = _fit_slots(arrays, mask, demand)
+            need = arrays.need_milli(demand)
+            fits = (arrays.gpu_free >= need) & mask[:, None]
             if not fits.any():
                 return None
             left = np.where(fits, arrays.gpu_free - need, MILLI + 1)
@@ -60,19 +56,28 @@ class BestFit:
             node, slot = divmod(flat, arrays.gpu_free.shape[1])
             milli = int(need if np.isscalar(need) else need[node, slot])
             return Choice(node, (slot,), milli)
-        # CPU-only: keep GPU nodes' CPUs for GPU work when a node without GPUs can take it.
         if not mask.any():
             return None
         score = np.where(mask, arrays.cpu_free + (arrays.gpu_count > 0) * (1 << 40), np.iinfo(np.int64).max)
         return Choice(int(np.argmin(score)), (), 0)
 
 
-# "gpupool" is the policy the scheduler core uses by default.
-POLICIES: dict[str, type] = {"bestfit": BestFit, "gpupool": BestFit}
+# One registry, in the order the README table lists them: the paper's baselines from the
+# weakest up, then gpupool's own. "gpupool" is the policy the scheduler core uses by default.
+# Every class takes an optional ``seed``: None (the scheduler) breaks ties by lowest node
+# index, deterministically; a seed (the simulator) breaks them at random, as Kubernetes does.
+POLICIES: dict[str, type] = {
+    "random": RandomFit,
+    "tightpack": TightPack,
+    "bestfit": BestFit,
+    "fgd": FGD,
+    "gpupool": GpupoolPolicy,
+}
 
 
-def get_policy(name: str) -> PlacementPolicy:
+def get_policy(name: str, seed: int | None = None) -> PlacementPolicy:
     try:
-        return POLICIES[name]()
+        cls = POLICIES[name]
     except KeyError:
         raise ValueError(f"policy: unknown placement policy {name!r}; choose one of {sorted(POLICIES)}") from None
+    return cls(seed=seed)

@@ -1,0 +1,410 @@
+"""Placement policies that score nodes, and the fragmentation measure they share.
+
+Fragmentation (the FGD paper, ATC'23, "Beware of Fragmentation"): against a *workload mix*
+(the pod shapes the cluster expects, each with its probability), a node's idle GPU
+milli-units count as fragment for a shape when the node cannot run a pod of that shape (too
+few GPUs with that much room, too little CPU, a GPU model the shape does not accept); when it
+can, only the GPUs with less room than one of the shape's GPUs count. A node's fragmentation
+is the probability-weighted sum over shapes:
+
+    frag(node) = sum_t p_t * F_t(node),  F_t = idle            if the node cannot host t
+                                         F_t = idle - big_t    otherwise
+
+where ``big_t`` is the idle milli on GPUs with at least ``milli_t`` free. FGD puts a pod where
+it grows fragmentation least (``frag(before) - frag(after)`` largest).
+
+Speed: the delta for one pod shape on one node depends only on that node's state, so each
+policy keeps, per pod shape, the best delta and GPU slot of every node, in a cache on the
+arrays' ``Lineage`` keyed by the node ``stamp``; a call recomputes only the rows whose stamp
+moved since (usually none or a handful) and then takes one masked argmax over the nodes.
+
+Shapes are grouped by their per-GPU milli (``M`` distinct values) so the work per row is
+``G x M`` instead of ``G x T`` shapes: for fixed CPU left, the weight of the shapes a node can
+host is a table ``W[m, c]`` over "c GPUs have room for m", built with one small matmul.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cluster import ClusterArrays
+from .model import MILLI, PodDemand
+
+NEG = -1e18
+# BestFit's normalisers (the FGD simulator's "max spec" of one node): 128 CPUs, 8 GPUs.
+MAX_SPEC_CPU = 128_000
+MAX_SPEC_GPU = 8 * MILLI
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Where one pod goes (re-exported by ``scheduler.placement``)."""
+
+    node: int
+    gpus: tuple[int, ...]
+    milli: int  # per GPU
+
+
+# -- the workload mix --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One pod shape of a workload mix: CPU, milli per GPU (0: CPU-only), GPU count, models."""
+
+    cpu: int
+    milli: int
+    count: int
+    models: tuple[str, ...] = ()
+
+
+class Mix:
+    """The pod shapes a cluster expects, each with its probability (they sum to 1)."""
+
+    def __init__(self, shapes: Sequence[Shape], probs: Sequence[float]):
+        total = float(sum(probs))
+        if not shapes or total <= 0:
+            raise ValueError("mix: needs at least one shape with a positive weight")
+        self.shapes = tuple(shapes)
+        self.probs = np.asarray(probs, dtype=np.float64) / total
+        self.key = tuple(zip(self.shapes, np.round(self.probs, 6).tolist()))
+
+    @classmethod
+    def from_counts(cls, counts: dict[Shape, float], coverage: float = 0.95) -> Mix:
+        """The most frequent shapes that together make ``coverage`` of the count (the FGD
+        simulator's "typical pods": popularity threshold 95%), renormalised."""
+        items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0].cpu, kv[0].milli, kv[0].count, kv[0].models))
+        total = sum(v for _, v in items)
+        keep, acc = [], 0.0
+        for shape, v in items:
+            if acc >= coverage * total:
+                break
+            keep.append((shape, v))
+            acc += v
+        return cls([s for s, _ in keep], [v for _, v in keep])
+
+    @classmethod
+    def from_demands(
+        cls,
+        demands: Iterable[PodDemand],
+        models: Iterable[tuple[str, ...]] | None = None,
+        coverage: float = 0.95,
+    ) -> Mix:
+        counts: dict[Shape, float] = {}
+        models_it = iter(models) if models is not None else None
+        for d in demands:
+            m = next(models_it) if models_it is not None else ()
+            s = shape_of(d, m)
+            counts[s] = counts.get(s, 0.0) + 1.0
+        if not counts:
+            return default_mix()
+        return cls.from_counts(counts, coverage)
+
+
+def shape_of(d: PodDemand, models: tuple[str, ...] = ()) -> Shape:
+    if d.gpus:
+        return Shape(d.cpu_milli, MILLI, d.gpus, tuple(models))
+    if d.gpu_fraction:
+        return Shape(d.cpu_milli, round(d.gpu_fraction * MILLI), 1, tuple(models))
+    if d.gpu_memory_mib:
+        # Memory requests become milli on the GPU they land on; 16 GiB GPUs as the yardstick.
+        return Shape(d.cpu_milli, min(MILLI, math.ceil(d.gpu_memory_mib * MILLI / 16384)), 1, tuple(models))
+    return Shape(d.cpu_milli, 0, 0, tuple(models))
+
+
+def default_mix() -> Mix:
+    """Used when no one told the policy what to expect: the shape mix of the Alibaba openb
+    2023 trace, rounded (whole GPUs dominate; fractions near 1/4, 1/2 and 4/5)."""
+    shapes = [
+        Shape(8000, MILLI, 1),
+        Shape(4000, 500, 1),
+        Shape(4000, 800, 1),
+        Shape(2000, 250, 1),
+        Shape(16000, MILLI, 2),
+        Shape(32000, MILLI, 4),
+        Shape(64000, MILLI, 8),
+        Shape(4000, 0, 0),
+    ]
+    return Mix(shapes, [48, 12, 13, 9, 1, 1, 1, 13])
+
+
+# -- the fragmentation engine -------------------------------------------------------------
+
+
+class _Bound:
+    """A mix bound to one arrays lineage's model numbering: dense tables for the math."""
+
+    def __init__(self, mix: Mix, models: list[str], g: int):
+        gpu = [i for i, s in enumerate(mix.shapes) if s.milli > 0]
+        shapes = [mix.shapes[i] for i in gpu]
+        self.g = g
+        self.cpu = np.array([s.cpu for s in shapes], dtype=np.int64)  # (T,)
+        self.prob = mix.probs[gpu]  # (T,)
+        self.mvals = np.array(sorted({s.milli for s in shapes}), dtype=np.int64)  # (M,)
+        midx = np.searchsorted(self.mvals, [s.milli for s in shapes])
+        count = np.array([s.count for s in shapes], dtype=np.int64)
+        m = len(self.mvals)
+        # access[model_id + 1, t]: a node of that model may run shape t (row 0: no GPU).
+        self.access = np.zeros((len(models) + 1, len(shapes)), dtype=bool)
+        for t, s in enumerate(shapes):
+            if s.models:
+                for k, name in enumerate(models):
+                    self.access[k + 1, t] = name in s.models
+            else:
+                self.access[1:, t] = True
+        # B[t, m*(g+1) + c] = 1 when shape t has milli mvals[m] and needs at most c GPUs.
+        b = np.zeros((len(shapes), m, g + 1), dtype=np.float64)
+        for t in range(len(shapes)):
+            b[t, midx[t], count[t] :] = 1.0
+        self.b = b.reshape(len(shapes), m * (g + 1))
+        self.offsets = (np.arange(m, dtype=np.int64) * (g + 1))[None, :]  # (1, M)
+
+    def weights(self, cpu_left: np.ndarray, model_id: np.ndarray) -> np.ndarray:
+        """(R, M*(G+1)): weight of the shapes a node could host, by m and GPUs with room."""
+        a = self.access[model_id.astype(np.int64) + 1] & (cpu_left[:, None] >= self.cpu[None, :])
+        return (a * self.prob[None, :]) @ self.b
+
+    def stats(self, left: np.ndarray):
+        """Per row: idle milli, and per m: GPUs with room >= m, idle milli on those GPUs."""
+        idle = np.maximum(left, 0)
+        ge = left[:, :, None] >= self.mvals[None, None, :]  # (R, G, M)
+        cnt = ge.sum(axis=1)
+        big = (idle[:, :, None] * ge).sum(axis=1)
+        return idle.sum(axis=1), cnt, big
+
+    def frag_of(self, w: np.ndarray, idle_total, cnt, big) -> np.ndarray:
+        """Fragmentation from weights ``w`` (R, M*(G+1)) and stats of any trailing shape."""
+        idx = cnt + self.offsets if cnt.ndim == 2 else cnt + self.offsets[:, None, :]
+        if cnt.ndim == 2:
+            wg = np.take_along_axis(w, idx, axis=1)
+        else:
+            r, gg, m = cnt.shape
+            wg = np.take_along_axis(w, idx.reshape(r, gg * m), axis=1).reshape(r, gg, m)
+        return idle_total - (wg * big).sum(axis=-1)
+
+    def deltas(self, arrays: ClusterArrays, rows: np.ndarray, demand: PodDemand, need) -> np.ndarray:
+        """(R, G) fragmentation growth avoided, ``frag(before) - frag(after)``, for putting
+        the pod on each GPU slot of each row (fractions), or in column 0 (whole GPUs,
+        CPU-only); NEG where the pod does not fit on the GPUs."""
+        left = arrays.gpu_free[rows].astype(np.int64)
+        cpu = arrays.cpu_free[rows]
+        model = arrays.model_id[rows]
+        idle_total, cnt, big = self.stats(left)
+        before = self.frag_of(self.weights(cpu, model), idle_total, cnt, big)
+        w_after = self.weights(cpu - demand.cpu_milli, model)
+        out = np.full(left.shape, NEG)
+        if demand.gpus:
+            k = demand.gpus
+            ok = arrays.full_free[rows] >= k
+            after = self.frag_of(w_after, idle_total - k * MILLI, np.maximum(cnt - k, 0), big - k * MILLI)
+            out[:, 0] = np.where(ok, before - after, NEG)
+        elif demand.is_fractional:
+            nd = need if np.isscalar(need) else need[rows]
+            after_left = left - nd
+            ok = after_left >= 0
+            mv = self.mvals[None, None, :]
+            ge0 = left[:, :, None] >= mv
+            ge1 = after_left[:, :, None] >= mv
+            cnt1 = cnt[:, None, :] - ge0 + ge1
+            big1 = big[:, None, :] - left[:, :, None] * ge0 + after_left[:, :, None] * ge1
+            after = self.frag_of(w_after, (idle_total[:, None] - nd), cnt1, big1)
+            out = np.where(ok, before[:, None] - after, NEG)
+        else:
+            after = self.frag_of(w_after, idle_total, cnt, big)
+            out[:, 0] = before - after
+        return out
+
+
+def _need(arrays: ClusterArrays, demand: PodDemand):
+    return arrays.need_milli(demand)
+
+
+def _demand_key(demand: PodDemand) -> tuple:
+    return (demand.gpus, demand.gpu_fraction, demand.gpu_memory_mib, demand.cpu_milli)
+
+
+class _RowCache:
+    """Per node: the policy's best score and GPU slot for one pod shape, kept in step with
+    the arrays through their stamps."""
+
+    __slots__ = ("stamp", "score", "slot")
+
+    def __init__(self, n: int):
+        self.stamp = np.full(n, -1, dtype=np.int64)
+        self.score = np.full(n, NEG)
+        self.slot = np.zeros(n, dtype=np.int64)
+
+
+class FragPolicy:
+    """Base of the fragmentation-aware policies: subclasses turn the (R, G) matrix of
+    fragmentation deltas into per-node scores with ``_reduce``."""
+
+    name = "frag"
+    cache_size = 512
+
+    def __init__(self, seed: int | None = None):
+        self.mix: Mix = default_mix()
+        self.rng = None if seed is None else np.random.default_rng(seed)
+
+    def prepare(self, demands: Sequence[PodDemand], models: Sequence[tuple[str, ...]] | None = None) -> None:
+        """Learn the workload mix (the core passes the pending and running demands)."""
+        self.mix = Mix.from_demands(demands, models)
+
+    def _state(self, arrays: ClusterArrays):
+        key = (type(self).__name__, self.mix.key, self._params())
+        caches = arrays.lineage.caches
+        st = caches.get(key)
+        if st is None:
+            if len(caches) > 8:  # old mixes
+                caches.clear()
+            st = caches[key] = (_Bound(self.mix, arrays.models, arrays.gpu_free.shape[1]), {})
+        return st
+
+    def _params(self) -> tuple:
+        return ()
+
+    def _reduce(self, arrays: ClusterArrays, rows: np.ndarray, delta: np.ndarray, demand: PodDemand):
+        """(score (R,), slot (R,)) from the delta matrix; higher score is better."""
+        slot = np.argmax(delta, axis=1)
+        return delta[np.arange(len(rows)), slot], slot
+
+    def node_scores(self, arrays: ClusterArrays, demand: PodDemand) -> tuple[np.ndarray, np.ndarray]:
+        bound, rows_by_shape = self._state(arrays)
+        key = _demand_key(demand)
+        rc = rows_by_shape.get(key)
+        if rc is None:
+            if len(rows_by_shape) >= self.cache_size:
+                rows_by_shape.clear()
+            rc = rows_by_shape[key] = _RowCache(len(arrays.names))
+        dirty = np.flatnonzero(rc.stamp != arrays.stamp)
+        if len(dirty):
+            delta = bound.deltas(arrays, dirty, demand, _need(arrays, demand))
+            score, slot = self._reduce(arrays, dirty, delta, demand)
+            rc.score[dirty] = score
+            rc.slot[dirty] = slot
+            rc.stamp[dirty] = arrays.stamp[dirty]
+        return rc.score, rc.slot
+
+    def place(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand) -> Choice | None:
+        score, slot = self.node_scores(arrays, demand)
+        s = np.where(mask, score, NEG)
+        node = _pick(s, self.rng)
+        if node is None:
+            return None
+        return _choice(arrays, node, int(slot[node]), demand)
+
+
+def _pick(score: np.ndarray, rng) -> int | None:
+    """The best node; among equal best, the first, or a seeded random one (the Kubernetes
+    scheduler picks among ties at random, which the paper's baselines rely on)."""
+    best = int(np.argmax(score))
+    top = score[best]
+    if top <= NEG / 2:
+        return None
+    if rng is None:
+        return best
+    ties = np.flatnonzero(score == top)
+    return int(ties[rng.integers(len(ties))]) if len(ties) > 1 else best
+
+
+def _choice(arrays: ClusterArrays, node: int, slot: int, demand: PodDemand) -> Choice:
+    if demand.gpus:
+        free = np.flatnonzero(arrays.gpu_free[node] == MILLI)[: demand.gpus]
+        return Choice(node, tuple(int(s) for s in free), MILLI)
+    if demand.is_fractional:
+        need = arrays.need_milli(demand)
+        milli = int(need if np.isscalar(need) else need[node, slot])
+        return Choice(node, (slot,), milli)
+    return Choice(node, (), 0)
+
+
+def _fits(arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand) -> np.ndarray:
+    """Nodes in ``mask`` whose GPUs can hold the pod."""
+    if demand.gpus:
+        return mask & (arrays.full_free >= demand.gpus)
+    if demand.is_fractional:
+        need = arrays.need_milli(demand)
+        return mask & (arrays.gpu_free >= need).any(axis=1)
+    return mask
+
+
+def _best_slot(arrays: ClusterArrays, node: int, demand: PodDemand) -> int:
+    """The GPU with least room that still fits a fraction (first of equals)."""
+    need = arrays.need_milli(demand)
+    row = arrays.gpu_free[node]
+    nd = need if np.isscalar(need) else need[node]
+    left = np.where(row >= nd, row - nd, MILLI + 1)
+    return int(np.argmin(left))
+
+
+# -- the baselines of the FGD paper --------------------------------------------------------
+
+
+class FGD(FragPolicy):
+    """The FGD paper's policy as its simulator scores it: per node the GPU whose use grows
+    fragmentation least, node score ``int(100 * sigmoid(delta / 1000))``, ties at random."""
+
+    name = "fgd"
+
+    def _reduce(self, arrays, rows, delta, demand):
+        x = np.clip(delta, -50_000.0, 50_000.0) / 1000.0
+        score = np.where(delta > NEG / 2, np.floor(100.0 / (1.0 + np.exp(-x))), NEG)
+        slot = np.argmax(score, axis=1)  # first of equal scores, as the simulator
+        return score[np.arange(len(rows)), slot], slot
+
+
+class BestFit:
+    """The FGD paper's BestFit: least free CPU and GPU left after the pod, each normalised by
+    a full node (128 CPUs, 8 GPUs) and weighted 1/2, as an integer score 0-100; ties at
+    random. Fractions go on the fitting GPU with least room, whole GPUs on the first free."""
+
+    name = "bestfit"
+
+    def __init__(self, seed: int | None = None):
+        self.rng = None if seed is None else np.random.default_rng(seed)
+
+    def place(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand) -> Choice | None:
+        ok = _fits(arrays, mask, demand)
+        gpu_left = np.maximum(arrays.gpu_free, 0).sum(axis=1)
+        req_gpu = demand.gpus * MILLI if demand.gpus else (int(np.max(arrays.need_milli(demand))) if demand.is_fractional else 0)
+        rest = 0.5 * (arrays.cpu_free - demand.cpu_milli) / MAX_SPEC_CPU + 0.5 * (gpu_left - req_gpu) / MAX_SPEC_GPU
+        score = np.where(ok, np.floor((1.0 - rest) * 100.0), NEG)
+        node = _pick(score, self.rng)
+        if node is None:
+            return None
+        return _choice(arrays, node, _best_slot(arrays, node, demand) if demand.is_fractional else 0, demand)
+
+
+class RandomFit:
+    """Any node that fits, uniformly at random (seeded); the paper's lower baseline."""
+
+    name = "random"
+
+    def __init__(self, seed: int | None = None):
+        self.rng = np.random.default_rng(0 if seed is None else seed)
+
+    def place(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand) -> Choice | None:
+        ok = np.flatnonzero(_fits(arrays, mask, demand))
+        if not len(ok):
+            return None
+        node = int(ok[self.rng.integers(len(ok))])
+        if demand.is_fractional:
+            need = arrays.need_milli(demand)
+            nd = need if np.isscalar(need) else need[node]
+            slots = np.flatnonzero(arrays.gpu_free[node] >= nd)
+            return _choice(arrays, node, int(slots[self.rng.integers(len(slots))]), demand)
+        return _choice(arrays, node, 0, demand)
+
+
+# -- gpupool's own ------------------------------------------------------------------------
+
+
+class GpupoolPolicy(FragPolicy):
+    """gpupool's placement: FGD's fragmentation delta, exact (no integer score), with
+    deterministic tie-breaking."""
+
+    name = "gpupool"
