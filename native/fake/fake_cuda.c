@@ -62,7 +62,7 @@ static unsigned long long next_addr = 0x7f0000000000ull;
 static int rec_add(unsigned long long key, int dev, unsigned long long size)
 {
     for (unsigned i = (unsigned)(key >> 8) & (RECS - 1), n = 0; n < RECS; n++, i = (i + 1) & (RECS - 1))
-        if (!recs[i].used) {
+        if (recs[i].used != 1) { /* empty or a tombstone */
             recs[i] = (struct rec){key, size, dev, 1};
             return 0;
         }
