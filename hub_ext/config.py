@@ -43,12 +43,29 @@ class Gpupool(Configurable):
     ).tag(config=True)
 
     ip = Unicode("127.0.0.1", help="Address the public proxy listens on.").tag(config=True)
-    port = Integer(8000, help="Port of the public proxy (the URL users open).").tag(config=True)
-    hub_port = Integer(8081, help="Port of the hub's internal API.").tag(config=True)
-    service_port = Integer(
-        10101, help="Port of gpupool's service (admin panel and REST API), loopback only."
-    ).tag(config=True)
-    proxy_api_port = Integer(8001, help="Port of configurable-http-proxy's API.").tag(config=True)
+    port = Integer(help="Port of the public proxy (the URL users open). Default: $GPUPOOL_PORT or 8000.").tag(config=True)
+
+    @default("port")
+    def _port_default(self):
+        return int(os.environ.get("GPUPOOL_PORT", "8000"))
+
+    hub_port = Integer(help="Port of the hub's internal API. Default: $GPUPOOL_HUB_PORT or 8081.").tag(config=True)
+
+    @default("hub_port")
+    def _hub_port_default(self):
+        return int(os.environ.get("GPUPOOL_HUB_PORT", "8081"))
+
+    service_port = Integer(help="Port of gpupool's service (admin panel and REST API), loopback only. Default: $GPUPOOL_SERVICE_PORT or 10101.").tag(config=True)
+
+    @default("service_port")
+    def _service_port_default(self):
+        return int(os.environ.get("GPUPOOL_SERVICE_PORT", "10101"))
+
+    proxy_api_port = Integer(help="Port of configurable-http-proxy's API. Default: $GPUPOOL_PROXY_API_PORT or 8001.").tag(config=True)
+
+    @default("proxy_api_port")
+    def _proxy_api_port_default(self):
+        return int(os.environ.get("GPUPOOL_PROXY_API_PORT", "8001"))
 
     user_password = Unicode(
         "gpupool-user",

@@ -10,6 +10,7 @@ subclass with the same mixin.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import sys
 import time
@@ -37,6 +38,10 @@ class GpupoolSpawnerMixin:
     @property
     def workload(self) -> str:
         return workload_name(self.user.name, self.name)
+
+    @default("apply_user_options")
+    def _default_apply(self):
+        return lambda spawner, options: None  # start() checks and applies them
 
     @default("options_form")
     def _default_options_form(self):
@@ -135,8 +140,6 @@ class GpupoolSpawnerMixin:
 
 
 def _alive(pid: int) -> bool:
-    import os
-
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -175,6 +178,8 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, SimpleLocalProcessSpawner):
 
     async def launch_workspace(self, req: WorkloadRequest, bind: Bind):
         args = [a for a in self.args if not a.startswith("--ServerApp.default_url")]
+        if os.getuid() == 0 and "--allow-root" not in args:  # embedded mode runs as the hub's user
+            args.append("--allow-root")
         if req.workspace_kind == "vscode":
             if not self.gpupool.cfg.code_server or not shutil.which(self.gpupool.cfg.code_server):
                 raise RuntimeError("VS Code is not installed on this hub (code-server missing)")

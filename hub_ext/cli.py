@@ -1,0 +1,145 @@
+"""``gpupool``: start the hub (``up``) and do what a user does through the REST API.
+
+    gpupool up [--config gpupool_config.py]      start JupyterHub + proxy + scheduler + service
+    gpupool options                              every configuration option with its help
+    gpupool project list | show NAME
+    gpupool workspace list | start [options] | stop NAME
+
+API commands read the hub URL from $GPUPOOL_URL (default http://127.0.0.1:8000) and a
+JupyterHub token from $GPUPOOL_TOKEN or $JUPYTERHUB_API_TOKEN (make one at /hub/token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from .config import ROOT, Gpupool
+
+
+def _api(args, method: str, path: str, body=None):
+    url = args.url.rstrip("/") + "/services/gpupool/api/v1" + path
+    token = args.token or os.environ.get("GPUPOOL_TOKEN") or os.environ.get("JUPYTERHUB_API_TOKEN", "")
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            text = r.read()
+            return json.loads(text) if text else {}
+    except urllib.error.HTTPError as e:
+        try:
+            err = json.loads(e.read())["error"]
+            msg = f"{err['field']}: {err['message']}" if err.get("field") else err["message"]
+        except Exception:
+            msg = str(e)
+        sys.exit(f"gpupool: {msg} (HTTP {e.code})")
+    except urllib.error.URLError as e:
+        sys.exit(f"gpupool: cannot reach {url}: {e.reason}")
+
+
+def cmd_up(args) -> int:
+    config = Path(args.config).resolve() if args.config else None
+    env = dict(os.environ)
+    if config:
+        if not config.exists():
+            sys.exit(f"gpupool: --config: no such file {config}")
+        env["GPUPOOL_CONFIG"] = str(config)
+    env["PATH"] = os.pathsep.join([str(ROOT / ".tools" / "bin"), str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    hub = Path(sys.executable).parent / "jupyterhub"
+    argv = [str(hub), "-f", str(ROOT / "hub_ext" / "jupyterhub_config.py"), *args.hub_args]
+    print(f"gpupool: starting JupyterHub on http://127.0.0.1:{args.port or env.get('GPUPOOL_PORT', 8000)}/ "
+          "(users: password 'gpupool-user'; admin: 'gpupool-admin-password-change-me', see README)",
+          flush=True)
+    if args.port:
+        env["GPUPOOL_PORT"] = str(args.port)
+    os.execve(argv[0], argv, env)
+    return 0
+
+
+def cmd_options(_args) -> int:
+    for name, trait in sorted(Gpupool.class_traits(config=True).items()):
+        print(f"c.Gpupool.{name} = {trait.default_value!r}\n    {trait.help}\n")
+    return 0
+
+
+def cmd_project(args) -> int:
+    if args.action == "list":
+        for p in _api(args, "GET", "/projects")["items"]:
+            print(f"{p['name']:<16} {p['department']:<12} quota {p['gpus']:>5g}  in use {p['allocated_gpus']:>5g}"
+                  f"  running {p['running']}  pending {p['pending']}")
+    else:
+        print(json.dumps(_api(args, "GET", f"/projects/{args.name}"), indent=2))
+    return 0
+
+
+def cmd_workspace(args) -> int:
+    if args.action == "list":
+        for w in _api(args, "GET", "/workloads?kind=workspace")["items"]:
+            why = f"  ({w['reason']}, position {w['queue_position']})" if w["state"] == "pending" else ""
+            print(f"{w['name']:<24} {w['project']:<12} {w['state']:<9} {w['gpu_allocated']:g} GPU{why}")
+    elif args.action == "start":
+        body = {"kind": "workspace", "server_name": args.name or "", "workspace_kind": args.kind}
+        if args.project:
+            body["project"] = args.project
+        if args.gpus is not None:
+            body.update(gpu_mode="whole", gpus=args.gpus)
+        elif args.gpu_memory is not None:
+            body.update(gpu_mode="memory", gpu_memory_gib=args.gpu_memory)
+        elif args.fraction is not None:
+            body.update(gpu_mode="fraction" if args.fraction > 0 else "none", gpu_fraction=args.fraction or 0.25)
+        if args.preemptible:
+            body["preemptible"] = True
+        w = _api(args, "POST", "/workloads", body)
+        print(f"{w['name']}: {w['state']}")
+    else:
+        _api(args, "DELETE", f"/workloads/{args.name}")
+        print(f"{args.name}: stopping")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpupool", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default=os.environ.get("GPUPOOL_URL", "http://127.0.0.1:8000"))
+    p.add_argument("--token", default="")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start the hub in embedded mode")
+    up.add_argument("--config", default="gpupool_config.py" if Path("gpupool_config.py").exists() else "")
+    up.add_argument("--port", type=int, default=0)
+    up.add_argument("hub_args", nargs="*", help="extra JupyterHub arguments (after --)")
+    up.set_defaults(fn=cmd_up)
+    sub.add_parser("options", help="print every option").set_defaults(fn=cmd_options)
+    pr = sub.add_parser("project", help="your projects")
+    pr.add_argument("action", choices=["list", "show"])
+    pr.add_argument("name", nargs="?")
+    pr.set_defaults(fn=cmd_project)
+    ws = sub.add_parser("workspace", help="your workspaces")
+    ws.add_argument("action", choices=["list", "start", "stop"])
+    ws.add_argument("name", nargs="?", default="", help="server name (start) or workload name (stop)")
+    ws.add_argument("--project")
+    ws.add_argument("--kind", default="jupyterlab", choices=["jupyterlab", "vscode"])
+    ws.add_argument("--fraction", type=float, help="GPU fraction 0.05..1 (0: no GPU)")
+    ws.add_argument("--gpus", type=int, help="whole GPUs")
+    ws.add_argument("--gpu-memory", type=float, help="GPU memory in GiB")
+    ws.add_argument("--preemptible", action="store_true", help="may run over quota (reclaimable)")
+    ws.set_defaults(fn=cmd_workspace)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.cmd == "project" and args.action == "show" and not args.name:
+        sys.exit("gpupool: project show needs a NAME")
+    if args.cmd == "workspace" and args.action == "stop" and not args.name:
+        sys.exit("gpupool: workspace stop needs the workload NAME (see gpupool workspace list)")
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

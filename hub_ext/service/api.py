@@ -1,0 +1,312 @@
+"""REST API v1: departments, projects, workloads, nodes, events, samples, me.
+
+Reads: members see their own projects and the workloads in them; admins see everything.
+Writes to the organisation need ``custom:gpupool:admin``. Workspaces are JupyterHub
+servers, so starting or stopping one goes through the hub's API.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import yaml
+from sqlalchemy import delete, select
+
+from .. import org
+from ..db import EventRow, NodeRow, SampleRow, WorkloadRow, add_event, bump_version
+from ..limits import limits_for
+from ..requests import FieldError, parse_request, workload_name
+from .base import ApiHandler
+
+SPEC = Path(__file__).parent / "openapi.yaml"
+
+
+def workload_dict(w: WorkloadRow) -> dict:
+    spec = dict(w.spec or {})
+    return {
+        "name": w.name, "owner": w.owner, "project": w.project, "kind": w.kind, "state": w.state,
+        "server": w.server, "spec": spec,
+        "gpu_allocated": round(sum(p["gpu_milli"] * len(p["gpu_indices"]) for p in w.placement) / 1000, 3),
+        "placement": w.placement, "over_quota": w.over_quota, "reason": w.reason,
+        "queue_position": w.queue_position, "submit_time": w.submit_time, "start_time": w.start_time,
+    }
+
+
+class RootHandler(ApiHandler):
+    def get(self):
+        self.send({"version": "v1", "openapi": self.reverse_url("openapi")})
+
+
+class OpenAPIHandler(ApiHandler):
+    def prepare(self):  # the description is public
+        pass
+
+    def get(self):
+        self.send(yaml.safe_load(SPEC.read_text()))
+
+
+class MeHandler(ApiHandler):
+    def get(self):
+        with self.Session() as s:
+            projects = org.projects_of(s, self.username)
+        self.send({"name": self.username, "admin": self.is_admin, "projects": projects})
+
+
+class DepartmentsHandler(ApiHandler):
+    def get(self):
+        with self.Session() as s:
+            depts = org.list_departments(s)
+            if not self.is_admin:
+                mine = {p["department"] for p in org.list_projects(s, set(org.projects_of(s, self.username)))}
+                depts = [d for d in depts if d["name"] in mine]
+        self.send({"items": depts})
+
+    def post(self):
+        self.require_admin()
+        with self.Session() as s:
+            d = org.create_department(s, self.body())
+            s.commit()
+        self.send(d, 201)
+
+
+class DepartmentHandler(ApiHandler):
+    def get(self, name):
+        with self.Session() as s:
+            d = org.get_department(s, name)
+            if not self.is_admin and not set(d["projects"]) & set(org.projects_of(s, self.username)):
+                raise org.NotFound(f"department {name!r} does not exist")
+        self.send(d)
+
+    def patch(self, name):
+        self.require_admin()
+        with self.Session() as s:
+            d = org.update_department(s, name, self.body())
+            s.commit()
+        self.send(d)
+
+    def delete(self, name):
+        self.require_admin()
+        with self.Session() as s:
+            org.delete_department(s, name)
+            s.commit()
+        self.set_status(204)
+        self.finish()
+
+
+class ProjectsHandler(ApiHandler):
+    def get(self):
+        with self.Session() as s:
+            only = None if self.is_admin else set(org.projects_of(s, self.username))
+            self.send({"items": org.list_projects(s, only)})
+
+    def post(self):
+        self.require_admin()
+        with self.Session() as s:
+            p = org.create_project(s, self.body())
+            s.commit()
+        self.send(p, 201)
+
+
+class ProjectHandler(ApiHandler):
+    def get(self, name):
+        with self.Session() as s:
+            if not self.is_admin and name not in org.projects_of(s, self.username):
+                raise org.NotFound(f"project {name!r} does not exist")
+            self.send(org.get_project(s, name))
+
+    def patch(self, name):
+        self.require_admin()
+        with self.Session() as s:
+            p = org.update_project(s, name, self.body())
+            s.commit()
+        self.send(p)
+
+    def delete(self, name):
+        self.require_admin()
+        with self.Session() as s:
+            org.delete_project(s, name)
+            s.commit()
+        self.set_status(204)
+        self.finish()
+
+
+class WorkloadsHandler(ApiHandler):
+    def get(self):
+        q = select(WorkloadRow).order_by(WorkloadRow.submit_time)
+        for key in ("kind", "project", "state", "owner"):
+            v = self.get_argument(key, None)
+            if v:
+                q = q.where(getattr(WorkloadRow, key) == v)
+        with self.Session() as s:
+            if not self.is_admin:
+                q = q.where(WorkloadRow.project.in_(org.projects_of(s, self.username)))
+            rows = s.scalars(q).all()
+        self.send({"items": [workload_dict(w) for w in rows]})
+
+    async def post(self):
+        data = self.body()
+        server = data.pop("server_name", "") if data.get("kind", "workspace") == "workspace" else ""
+        owner = data.pop("owner", self.username)
+        if owner != self.username:
+            self.require_admin()
+        with self.Session() as s:
+            req = parse_request(data, limits_for(s, self.ctx.cfg, owner))
+        if req.kind == "workspace":
+            if not isinstance(server, str) or (server and not server.replace("-", "").isalnum()):
+                raise FieldError("server_name", "must be letters, digits or '-'")
+            code, body = await self.ctx.hub.start_server(owner, server, req.to_dict())
+            if code >= 400:
+                self.send_error(code if code in (400, 403, 404, 409) else 502,
+                                message=(body or {}).get("message", "the hub refused to start the server"))
+                return
+            name = workload_name(owner, server)
+            row = await self._wait_row(name)
+            self.send(row or {"name": name, "kind": "workspace", "state": "starting"}, 202)
+            return
+        name = req.name or f"{req.kind[:5]}-{owner}-{int(time.time() * 1000) % 10**8}"
+        with self.Session() as s:
+            if s.get(WorkloadRow, name) is not None and s.get(WorkloadRow, name).state in (
+                "pending", "running", "releasing", "stopping"
+            ):
+                raise org.Conflict("name", f"workload {name!r} already exists")
+            s.execute(delete(WorkloadRow).where(WorkloadRow.name == name))
+            s.add(WorkloadRow(name=name, owner=owner, project=req.project, kind=req.kind,
+                              spec=req.to_dict(), state="pending", submit_time=time.time()))
+            add_event(s, "submitted", f"{owner} asked for {req.gpu_label()} ({req.kind})", name, req.project)
+            bump_version(s)
+            s.commit()
+            self.send(workload_dict(s.get(WorkloadRow, name)), 201)
+
+    async def _wait_row(self, name: str, timeout: float = 5.0):
+        import asyncio
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.Session() as s:
+                w = s.get(WorkloadRow, name)
+                if w is not None:
+                    return workload_dict(w)
+            await asyncio.sleep(0.1)
+        return None
+
+
+class WorkloadHandler(ApiHandler):
+    def _get(self, s, name) -> WorkloadRow:
+        w = s.get(WorkloadRow, name)
+        if w is None or (not self.is_admin and w.project not in org.projects_of(s, self.username)):
+            raise org.NotFound(f"workload {name!r} does not exist")
+        return w
+
+    def get(self, name):
+        with self.Session() as s:
+            self.send(workload_dict(self._get(s, name)))
+
+    async def delete(self, name):
+        with self.Session() as s:
+            w = self._get(s, name)
+            if w.owner != self.username and not self.is_admin:
+                self.send_error(403, message="only the owner or an admin can stop a workload")
+                return
+            kind, owner, server, state = w.kind, w.owner, w.server, w.state
+            if kind != "workspace":
+                if state in ("running", "releasing"):
+                    w.state = "stopping"
+                else:
+                    s.delete(w)
+                add_event(s, "stopped", f"{self.username} stopped {name}", name, w.project)
+                bump_version(s)
+                s.commit()
+        if kind == "workspace":
+            code, body = await self.ctx.hub.stop_server(owner, server)
+            if code >= 400 and code != 404:
+                self.send_error(502, message=(body or {}).get("message", "the hub could not stop it"))
+                return
+        self.set_status(204)
+        self.finish()
+
+
+class NodesHandler(ApiHandler):
+    def get(self):
+        with self.Session() as s:
+            nodes = s.scalars(select(NodeRow).order_by(NodeRow.name)).all()
+            running = s.scalars(select(WorkloadRow).where(
+                WorkloadRow.state.in_(("running", "releasing", "stopping")))).all()
+            mine = None if self.is_admin else set(org.projects_of(s, self.username))
+        share: dict[tuple[str, int], list] = {}
+        for w in running:
+            for p in w.placement:
+                for i in p["gpu_indices"]:
+                    share.setdefault((p["node"], i), []).append({
+                        "workload": w.name if mine is None or w.project in mine else "(other project)",
+                        "project": w.project if mine is None or w.project in mine else "",
+                        "gpu": p["gpu_milli"] / 1000,
+                    })
+        items = []
+        for n in nodes:
+            gpus = []
+            for g in n.gpus:
+                users = share.get((n.name, g["index"]), [])
+                gpus.append({**g, "allocated": round(sum(u["gpu"] for u in users), 3), "workloads": users})
+            items.append({"name": n.name, "pool": n.pool, "source": n.source, "cpu_milli": n.cpu_milli,
+                          "memory_mib": n.memory_mib, "gpus": gpus})
+        self.send({"items": items})
+
+
+class EventsHandler(ApiHandler):
+    def get(self):
+        try:
+            limit = int(self.get_argument("limit", "100"))
+        except ValueError:
+            raise FieldError("limit", "must be a whole number from 1 to 1000") from None
+        if not 1 <= limit <= 1000:
+            raise FieldError("limit", f"must be from 1 to 1000, got {limit}")
+        q = select(EventRow).order_by(EventRow.id.desc()).limit(limit)
+        for key in ("kind", "project", "workload"):
+            v = self.get_argument(key, None)
+            if v:
+                q = q.where(getattr(EventRow, key) == v)
+        with self.Session() as s:
+            if not self.is_admin:
+                q = q.where(EventRow.project.in_(org.projects_of(s, self.username)))
+            rows = s.scalars(q).all()
+        self.send({"items": [{"id": e.id, "ts": e.ts, "kind": e.kind, "workload": e.workload,
+                              "project": e.project, "message": e.message} for e in rows]})
+
+
+class SamplesHandler(ApiHandler):
+    def get(self):
+        try:
+            since = float(self.get_argument("since", str(time.time() - 86400)))
+        except ValueError:
+            raise FieldError("since", "must be a UNIX time in seconds") from None
+        with self.Session() as s:
+            rows = s.scalars(select(SampleRow).where(SampleRow.ts >= since).order_by(SampleRow.ts)).all()
+        self.send({"items": [{"ts": r.ts, "capacity": r.capacity_milli / 1000,
+                              "allocated": r.allocated_milli / 1000,
+                              "utilization_pct": r.utilization_pct} for r in rows]})
+
+
+def routes(prefix: str) -> list:
+    from tornado.web import url
+
+    a = prefix + "api/v1"
+    n = r"([a-z0-9-]+|[^/]+)"
+    return [
+        url(a + "/?", RootHandler),
+        url(a + "/openapi.json", OpenAPIHandler, name="openapi"),
+        url(a + "/me", MeHandler),
+        url(a + "/departments", DepartmentsHandler),
+        url(a + f"/departments/{n}", DepartmentHandler),
+        url(a + "/projects", ProjectsHandler),
+        url(a + f"/projects/{n}", ProjectHandler),
+        url(a + "/workloads", WorkloadsHandler),
+        url(a + f"/workloads/{n}", WorkloadHandler),
+        url(a + "/nodes", NodesHandler),
+        url(a + "/events", EventsHandler),
+        url(a + "/samples", SamplesHandler),
+    ]
+
+
+__all__ = ["routes", "workload_dict", "json"]

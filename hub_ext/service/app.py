@@ -1,0 +1,77 @@
+"""Build and run the service's tornado application."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+from jupyterhub.services.auth import HubOAuthCallbackHandler
+from jupyterhub.utils import url_path_join
+from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
+from sqlalchemy import func, select
+from tornado import web
+from tornado.httpserver import HTTPServer
+
+from ..config import Gpupool, load_config
+from ..db import WorkloadRow, make_sessionmaker
+from . import api, culler, pages
+from .hubapi import HubAPI
+
+log = logging.getLogger("gpupool.service")
+WORKLOADS = Gauge("gpupool_workloads", "Workloads by state", ["state"])
+
+
+@dataclass
+class Context:
+    cfg: Gpupool
+    Session: object
+    hub: HubAPI
+
+
+class MetricsHandler(web.RequestHandler):
+    def get(self):
+        with self.settings["gpupool"].Session() as s:
+            for state, n in s.execute(select(WorkloadRow.state, func.count()).group_by(WorkloadRow.state)):
+                WORKLOADS.labels(state).set(n)
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(generate_latest())
+
+
+def make_app(cfg: Gpupool, prefix: str, session_factory=None, hub: HubAPI | None = None) -> web.Application:
+    ctx = Context(cfg, session_factory or make_sessionmaker(cfg.db_url), hub or HubAPI())
+    prefix = prefix if prefix.endswith("/") else prefix + "/"
+    handlers = [
+        (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
+        (prefix + "metrics", MetricsHandler),
+        *api.routes(prefix),
+        *pages.routes(prefix.rstrip("/")),
+    ]
+    return web.Application(
+        handlers, gpupool=ctx, prefix=prefix, cookie_secret=os.urandom(32),
+        hub_prefix=os.environ.get("JUPYTERHUB_BASE_URL", "/") + "hub/",
+    )
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="[gpupool-service %(asctime)s] %(message)s")
+    cfg = load_config()
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpupool/")
+    app = make_app(cfg, prefix)
+    url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", f"http://127.0.0.1:{cfg.service_port}"))
+
+    async def run():
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        HTTPServer(app, xheaders=True).listen(url.port, url.hostname)
+        log.info("listening on %s%s", url.geturl(), prefix)
+        if cfg.cull_idle_s:
+            asyncio.ensure_future(culler.run(app.settings["gpupool"]))
+        await stop.wait()
+        log.info("stopping")
+
+    asyncio.run(run())

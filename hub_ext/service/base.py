@@ -1,0 +1,93 @@
+"""Base handlers of the gpupool service: HubOAuth login, scopes, JSON errors.
+
+Errors map to HTTP: FieldError -> 400, NotFound -> 404, Conflict -> 409, a missing
+scope -> 403; every error body is ``{"error": {"status", "field", "message"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+
+from jupyterhub.services.auth import HubOAuthenticated
+from tornado import web
+
+from ..org import Conflict, NotFound
+from ..requests import FieldError
+
+ADMIN, USE = "custom:gpupool:admin", "custom:gpupool:use"
+
+
+class BaseHandler(HubOAuthenticated, web.RequestHandler):
+    @property
+    def ctx(self):
+        return self.settings["gpupool"]
+
+    @property
+    def Session(self):
+        return self.ctx.Session
+
+    @property
+    def scopes(self) -> set[str]:
+        user = self.current_user or {}
+        return set(user.get("scopes", []))
+
+    @property
+    def is_admin(self) -> bool:
+        return ADMIN in self.scopes
+
+    @property
+    def username(self) -> str:
+        return (self.current_user or {}).get("name", "")
+
+    def require_admin(self) -> None:
+        if not self.is_admin:
+            raise web.HTTPError(403, f"this needs the {ADMIN} scope (gpupool admins only)")
+
+
+class ApiHandler(BaseHandler):
+    """JSON in, JSON out; 401 instead of a login redirect."""
+
+    def prepare(self):
+        if self.current_user is None:
+            raise web.HTTPError(401, "authenticate with a JupyterHub token (Authorization: token ...)")
+        if not (self.scopes & {ADMIN, USE}):
+            raise web.HTTPError(403, f"this needs the {USE} scope")
+
+    def body(self) -> dict:
+        if not self.request.body:
+            return {}
+        try:
+            data = json.loads(self.request.body)
+        except ValueError as e:
+            raise FieldError("body", f"must be JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise FieldError("body", "must be a JSON object")
+        return data
+
+    def send(self, data, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data))
+
+    def _handle_request_exception(self, e):
+        if isinstance(e, FieldError):
+            return self.send_error(400, field=e.field, message=e.message)
+        if isinstance(e, Conflict):
+            return self.send_error(409, field=e.field, message=e.message)
+        if isinstance(e, NotFound):
+            return self.send_error(404, message=str(e))
+        return super()._handle_request_exception(e)
+
+    def write_error(self, status_code, **kwargs):
+        message = kwargs.get("message")
+        exc = kwargs.get("exc_info")
+        if message is None and exc and isinstance(exc[1], web.HTTPError):
+            message = exc[1].log_message or self._reason
+        elif message is None and exc:
+            self.log.error("".join(traceback.format_exception(*exc)))
+            message = "internal error; see the service log"
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": {
+            "status": status_code, "field": kwargs.get("field"), "message": message or self._reason,
+        }}))

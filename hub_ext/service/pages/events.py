@@ -1,0 +1,31 @@
+"""Events: placements, preemptions (with their reason), releases, quota changes."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import select
+from tornado import web
+
+from ... import org
+from ...db import EventRow
+from . import PageHandler
+
+
+class EventsPage(PageHandler):
+    @web.authenticated
+    def get(self):
+        kind = self.get_argument("kind", "")
+        with self.Session() as s:
+            q = select(EventRow).order_by(EventRow.id.desc()).limit(self.ctx.cfg.admin_page_size)
+            if kind:
+                q = q.where(EventRow.kind == kind)
+            if not self.is_admin:
+                q = q.where(EventRow.project.in_(org.projects_of(s, self.username)))
+            events = s.scalars(q).all()
+        fmt = [(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.ts)), e) for e in events]
+        self.render_page("events.html", events=fmt, kind=kind)
+
+
+def routes(prefix):
+    return [(prefix + r"/events", EventsPage)]

@@ -1,0 +1,80 @@
+"""Start a gpupool hub (``gpupool up``) in a temporary folder on free ports, for tests
+and benches; stop it (and everything it started) afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+USER_PW = "gpupool-user"
+ADMIN_PW = "gpupool-admin-password-change-me"
+
+
+def free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+class Hub:
+    def __init__(self, workdir: Path, config: str = "", extra_env: dict | None = None):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port, hub_port, svc_port, api_port = free_ports(4)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "GPUPOOL_STATE_DIR": str(self.workdir / "state"),
+                    "GPUPOOL_PORT": str(self.port), "GPUPOOL_HUB_PORT": str(hub_port),
+                    "GPUPOOL_SERVICE_PORT": str(svc_port), "GPUPOOL_PROXY_API_PORT": str(api_port),
+                    **(extra_env or {})}
+        self.config = config
+        self.proc: subprocess.Popen | None = None
+        self.log = self.workdir / "hub.log"
+
+    def start(self, timeout: float = 120) -> Hub:
+        cfg = self.workdir / "gpupool_config.py"
+        cfg.write_text(self.config or "c = get_config()  # noqa\n")
+        gp = Path(sys.executable).parent / "gpupool"
+        self.proc = subprocess.Popen(
+            [str(gp), "up", "--config", str(cfg)], cwd=self.workdir, env=self.env,
+            stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"hub exited: {self.log.read_text()[-3000:]}")
+            try:
+                urllib.request.urlopen(self.url + "/services/gpupool/api/v1/openapi.json", timeout=2)
+                return self
+            except Exception:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"hub did not come up: {self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        # servers and services started by the hub run in their own sessions: end ours
+        for pidfile in (self.workdir / "state").glob("*.pid"):
+            try:
+                os.kill(int(pidfile.read_text().strip()), signal.SIGTERM)
+            except (ValueError, ProcessLookupError, PermissionError):
+                pass
