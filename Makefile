@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: setup run test lint native bench clean
+.PHONY: setup run test lint native bench clean system
 
 setup: $(VENV)/.installed
 
@@ -17,13 +17,17 @@ $(VENV)/.installed: pyproject.toml
 native: setup
 	@if [ -f native/Makefile ]; then $(MAKE) -C native; fi
 
-run: setup native
-	$(VENV)/bin/gpupool-sim demo
+# System packages and Node tools for the hub (chromium, configurable-http-proxy, code-server).
+system:
+	scripts/setup-system
+
+run: setup system native
+	$(VENV)/bin/gpupool up
 
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: setup native lint
+test: setup system native lint
 	$(VENV)/bin/pytest -q tests
 
 clean:
