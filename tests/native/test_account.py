@@ -21,7 +21,7 @@ def test_racing_processes_never_exceed_the_limit_together(native, region_dir, tm
     env = base_env(native, region_dir, GPUPOOL_MEMORY_LIMIT="500M")
     # all hold what they got until every one has filled (an exit gives memory back)
     procs = [start_probe(native, env, "dlsym", "init", "ctx:0", f"wait_file:{go}", "fill:10M",
-                         f"touch:{tmp_path}/done{i}", f"wait_file:{end}", "info")
+                         "info", f"touch:{tmp_path}/done{i}", f"wait_file:{end}")
              for i in range(6)]
     go.touch()
     for i, p in enumerate(procs):
@@ -34,7 +34,7 @@ def test_racing_processes_never_exceed_the_limit_together(native, region_dir, tm
     assert sum(filled) == 50  # exactly the limit: none over, none lost
     frees = [int(ln.split("free=")[1].split()[0]) for out in outs for ln in out.splitlines()
              if ln.startswith("info")]
-    assert all(f < 10 * M for f in frees)
+    assert len(frees) == 6 and all(f < 10 * M for f in frees)  # each was refused when full
 
 
 def test_killed_during_the_driver_call_is_reclaimed(native, region_dir, tmp_path):
