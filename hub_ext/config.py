@@ -122,7 +122,7 @@ class Gpupool(Configurable):
     ).tag(config=True)
 
     preload_library = Unicode(
-        str(ROOT / "native" / "build" / "libgpupool.so"),
+        str(ROOT / "native" / "build" / "libgpupool-cuda.so"),
         help="The CUDA interception library put in LD_PRELOAD of GPU workloads when the "
         "file exists.",
     ).tag(config=True)

@@ -92,7 +92,7 @@ class Runtime:
     def env_for(self, w: Workload, b: Bind) -> dict:
         pod = b.pods[0]
         node = next(n for n in self.nodes if n.name == pod.node)
-        return gpu_env(node, pod, w.demand.gpu_memory_mib, self.cfg.preload_library)
+        return gpu_env(node, pod, w.demand.gpu_memory_mib, self.cfg.preload_library, w.name)
 
     # -- trainings and inferences submitted through the API ------------------------------
     async def _launch_process(self, w: Workload, b: Bind):

@@ -64,7 +64,8 @@ class Waiter:
     updates: asyncio.Queue = field(default_factory=asyncio.Queue)
 
 
-def gpu_env(node: Node, pod: PodPlacement, demand_memory_mib: int, preload: str = "") -> dict:
+def gpu_env(node: Node, pod: PodPlacement, demand_memory_mib: int, preload: str = "",
+            workload: str = "") -> dict:
     """Environment of a process placed on ``pod``: visible GPUs, the memory cap for the
     interception library, and LD_PRELOAD when the library is built."""
     gpus = [node.gpus[i] for i in pod.gpu_indices]
@@ -78,9 +79,12 @@ def gpu_env(node: Node, pod: PodPlacement, demand_memory_mib: int, preload: str 
         "GPUPOOL_GPU_FRACTION": f"{pod.gpu_milli / MILLI:g}",
     }
     if gpus and pod.gpu_milli < MILLI:
+        # The interception library's interface (native/README.md): memory cap per device,
+        # share of SM time, and a shared account file per workload.
         cap = demand_memory_mib or gpus[0].memory_mib * pod.gpu_milli // MILLI
-        env["GPUPOOL_GPU_MEMORY_LIMIT_MIB"] = str(cap)
-        env["CUDA_DEVICE_MEMORY_LIMIT"] = f"{cap}m"
+        env["GPUPOOL_MEMORY_LIMIT"] = f"{cap}M"
+        env["GPUPOOL_COMPUTE_SHARE"] = str(max(1, min(100, round(pod.gpu_milli / 10))))
+        env["GPUPOOL_SHARED_REGION"] = f"/dev/shm/gpupool-{workload or node.name}"
         if preload and os.path.exists(preload):
             env["LD_PRELOAD"] = preload
     return env

@@ -1,0 +1,104 @@
+"""The embedded adapter's loop on a fake store: binds wake the waiter, releases free the
+GPUs at once, a quota shrink reclaims over-quota work through the evictor."""
+
+import asyncio
+
+from scheduler.embedded import EmbeddedScheduler, gpu_env
+from scheduler.model import (
+    DEFAULT_POOL,
+    GPU,
+    Department,
+    Kind,
+    Node,
+    PodDemand,
+    PodPlacement,
+    Project,
+    Quota,
+    Workload,
+)
+
+
+class FakeStore:
+    def __init__(self, project_gpus=1.0):
+        self.v = 1
+        self.project_gpus = project_gpus
+        self.events, self.states = [], {}
+
+    def version(self):
+        return self.v
+
+    def load_org(self):
+        return ([Department("d", {DEFAULT_POOL: Quota(4)})],
+                [Project("p", "d", {DEFAULT_POOL: Quota(self.project_gpus)}),
+                 Project("q", "d", {DEFAULT_POOL: Quota(4 - self.project_gpus)})])
+
+    def load_workloads(self):
+        return []
+
+    def record(self, decisions, snapshot):
+        pass
+
+    def set_state(self, name, state, **fields):
+        self.states[name] = state
+
+    def event(self, kind, message, workload="", project=""):
+        self.events.append((kind, workload))
+
+
+NODE = Node("n", [GPU(i, "H100", 81920) for i in range(2)])
+
+
+def ws(name, frac=0.25, project="p", kind=Kind.WORKSPACE, preemptible=None):
+    return Workload(name, project, kind, PodDemand(gpu_fraction=frac), preemptible=preemptible)
+
+
+def test_bind_release_and_pending_reason():
+    async def run():
+        sched = EmbeddedScheduler(FakeStore(project_gpus=1.0), [NODE], period_s=0.05)
+        sched.start()
+        a = sched.submit(ws("a", 0.5))
+        bind = await asyncio.wait_for(a.bound, 5)
+        assert bind.pods[0].gpu_milli == 500
+        b = sched.submit(Workload("b", "p", Kind.WORKSPACE, PodDemand(gpus=1)))
+        pending = await asyncio.wait_for(b.updates.get(), 5)
+        assert pending.workload == "b" and pending.reason and pending.queue_position == 1
+        sched.release("a")
+        bind_b = await asyncio.wait_for(b.bound, 5)
+        assert bind_b.pods[0].gpu_milli == 1000
+        await sched.stop()
+        return sched
+
+    sched = asyncio.run(run())
+    assert ("placed", "a") in sched.store.events and ("released", "a") in sched.store.events
+
+
+def test_eviction_calls_the_evictor_then_requeues():
+    async def run():
+        store = FakeStore(project_gpus=0.0)  # p has no quota: its training runs over quota
+        sched = EmbeddedScheduler(store, [NODE], period_s=0.05)
+        evicted = asyncio.Event()
+
+        async def evict(grace):
+            evicted.set()
+            sched.requeue("t")
+
+        t = sched.submit(Workload("t", "p", Kind.TRAINING, PodDemand(gpus=2)), evict=evict)
+        await sched.cycle()
+        assert t.bound.done() and t.bound.result().over_quota
+        # q claims its guaranteed GPUs back
+        sched.submit(Workload("w", "q", Kind.WORKSPACE, PodDemand(gpus=2)))
+        await sched.cycle()
+        await asyncio.wait_for(evicted.wait(), 5)
+        return sched, store
+
+    sched, store = asyncio.run(run())
+    assert store.states["t"] == "pending"
+    assert any(k == "preempted" for k, _ in store.events)
+
+
+def test_gpu_env_for_a_fraction():
+    env = gpu_env(NODE, PodPlacement("n", (1,), 250), 0, "/nonexistent.so", "ws-a")
+    assert env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert env["GPUPOOL_MEMORY_LIMIT"] == f"{81920 // 4}M"
+    assert env["GPUPOOL_COMPUTE_SHARE"] == "25"
+    assert "LD_PRELOAD" not in env
