@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from ..cluster import ClusterArrays
 from ..model import MILLI, Node
-from ..placement import get_policy
+from ..placement import Choice, get_policy
 from .trace import TracePod, by_creation
 
 
@@ -72,8 +73,15 @@ def _model_masks(arrays: ClusterArrays):
     return mask_for
 
 
-def run_seed(nodes: list[Node], pods: list[TracePod], policy: str, seed: int) -> SeedResult:
-    """One replay of the protocol (module docstring) for one policy and seed."""
+def run_seed(
+    nodes: list[Node],
+    pods: list[TracePod],
+    policy: str,
+    seed: int,
+    on_place: Callable[[ClusterArrays, TracePod, Choice], None] | None = None,
+) -> SeedResult:
+    """One replay of the protocol (module docstring) for one policy and seed; ``on_place``
+    sees every placement after it is applied (tests check invariants there)."""
     t0 = time.perf_counter()
     arrays = ClusterArrays.from_nodes(nodes)
     pol = get_policy(policy, seed=seed)
@@ -110,6 +118,8 @@ def run_seed(nodes: list[Node], pods: list[TracePod], policy: str, seed: int) ->
             continue
         arrays.take(choice.node, choice.gpus, choice.milli, d.cpu_milli, d.memory_mib)
         placed += choice.milli * len(choice.gpus)
+        if on_place is not None:
+            on_place(arrays, pod, choice)
     return SeedResult(
         seed=seed,
         allocation_pct=100.0 * placed / cap_gpu if cap_gpu else 0.0,

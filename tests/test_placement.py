@@ -1,0 +1,169 @@
+"""Placement policies: the fragmentation measure against its definition, the stamp cache
+against a fresh computation, and every policy's choices against the arrays' rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scheduler.cluster import ClusterArrays
+from scheduler.model import GPU, MILLI, Node, PodDemand
+from scheduler.placement import POLICIES, Choice, get_policy
+from scheduler.policies import NEG, FragPolicy, Mix, Shape, _Bound
+
+MIX = Mix(
+    [
+        Shape(4000, 1000, 1),
+        Shape(8000, 500, 1),
+        Shape(2000, 0, 0),
+        Shape(16000, 1000, 2),
+        Shape(1000, 300, 1, ("A",)),
+        Shape(30000, 1000, 4, ("B",)),
+    ],
+    [5, 3, 2, 1, 1, 1],
+)
+
+
+def random_cluster(seed: int, n: int = 40) -> ClusterArrays:
+    rng = np.random.default_rng(seed)
+    nodes = []
+    for i in range(n):
+        g = int(rng.choice([0, 1, 2, 4, 8]))
+        model = "AB"[i % 2]
+        nodes.append(Node(f"n{i}", [GPU(j, model, 16000) for j in range(g)], cpu_milli=int(rng.integers(8, 64)) * 1000))
+    arrays = ClusterArrays.from_nodes(nodes)
+    for i in range(n):  # random load, through take so the derived columns stay true
+        for j in range(int(arrays.gpu_count[i])):
+            used = int(rng.choice([0, 0, 1000, 500, 810, 190, 700]))
+            if used:
+                arrays.take(i, (j,), used, 0, 0)
+        arrays.take(i, (), 0, int(rng.integers(0, arrays.cpu_free[i] // 1000 + 1)) * 1000, 0)
+    return arrays
+
+
+def frag_by_definition(left: list[int], cpu: int, model: str | None) -> float:
+    """The FGD paper's node fragmentation, one shape at a time."""
+    idle = sum(left)
+    total = 0.0
+    for s, p in zip(MIX.shapes, MIX.probs):
+        if s.milli == 0:
+            total += p * idle
+            continue
+        access = model is not None and (not s.models or model in s.models)
+        can = sum(1 for x in left if x >= s.milli) >= s.count and cpu >= s.cpu
+        total += p * (sum(x for x in left if x < s.milli) if access and can else idle)
+    return total
+
+
+DEMANDS = [
+    pytest.param(PodDemand(gpu_fraction=0.3, cpu_milli=2000), id="fraction"),
+    pytest.param(PodDemand(gpus=1, cpu_milli=1000), id="one-gpu"),
+    pytest.param(PodDemand(gpus=2, cpu_milli=4000), id="two-gpus"),
+    pytest.param(PodDemand(cpu_milli=8000), id="cpu-only"),
+]
+
+
+@pytest.mark.parametrize("demand", DEMANDS)
+def test_frag_delta_matches_definition(demand):
+    arrays = random_cluster(1)
+    bound = _Bound(MIX, arrays.models, arrays.gpu_free.shape[1])
+    rows = np.arange(len(arrays.names))
+    delta = bound.deltas(arrays, rows, demand, arrays.need_milli(demand))
+    for n in rows:
+        left = [int(x) for x in arrays.gpu_free[n] if x >= 0]
+        cpu = int(arrays.cpu_free[n])
+        model = arrays.models[arrays.model_id[n]] if arrays.model_id[n] >= 0 else None
+        before = frag_by_definition(left, cpu, model)
+        if demand.is_fractional:
+            need = demand.milli_on(1)
+            for j, x in enumerate(left):
+                if x >= need:
+                    after = list(left)
+                    after[j] -= need
+                    assert delta[n, j] == pytest.approx(before - frag_by_definition(after, cpu - demand.cpu_milli, model))
+                else:
+                    assert delta[n, j] <= NEG / 2
+        elif demand.gpus:
+            free = [j for j, x in enumerate(left) if x == MILLI]
+            if len(free) < demand.gpus:
+                assert delta[n, 0] <= NEG / 2
+                continue
+            after = list(left)
+            for j in free[: demand.gpus]:
+                after[j] = 0
+            assert delta[n, 0] == pytest.approx(before - frag_by_definition(after, cpu - demand.cpu_milli, model))
+        else:
+            assert delta[n, 0] == pytest.approx(before - frag_by_definition(left, cpu - demand.cpu_milli, model))
+
+
+@pytest.mark.parametrize("name", ["fgd", "gpupool"])
+def test_stamp_cache_equals_fresh_computation(name):
+    """Scores from the cache stay equal to a recomputation through takes, gives and copies."""
+    base = random_cluster(2)
+    policy = get_policy(name)
+    policy.mix = MIX
+    rng = np.random.default_rng(3)
+    demands = [PodDemand(gpu_fraction=0.5, cpu_milli=1000), PodDemand(gpus=1, cpu_milli=2000), PodDemand(cpu_milli=500)]
+    for _ in range(3):  # cycles: each works on a copy, as the core does
+        arrays = base.copy()
+        taken: list[tuple] = []
+        for _ in range(60):
+            d = demands[int(rng.integers(len(demands)))]
+            if taken and rng.random() < 0.3:
+                arrays.give(*taken.pop(int(rng.integers(len(taken)))))
+                continue
+            mask = arrays.eligible(None, (), d)
+            c = policy.place(arrays, mask, d)
+            fresh = get_policy(name)
+            fresh.mix = MIX
+            fresh_arrays = arrays.copy()
+            fresh_arrays.lineage = type(arrays.lineage)()  # a new lineage: empty caches
+            want = fresh.place(fresh_arrays, mask, d)
+            assert c == want
+            if c is not None:
+                args = (c.node, c.gpus, c.milli, d.cpu_milli, d.memory_mib)
+                arrays.take(*args)
+                taken.append(args)
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("demand", DEMANDS)
+def test_choices_follow_the_rules(name, demand):
+    arrays = random_cluster(4)
+    policy = get_policy(name, seed=7)
+    if isinstance(policy, FragPolicy):
+        policy.mix = MIX
+    for _ in range(30):
+        mask = arrays.eligible(None, ("A",), demand) if demand.gpu_count else arrays.eligible(None, (), demand)
+        c = policy.place(arrays, mask, demand)
+        if c is None:
+            assert not any(
+                mask[n] and (demand.gpus and arrays.full_free[n] >= demand.gpus or demand.is_fractional and (arrays.gpu_free[n] >= demand.milli_on(1)).any() or not demand.gpu_count)
+                for n in range(len(arrays.names))
+            )
+            break
+        assert isinstance(c, Choice) and mask[c.node]
+        assert len(c.gpus) == demand.gpu_count and len(set(c.gpus)) == len(c.gpus)
+        for j in c.gpus:
+            assert arrays.gpu_free[c.node, j] >= c.milli
+        if demand.gpu_count:
+            assert arrays.models[arrays.model_id[c.node]] == "A"
+        arrays.take(c.node, c.gpus, c.milli, demand.cpu_milli, demand.memory_mib)
+        assert (arrays.gpu_free[arrays.gpu_free >= 0] <= MILLI).all() and (arrays.cpu_free >= 0).all()
+
+
+def test_gpupool_is_deterministic_and_fills_holes():
+    """The scheduler's policy: same input, same answer; a fraction goes into an existing
+    hole of its size rather than opening a fresh GPU."""
+    nodes = [Node("a", [GPU(i, "T4", 15000) for i in range(4)]), Node("b", [GPU(i, "T4", 15000) for i in range(4)])]
+    arrays = ClusterArrays.from_nodes(nodes)
+    arrays.take(1, (2,), 500, 0, 0)
+    d = PodDemand(gpu_fraction=0.5, cpu_milli=1000)
+    mask = arrays.eligible(None, (), d)
+    picks = {get_policy("gpupool").place(arrays, mask, d) for _ in range(3)}
+    assert picks == {Choice(1, (2,), 500)}
+
+
+def test_get_policy_rejects_unknown():
+    with pytest.raises(ValueError, match="unknown placement policy"):
+        get_policy("nope")
