@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: setup run test lint native bench clean system
+.PHONY: setup run test lint native bench clean system k8s
 
 setup: $(VENV)/.installed
 
@@ -24,10 +24,14 @@ system:
 run: setup system native
 	$(VENV)/bin/gpupool up
 
+# The local Kubernetes test cluster's binaries (built once, cached in ~/.cache/gpupool).
+k8s:
+	scripts/test-cluster build >/dev/null
+
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: setup system native lint
+test: setup system native lint k8s
 	$(VENV)/bin/pytest -q tests
 
 clean:

@@ -1,0 +1,188 @@
+"""A small asyncio client for the Kubernetes API that speaks plain JSON dicts.
+
+``kubernetes_asyncio`` loads the configuration (kubeconfig or in-cluster service account);
+requests go straight through one shared ``aiohttp`` session. The scheduler's hot paths
+(watch events, Bindings) would spend most of their time building and walking generated
+model objects, so this client hands out the decoded JSON as it came.
+
+Errors: every non-2xx answer raises ``ApiError`` with the HTTP status and the server's
+``Status`` message; ``ApiError.status`` 404/409/422 are the ones callers usually handle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlencode
+
+import aiohttp
+
+__all__ = ["ApiError", "KubeClient"]
+
+JSON = dict[str, Any]
+
+
+class ApiError(Exception):
+    """The API server answered with an error status."""
+
+    def __init__(self, status: int, message: str, body: JSON | None = None):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+        self.body = body or {}
+
+
+class KubeClient:
+    """``async with KubeClient.from_kubeconfig(path) as kc: await kc.get("/api/v1/nodes")``."""
+
+    def __init__(self, host: str, token: str | None, ca_file: str | None, verify: bool = True,
+                 max_connections: int = 64, client_cert: tuple[str, str] | None = None):
+        self.host = host.rstrip("/")
+        self._headers = {"Accept": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        ctx = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
+        if not verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if client_cert:
+            ctx.load_cert_chain(*client_cert)
+        self._ssl = ctx
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    # ------------------------------------------------------------------ configuration
+    @classmethod
+    async def from_kubeconfig(cls, path: str | None = None, **kw: Any) -> KubeClient:
+        """From a kubeconfig file, or in-cluster configuration when ``path`` is None and
+        the process runs in a pod."""
+        from kubernetes_asyncio import client, config
+
+        conf = client.Configuration()
+        if path is None and config.incluster_config.SERVICE_HOST_ENV_NAME in __import__("os").environ:
+            config.load_incluster_config(client_configuration=conf)
+        else:
+            await config.load_kube_config(config_file=path, client_configuration=conf,
+                                          persist_config=False)
+        token = None
+        auth = conf.api_key.get("BearerToken") or conf.api_key.get("authorization")
+        if auth:
+            token = auth.removeprefix("Bearer ").strip()
+        cert = (conf.cert_file, conf.key_file) if conf.cert_file and conf.key_file else None
+        return cls(conf.host, token, conf.ssl_ca_cert, verify=conf.verify_ssl,
+                   client_cert=cert, **kw)
+
+    async def __aenter__(self) -> KubeClient:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        if self._session is None:
+            conn = aiohttp.TCPConnector(ssl=self._ssl, limit=self._max_connections)
+            self._session = aiohttp.ClientSession(
+                connector=conn, headers=self._headers, json_serialize=json.dumps,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # ------------------------------------------------------------------------ requests
+    def _url(self, path: str, params: dict[str, Any] | None) -> str:
+        q = {k: v for k, v in (params or {}).items() if v is not None}
+        return f"{self.host}{path}" + (f"?{urlencode(q)}" if q else "")
+
+    async def request(self, method: str, path: str, body: Any = None,
+                      params: dict[str, Any] | None = None,
+                      content_type: str = "application/json", timeout: float = 60.0) -> JSON:
+        if self._session is None:
+            await self.open()
+        assert self._session is not None
+        data = None if body is None else json.dumps(body)
+        async with self._session.request(
+            method, self._url(path, params), data=data,
+            headers={"Content-Type": content_type},
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as r:
+            raw = await r.read()
+            doc = json.loads(raw) if raw else {}
+            if r.status >= 300:
+                raise ApiError(r.status, doc.get("message", raw[:300].decode(errors="replace")), doc)
+            return doc
+
+    async def get(self, path: str, **params: Any) -> JSON:
+        return await self.request("GET", path, params=params)
+
+    async def post(self, path: str, body: JSON, **params: Any) -> JSON:
+        return await self.request("POST", path, body, params=params)
+
+    async def put(self, path: str, body: JSON) -> JSON:
+        return await self.request("PUT", path, body)
+
+    async def patch(self, path: str, body: Any, kind: str = "merge") -> JSON:
+        ctype = {"merge": "application/merge-patch+json",
+                 "strategic": "application/strategic-merge-patch+json",
+                 "json": "application/json-patch+json"}[kind]
+        return await self.request("PATCH", path, body, content_type=ctype)
+
+    async def delete(self, path: str, body: JSON | None = None, **params: Any) -> JSON:
+        return await self.request("DELETE", path, body, params=params)
+
+    async def list_all(self, path: str, limit: int = 500, **params: Any) -> tuple[list[JSON], str]:
+        """Every item of a collection, paged; returns (items, resourceVersion)."""
+        items: list[JSON] = []
+        cont = None
+        while True:
+            doc = await self.get(path, limit=limit, **{"continue": cont}, **params)
+            items.extend(doc.get("items") or [])
+            cont = (doc.get("metadata") or {}).get("continue")
+            if not cont:
+                return items, doc["metadata"]["resourceVersion"]
+
+    async def watch(self, path: str, resource_version: str, **params: Any
+                    ) -> AsyncIterator[JSON]:
+        """Watch events from ``resource_version`` on; ends when the server closes the
+        stream. Raises ApiError(410) when the version is too old (relist then)."""
+        if self._session is None:
+            await self.open()
+        assert self._session is not None
+        q = {"watch": "true", "resourceVersion": resource_version,
+             "allowWatchBookmarks": "true", "timeoutSeconds": 300, **params}
+        async with self._session.get(
+            self._url(path, q), timeout=aiohttp.ClientTimeout(total=None, sock_read=400)
+        ) as r:
+            if r.status >= 300:
+                doc = json.loads(await r.read() or b"{}")
+                raise ApiError(r.status, doc.get("message", ""), doc)
+            buf = b""
+            async for chunk in r.content.iter_any():
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    ev = json.loads(line)
+                    if ev.get("type") == "ERROR":
+                        obj = ev.get("object") or {}
+                        raise ApiError(obj.get("code", 500), obj.get("message", ""), obj)
+                    yield ev
+
+    async def wait_for(self, predicate, timeout: float, interval: float = 0.2):  # pragma: no cover
+        """Poll ``await predicate()`` until it returns something truthy."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            v = await predicate()
+            if v:
+                return v
+            if loop.time() > deadline:
+                raise TimeoutError("condition not met")
+            await asyncio.sleep(interval)

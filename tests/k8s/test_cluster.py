@@ -1,0 +1,112 @@
+"""The local test cluster itself: it comes up, kwok nodes carry GPUs, CRDs validate."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from scheduler.k8s.client import ApiError
+from scheduler.k8s.testcluster import ClusterInfo, client_for
+
+from .conftest import GPUS_PER_NODE, NODES
+
+PROJECTS = "/apis/gpupool.io/v1alpha1/projects"
+DEPARTMENTS = "/apis/gpupool.io/v1alpha1/departments"
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_api_server_is_ready_and_versioned(k8s_cluster: ClusterInfo):
+    async def go():
+        async with client_for(k8s_cluster) as kc:
+            return await kc.get("/version")
+
+    version = run(go())
+    assert version["major"] == "1" and version["gitVersion"].startswith("v1.")
+
+
+def test_kwok_nodes_are_ready_with_gpus(k8s_cluster: ClusterInfo):
+    async def go():
+        async with client_for(k8s_cluster) as kc:
+            return await kc.get("/api/v1/nodes", labelSelector="type=kwok")
+
+    nodes = run(go())["items"]
+    assert len(nodes) == NODES
+    for n in nodes:
+        assert n["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+        assert n["status"]["allocatable"]["nvidia.com/gpu"] == str(GPUS_PER_NODE)
+        assert n["status"]["capacity"]["nvidia.com/gpu"] == str(GPUS_PER_NODE)
+        labels = n["metadata"]["labels"]
+        assert labels["nvidia.com/gpu.product"]
+        assert int(labels["nvidia.com/gpu.memory"]) > 0
+        assert labels["topology.kubernetes.io/zone"] and labels["gpupool.io/rack"]
+        ready = [c for c in n["status"]["conditions"] if c["type"] == "Ready"]
+        assert ready and ready[0]["status"] == "True"
+
+
+def _project(name: str, **quota) -> dict:
+    return {
+        "apiVersion": "gpupool.io/v1alpha1",
+        "kind": "Project",
+        "metadata": {"name": name},
+        "spec": {"department": "research", "quotas": {"default": quota}},
+    }
+
+
+def test_good_department_and_project_are_accepted_with_status(k8s_cluster: ClusterInfo):
+    async def go():
+        async with client_for(k8s_cluster) as kc:
+            await kc.post(DEPARTMENTS, {
+                "apiVersion": "gpupool.io/v1alpha1", "kind": "Department",
+                "metadata": {"name": "research"},
+                "spec": {"quotas": {"default": {"gpus": 16, "limit": 24}}},
+            })  # fmt: skip
+            p = await kc.post(PROJECTS, _project("nlp", gpus=2.5, overQuotaWeight=2, limit=4))
+            p["status"] = {"allocated": {"default": 1.5}, "fairShare": {"default": 3}}
+            await kc.put(f"{PROJECTS}/nlp/status", p)
+            got = await kc.get(f"{PROJECTS}/nlp")
+            await kc.delete(f"{PROJECTS}/nlp")
+            await kc.delete(f"{DEPARTMENTS}/research")
+            return got
+
+    got = run(go())
+    assert got["spec"]["quotas"]["default"] == {"gpus": 2.5, "overQuotaWeight": 2, "limit": 4}
+    assert got["status"]["fairShare"]["default"] == 3
+
+
+@pytest.mark.parametrize(
+    "case,quota,expect",
+    [
+        ("negative-gpus", {"gpus": -1}, "spec.quotas.default.gpus"),
+        ("limit-below-quota", {"gpus": 4, "limit": 2}, "limit must be greater than or equal"),
+        ("negative-weight", {"gpus": 1, "overQuotaWeight": -0.5}, "overQuotaWeight"),
+        ("gpus-not-a-number", {"gpus": "four"}, "spec.quotas.default.gpus"),
+        ("gpus-missing", {"limit": 3}, "gpus: Required value"),
+    ],
+)
+def test_api_server_rejects_bad_project(k8s_cluster: ClusterInfo, case, quota, expect):
+    async def go():
+        async with client_for(k8s_cluster) as kc:
+            with pytest.raises(ApiError) as err:
+                await kc.post(PROJECTS, _project(f"bad-{case}", **quota))
+            return err.value
+
+    err = run(go())
+    assert err.status == 422, err
+    assert expect in err.message, err.message
+
+
+def test_project_without_department_is_rejected(k8s_cluster: ClusterInfo):
+    async def go():
+        async with client_for(k8s_cluster) as kc:
+            body = _project("orphan", gpus=1)
+            del body["spec"]["department"]
+            with pytest.raises(ApiError) as err:
+                await kc.post(PROJECTS, body)
+            return err.value
+
+    err = run(go())
+    assert err.status == 422 and "department" in err.message
