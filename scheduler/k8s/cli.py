@@ -1,0 +1,90 @@
+"""``gpupool-scheduler``: the Kubernetes scheduler process (console command and container
+entry point). Holds the Lease, then runs the adapter until it loses the Lease or is told to
+stop (SIGTERM/SIGINT release the Lease so a standby takes over at once)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+
+from ..snapshot import SchedulerConfig
+from .adapter import AdapterConfig, GpupoolScheduler
+from .client import KubeClient
+from .lease import LeaderElector
+
+__all__ = ["main"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="gpupool-scheduler", description=__doc__)
+    ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                    help="kubeconfig file; in-cluster configuration when unset")
+    ap.add_argument("--scheduler-name", default="gpupool",
+                    help="pods whose spec.schedulerName is this are ours (default gpupool)")
+    ap.add_argument("--lease-namespace", default="kube-system")
+    ap.add_argument("--lease-name", default="gpupool-scheduler")
+    ap.add_argument("--lease-duration", type=float, default=15.0, help="seconds")
+    ap.add_argument("--lease-renew", type=float, default=5.0, help="seconds between renewals")
+    ap.add_argument("--identity", default=f"{socket.gethostname()}_{os.getpid()}")
+    ap.add_argument("--node-pool-label", default="gpupool.io/node-pool")
+    ap.add_argument("--preload-path", default="/usr/local/lib/gpupool/libgpupool.so",
+                    help="interception library written as LD_PRELOAD into fraction ConfigMaps")
+    ap.add_argument("--bind-concurrency", type=int, default=48)
+    ap.add_argument("--policy", default="gpupool", help="placement policy of the core")
+    ap.add_argument("--topology-key", default=None,
+                    help="node label gangs prefer to share when they name none (e.g. gpupool.io/rack)")
+    ap.add_argument("-v", "--verbose", action="count", default=0)
+    return ap.parse_args(argv)
+
+
+async def _amain(args: argparse.Namespace) -> int:
+    kc = await KubeClient.from_kubeconfig(args.kubeconfig, max_connections=args.bind_concurrency + 16)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with kc:
+        elector = LeaderElector(kc, args.lease_namespace, args.lease_name, args.identity,
+                                duration_s=args.lease_duration, renew_s=args.lease_renew,
+                                retry_s=min(1.0, args.lease_renew))
+        acquire = asyncio.create_task(elector.acquire())
+        await asyncio.wait([acquire, asyncio.create_task(stop.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)
+        if not acquire.done():
+            acquire.cancel()
+            return 0
+        cfg = AdapterConfig(
+            scheduler_name=args.scheduler_name, node_pool_label=args.node_pool_label,
+            preload_path=args.preload_path, bind_concurrency=args.bind_concurrency,
+            core=SchedulerConfig(policy=args.policy, default_topology_key=args.topology_key),
+        )  # fmt: skip
+        sched = GpupoolScheduler(kc, cfg)
+        lost = asyncio.create_task(elector.lost.wait())
+        run = asyncio.create_task(sched.run(stop))
+        await asyncio.wait([run, lost], return_when=asyncio.FIRST_COMPLETED)
+        if lost.done() and not run.done():
+            logging.error("lost the lease: stopping")
+            run.cancel()
+            return 1
+        lost.cancel()
+        await run  # re-raises a crash
+        await elector.release()
+        logging.info("stopped: %s", dict(sched.stats))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    return asyncio.run(_amain(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

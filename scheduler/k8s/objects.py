@@ -1,0 +1,432 @@
+"""Kubernetes objects <-> scheduler model: plain functions over JSON dicts, no I/O.
+
+Reading: ``parse_pod`` (a pod's annotations and resources -> ``PodRequest``),
+``parse_node``, ``parse_department``, ``parse_project``. Writing: ``binding``,
+``fraction_config_map``, ``scheduled_condition``, ``event``. The annotation names are the
+adapter's public interface; scheduler/k8s/README.md documents them.
+
+Errors: ``parse_pod`` raises ``model.ValidationError`` naming the annotation at fault; the
+adapter turns that into an Event on the pod.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from ..model import (
+    DEFAULT_POOL,
+    GPU,
+    MILLI,
+    Department,
+    Kind,
+    Node,
+    PodDemand,
+    PodPlacement,
+    Project,
+    Quota,
+    ValidationError,
+)
+
+__all__ = [
+    "A",
+    "PodRequest",
+    "binding",
+    "event",
+    "fraction_config_map",
+    "parse_department",
+    "parse_node",
+    "parse_pod",
+    "parse_project",
+    "parse_quantity",
+    "placement_annotations",
+    "scheduled_condition",
+]
+
+JSON = dict[str, Any]
+GPU_RESOURCE = "nvidia.com/gpu"
+DEFAULT_PRELOAD = "/usr/local/lib/gpupool/libgpupool.so"
+
+
+class A:
+    """Annotation (or label) names. Requests are read from annotations first, then labels."""
+
+    PREFIX = "gpupool.io/"
+    PROJECT = "gpupool.io/project"
+    KIND = "gpupool.io/kind"
+    PRIORITY = "gpupool.io/priority"
+    PREEMPTIBLE = "gpupool.io/preemptible"
+    OVER_QUOTA = "gpupool.io/allow-over-quota"
+    FRACTION = "gpupool.io/gpu-fraction"
+    MEMORY = "gpupool.io/gpu-memory"
+    GANG = "gpupool.io/gang"
+    GANG_SIZE = "gpupool.io/gang-size"
+    NODE_POOL = "gpupool.io/node-pool"
+    GPU_MODEL = "gpupool.io/gpu-model"
+    TOPOLOGY = "gpupool.io/topology-key"
+    CONFIG_MAP = "gpupool.io/config-map"
+    # Written by the scheduler when it binds (the restart state lives on the pods):
+    GPU_INDICES = "gpupool.io/gpu-indices"
+    GPU_MILLI = "gpupool.io/gpu-milli"
+    OVER_QUOTA_PLACED = "gpupool.io/over-quota"
+    PLANNED_NODE = "gpupool.io/node"
+    # Node side (written by the node agent; optional):
+    NODE_GPU_UUIDS = "gpupool.io/gpu-uuids"
+    NODE_GPU_PRODUCT = "nvidia.com/gpu.product"
+    NODE_GPU_MEMORY = "nvidia.com/gpu.memory"
+
+    ALL_REQUEST = (PROJECT, KIND, PRIORITY, PREEMPTIBLE, OVER_QUOTA, FRACTION, MEMORY, GANG,
+                   GANG_SIZE, NODE_POOL, GPU_MODEL, TOPOLOGY, CONFIG_MAP)
+
+
+# ------------------------------------------------------------------------------ quantities
+_SUFFIX = {
+    "": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+    "Pi": 2**50, "Ei": 2**60,
+}  # fmt: skip
+_QTY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
+
+
+def parse_quantity(value: Any, where: str = "quantity") -> Decimal:
+    """A Kubernetes resource quantity ("500m", "16Gi", "2") as a Decimal."""
+    m = _QTY.match(str(value).strip())
+    if not m or m.group(2) not in _SUFFIX:
+        raise ValidationError(where, f"not a Kubernetes quantity: {value!r}")
+    try:
+        return Decimal(m.group(1)) * _SUFFIX[m.group(2)]
+    except InvalidOperation as e:
+        raise ValidationError(where, f"not a Kubernetes quantity: {value!r}") from e
+
+
+def _mib(value: Any, where: str) -> int:
+    """GPU memory: a quantity ("20Gi", "20480Mi") or a bare number of MiB."""
+    s = str(value).strip()
+    if re.fullmatch(r"[0-9]+", s):
+        return int(s)
+    q = parse_quantity(s, where)
+    if q <= 0:
+        raise ValidationError(where, f"must be > 0, got {value!r}")
+    return math.ceil(q / 2**20)
+
+
+def parse_time(ts: str | None) -> float:
+    if not ts:
+        return 0.0
+    return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+# ------------------------------------------------------------------------------------ pods
+@dataclass
+class PodRequest:
+    """What one pod asks the scheduler for, and where it is (if bound)."""
+
+    key: str  # namespace/name
+    namespace: str
+    name: str
+    uid: str
+    workload: str  # the scheduler workload this pod belongs to
+    project: str
+    kind: Kind
+    demand: PodDemand
+    gang_size: int = 1
+    priority: int | None = None
+    preemptible: bool | None = None
+    allow_over_quota: bool | None = None
+    node_pool: str | None = None
+    gpu_models: tuple[str, ...] = ()
+    topology_key: str | None = None
+    grace_period_s: float = 30.0
+    submit_time: float = 0.0
+    config_map: str | None = None  # for fractions: the ConfigMap its envFrom names
+    node: str | None = None  # spec.nodeName
+    placement: PodPlacement | None = None  # from the scheduler's annotations, when bound
+    plan: PodPlacement | None = None  # a gang member's stamped placement, not yet bound
+    over_quota: bool = False
+    deleting: bool = False
+    done: bool = False  # Succeeded or Failed: holds nothing
+    resource_version: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def _get(meta: JSON, key: str) -> str | None:
+    for src in ("annotations", "labels"):
+        v = (meta.get(src) or {}).get(key)
+        if v is not None:
+            return v
+    return None
+
+
+def _bool(v: str, where: str) -> bool:
+    s = v.strip().lower()
+    if s in ("true", "yes", "1"):
+        return True
+    if s in ("false", "no", "0"):
+        return False
+    raise ValidationError(where, f"must be true or false, got {v!r}")
+
+
+def _int(v: str, where: str, lo: int | None = None) -> int:
+    try:
+        n = int(v.strip())
+    except ValueError:
+        raise ValidationError(where, f"must be an integer, got {v!r}") from None
+    if lo is not None and n < lo:
+        raise ValidationError(where, f"must be >= {lo}, got {n}")
+    return n
+
+
+def _sum_requests(spec: JSON, resource: str) -> Decimal:
+    total = Decimal(0)
+    for c in spec.get("containers") or []:
+        res = c.get("resources") or {}
+        v = (res.get("limits") or {}).get(resource) or (res.get("requests") or {}).get(resource)
+        if v is not None:
+            total += parse_quantity(v, f"containers[{c.get('name')}].resources.{resource}")
+    # Init containers run one at a time: the pod needs the larger of the two.
+    init = Decimal(0)
+    for c in spec.get("initContainers") or []:
+        res = c.get("resources") or {}
+        v = (res.get("limits") or {}).get(resource) or (res.get("requests") or {}).get(resource)
+        if v is not None:
+            init = max(init, parse_quantity(v, f"initContainers[{c.get('name')}].{resource}"))
+    return max(total, init)
+
+
+def workload_name(namespace: str, name: str, gang: str | None) -> str:
+    return f"{namespace}/gang/{gang}" if gang else f"{namespace}/{name}"
+
+
+def parse_pod(pod: JSON) -> PodRequest:
+    """Read a gpupool pod. Raises ValidationError naming the bad annotation."""
+    meta = pod["metadata"]
+    spec = pod.get("spec") or {}
+    ns, name = meta.get("namespace", "default"), meta["name"]
+    where = f"pod {ns}/{name}"
+
+    project = _get(meta, A.PROJECT) or ns
+    kind_s = _get(meta, A.KIND)
+    try:
+        kind = Kind(kind_s.strip().lower()) if kind_s else Kind.TRAINING
+    except ValueError:
+        allowed = ", ".join(k.value for k in Kind)
+        raise ValidationError(A.KIND, f"{where}: must be one of {allowed}, got {kind_s!r}") from None
+
+    whole = _sum_requests(spec, GPU_RESOURCE)
+    if whole != int(whole) or whole < 0:
+        raise ValidationError(f"resources.{GPU_RESOURCE}", f"{where}: must be a whole number")
+    frac_s, mem_s = _get(meta, A.FRACTION), _get(meta, A.MEMORY)
+    fraction, mem_mib = 0.0, 0
+    if frac_s is not None:
+        try:
+            fraction = float(frac_s)
+        except ValueError:
+            raise ValidationError(A.FRACTION, f"{where}: must be a number in (0, 1), got {frac_s!r}") from None
+        if not (0 < fraction < 1) or not math.isfinite(fraction):
+            raise ValidationError(A.FRACTION, f"{where}: must be a number in (0, 1), got {frac_s!r}")
+    if mem_s is not None:
+        mem_mib = _mib(mem_s, A.MEMORY)
+        if mem_mib <= 0:
+            raise ValidationError(A.MEMORY, f"{where}: must be > 0, got {mem_s!r}")
+    if sum(1 for v in (whole, fraction, mem_mib) if v) > 1:
+        raise ValidationError(
+            A.FRACTION, f"{where}: give only one of {GPU_RESOURCE} limits, {A.FRACTION}, {A.MEMORY}"
+        )
+    cpu = _sum_requests(spec, "cpu")
+    mem = _sum_requests(spec, "memory")
+    demand = PodDemand(
+        gpus=int(whole), gpu_fraction=fraction, gpu_memory_mib=mem_mib,
+        cpu_milli=math.ceil(cpu * 1000), memory_mib=math.ceil(mem / 2**20),
+    )  # fmt: skip
+    try:
+        demand.validate(where)
+    except ValidationError as e:
+        raise ValidationError(A.FRACTION, str(e)) from None
+
+    gang = _get(meta, A.GANG)
+    gang_size = 1
+    if gang is not None:
+        if not gang.strip():
+            raise ValidationError(A.GANG, f"{where}: must name the gang")
+        size_s = _get(meta, A.GANG_SIZE)
+        if size_s is None:
+            raise ValidationError(A.GANG_SIZE, f"{where}: a gang pod needs {A.GANG_SIZE}")
+        gang_size = _int(size_s, A.GANG_SIZE, lo=1)
+    elif _get(meta, A.GANG_SIZE) is not None:
+        raise ValidationError(A.GANG, f"{where}: {A.GANG_SIZE} without {A.GANG}")
+
+    prio_s, pre_s, oq_s = _get(meta, A.PRIORITY), _get(meta, A.PREEMPTIBLE), _get(meta, A.OVER_QUOTA)
+    models = _get(meta, A.GPU_MODEL)
+    grace = spec.get("terminationGracePeriodSeconds")
+    status = pod.get("status") or {}
+    ann = meta.get("annotations") or {}
+    node = spec.get("nodeName") or None
+    placement = None
+    if node and A.GPU_INDICES in ann:
+        try:
+            idx = tuple(int(i) for i in ann[A.GPU_INDICES].split(",") if i != "")
+            placement = PodPlacement(node, idx, int(ann.get(A.GPU_MILLI, MILLI)))
+        except ValueError:
+            raise ValidationError(A.GPU_INDICES, f"{where}: unreadable {ann[A.GPU_INDICES]!r}") from None
+    elif node:
+        placement = PodPlacement(node, (), 0)  # CPU-only, or bound by someone else
+    plan = None
+    if not node and A.PLANNED_NODE in ann and A.GPU_INDICES in ann:
+        try:
+            idx = tuple(int(i) for i in ann[A.GPU_INDICES].split(",") if i != "")
+            plan = PodPlacement(ann[A.PLANNED_NODE], idx, int(ann.get(A.GPU_MILLI, MILLI)))
+        except ValueError:
+            plan = None
+    return PodRequest(
+        key=f"{ns}/{name}", namespace=ns, name=name, uid=meta.get("uid", ""),
+        workload=workload_name(ns, name, gang), project=project, kind=kind, demand=demand,
+        gang_size=gang_size,
+        priority=None if prio_s is None else _int(prio_s, A.PRIORITY),
+        preemptible=None if pre_s is None else _bool(pre_s, A.PREEMPTIBLE),
+        allow_over_quota=None if oq_s is None else _bool(oq_s, A.OVER_QUOTA),
+        node_pool=_get(meta, A.NODE_POOL),
+        gpu_models=tuple(m.strip() for m in models.split(",") if m.strip()) if models else (),
+        topology_key=_get(meta, A.TOPOLOGY),
+        grace_period_s=float(30 if grace is None else grace),
+        submit_time=parse_time(meta.get("creationTimestamp")),
+        config_map=(_get(meta, A.CONFIG_MAP) or f"{name}-gpupool") if demand.is_fractional else None,
+        node=node, placement=placement, plan=plan,
+        over_quota=_bool(ann.get(A.OVER_QUOTA_PLACED, "false"), A.OVER_QUOTA_PLACED),
+        deleting=bool(meta.get("deletionTimestamp")),
+        done=status.get("phase") in ("Succeeded", "Failed"),
+        resource_version=meta.get("resourceVersion", ""),
+        labels=meta.get("labels") or {},
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------- nodes
+def parse_node(node: JSON, pool_label: str = "gpupool.io/node-pool") -> Node:
+    meta, status = node["metadata"], node.get("status") or {}
+    labels = meta.get("labels") or {}
+    alloc = status.get("allocatable") or status.get("capacity") or {}
+    count = int(parse_quantity(alloc.get(GPU_RESOURCE, 0), f"node {meta['name']} {GPU_RESOURCE}"))
+    model = labels.get(A.NODE_GPU_PRODUCT, "unknown")
+    mem = int(labels.get(A.NODE_GPU_MEMORY) or 0) or 1
+    uuids = [u.strip() for u in (meta.get("annotations") or {}).get(A.NODE_GPU_UUIDS, "").split(",")]
+    gpus = [GPU(i, model, mem, uuids[i] if i < len(uuids) else "") for i in range(count)]
+    cpu = parse_quantity(alloc.get("cpu", "0"), "cpu")
+    memory = parse_quantity(alloc.get("memory", "0"), "memory")
+    return Node(
+        name=meta["name"], gpus=gpus, cpu_milli=int(cpu * 1000), memory_mib=int(memory / 2**20),
+        pool=labels.get(pool_label, DEFAULT_POOL), labels=dict(labels),
+    )
+
+
+def node_schedulable(node: JSON) -> bool:
+    if (node.get("spec") or {}).get("unschedulable"):
+        return False
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
+
+
+# ------------------------------------------------------------------------ custom resources
+def _quotas(spec: JSON) -> dict[str, Quota]:
+    out = {}
+    for pool, q in (spec.get("quotas") or {}).items():
+        out[pool] = Quota(
+            gpus=float(q.get("gpus", 0)),
+            over_quota_weight=float(q.get("overQuotaWeight", 1)),
+            limit=None if q.get("limit") is None else float(q["limit"]),
+        )
+    return out
+
+
+def parse_department(obj: JSON) -> Department:
+    return Department(obj["metadata"]["name"], _quotas(obj.get("spec") or {}))
+
+
+def parse_project(obj: JSON) -> Project:
+    spec = obj.get("spec") or {}
+    return Project(obj["metadata"]["name"], spec.get("department", ""), _quotas(spec))
+
+
+# -------------------------------------------------------------------------------- writing
+def placement_annotations(p: PodPlacement, over_quota: bool) -> dict[str, str]:
+    return {
+        A.GPU_INDICES: ",".join(str(i) for i in p.gpu_indices),
+        A.GPU_MILLI: str(p.gpu_milli),
+        A.OVER_QUOTA_PLACED: "true" if over_quota else "false",
+        A.PLANNED_NODE: p.node,
+    }
+
+
+def binding(pod: PodRequest, p: PodPlacement, over_quota: bool) -> JSON:
+    """A Binding that also stamps the placement on the pod (the API server copies a
+    Binding's annotations onto the pod), so binding and the restart state are one write."""
+    return {
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid,
+                     "annotations": placement_annotations(p, over_quota)},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": p.node},
+    }  # fmt: skip
+
+
+def fraction_config_map(pod: PodRequest, p: PodPlacement, node: Node,
+                        preload: str = DEFAULT_PRELOAD) -> JSON:
+    """The per-pod ConfigMap a fractional pod's ``envFrom`` names: which GPU, the memory
+    cap in bytes, and the interception library to preload."""
+    gpu = node.gpus[p.gpu_indices[0]]
+    d = pod.demand
+    if d.gpu_memory_mib:
+        cap = d.gpu_memory_mib * 2**20
+    else:
+        cap = (gpu.memory_mib * 2**20 * p.gpu_milli) // MILLI
+    data = {
+        "NVIDIA_VISIBLE_DEVICES": gpu.uuid or str(gpu.index),
+        "GPUPOOL_GPU_INDEX": str(gpu.index),
+        "GPUPOOL_GPU_UUID": gpu.uuid,
+        "GPUPOOL_GPU_MODEL": gpu.model,
+        "GPUPOOL_GPU_MILLI": str(p.gpu_milli),
+        "GPUPOOL_MEMORY_LIMIT": str(cap),
+        "GPUPOOL_COMPUTE_SHARE": str(max(1, min(100, math.ceil(p.gpu_milli / 10)))),
+        "LD_PRELOAD": preload,
+    }
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {
+            "name": pod.config_map, "namespace": pod.namespace,
+            "labels": {"app.kubernetes.io/managed-by": "gpupool-scheduler"},
+            "annotations": {"gpupool.io/pod": pod.name},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod.name,
+                                 "uid": pod.uid}],
+        },
+        "data": data,
+    }  # fmt: skip
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def scheduled_condition(reason: str, message: str) -> JSON:
+    """A strategic-merge patch for the pod status: PodScheduled=False with our reason."""
+    return {"status": {"conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": reason,
+        "message": message, "lastTransitionTime": _now(),
+    }]}}  # fmt: skip
+
+
+def event(pod_ns: str, pod_name: str, pod_uid: str, reason: str, message: str,
+          etype: str = "Warning", component: str = "gpupool-scheduler") -> JSON:
+    now = _now()
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{pod_name}.", "namespace": pod_ns},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": pod_ns,
+                           "name": pod_name, "uid": pod_uid},
+        "reason": reason, "message": message[:1024], "type": etype,
+        "source": {"component": component}, "reportingComponent": component,
+        "reportingInstance": component,
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }  # fmt: skip

@@ -1,0 +1,98 @@
+"""Pod/node/CR parsing and the objects the adapter writes (pure functions, no cluster)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.k8s.objects import (
+    binding,
+    fraction_config_map,
+    parse_node,
+    parse_pod,
+    parse_project,
+    parse_quantity,
+)
+from scheduler.model import Kind, PodPlacement, ValidationError
+
+from .helpers import make_pod
+
+
+def _with_ts(p: dict) -> dict:
+    p["metadata"].update(uid="uid-1", creationTimestamp="2025-01-01T00:00:00Z")
+    return p
+
+
+@pytest.mark.parametrize(
+    "value,expect",
+    [("500m", 0.5), ("2", 2), ("16Gi", 16 * 2**30), ("1e3", 1000), ("128Mi", 128 * 2**20)],
+)
+def test_quantities(value, expect):
+    assert float(parse_quantity(value)) == expect
+
+
+def test_pod_with_a_fraction():
+    p = parse_pod(_with_ts(make_pod("a").ns("t").project("nlp").fraction("0.25").kind("workspace").obj()))
+    assert (p.workload, p.project, p.kind) == ("t/a", "nlp", Kind.WORKSPACE)
+    assert p.demand.gpu_fraction == 0.25 and p.demand.cpu_milli == 100 and p.demand.memory_mib == 128
+    assert p.config_map == "a-gpupool"
+
+
+def test_gang_pods_share_a_workload_and_project_defaults_to_namespace():
+    a = parse_pod(_with_ts(make_pod("w-0").ns("team").gpus(2).gang("g", 2).obj()))
+    b = parse_pod(_with_ts(make_pod("w-1").ns("team").gpus(2).gang("g", 2).obj()))
+    assert a.workload == b.workload == "team/gang/g"
+    assert a.gang_size == 2 and a.demand.gpus == 2 and a.project == "team"
+
+
+@pytest.mark.parametrize(
+    "case,build,field",
+    [
+        ("fraction-1.5", lambda b: b.fraction("1.5"), "gpupool.io/gpu-fraction"),
+        ("fraction-word", lambda b: b.fraction("half"), "gpupool.io/gpu-fraction"),
+        ("fraction-and-gpus", lambda b: b.fraction("0.5").gpus(1), "gpupool.io/gpu-fraction"),
+        ("gang-without-size", lambda b: b.annotate("gpupool.io/gang", "g"), "gpupool.io/gang-size"),
+        ("gang-size-zero", lambda b: b.gang("g", 0), "gpupool.io/gang-size"),
+        ("priority-word", lambda b: b.annotate("gpupool.io/priority", "high"), "gpupool.io/priority"),
+        ("preemptible-maybe", lambda b: b.annotate("gpupool.io/preemptible", "maybe"),
+         "gpupool.io/preemptible"),
+        ("memory-garbage", lambda b: b.annotate("gpupool.io/gpu-memory", "lots"), "gpupool.io/gpu-memory"),
+    ],
+)
+def test_bad_annotations_name_the_annotation(case, build, field):
+    with pytest.raises(ValidationError) as err:
+        parse_pod(_with_ts(build(make_pod("x")).obj()))
+    assert err.value.field == field or field in str(err.value), str(err.value)
+
+
+def test_bound_pod_reads_its_placement_back():
+    pl = PodPlacement("n1", (3,), 500)
+    raw = _with_ts(make_pod("a").fraction("0.5").obj())
+    req = parse_pod(raw)
+    b = binding(req, pl, over_quota=True)
+    raw["spec"]["nodeName"] = "n1"
+    raw["metadata"]["annotations"].update(b["metadata"]["annotations"])
+    back = parse_pod(raw)
+    assert back.placement == pl and back.over_quota
+
+
+def test_node_and_config_map():
+    node = parse_node({
+        "metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "H100",
+                                              "nvidia.com/gpu.memory": "81559",
+                                              "gpupool.io/node-pool": "a100"},
+                     "annotations": {"gpupool.io/gpu-uuids": "GPU-a,GPU-b"}},
+        "status": {"allocatable": {"nvidia.com/gpu": "2", "cpu": "8", "memory": "32Gi"}},
+    })  # fmt: skip
+    assert [g.uuid for g in node.gpus] == ["GPU-a", "GPU-b"] and node.pool == "a100"
+    assert node.cpu_milli == 8000 and node.memory_mib == 32 * 1024
+    req = parse_pod(_with_ts(make_pod("a").fraction("0.5").obj()))
+    cm = fraction_config_map(req, PodPlacement("n1", (1,), 500), node)
+    assert cm["metadata"]["name"] == "a-gpupool"
+    assert cm["data"]["NVIDIA_VISIBLE_DEVICES"] == "GPU-b"
+    assert int(cm["data"]["GPUPOOL_MEMORY_LIMIT"]) == 81559 * 2**20 // 2
+
+
+def test_project_cr():
+    p = parse_project({"metadata": {"name": "nlp"},
+                       "spec": {"department": "r", "quotas": {"default": {"gpus": 2, "limit": 3}}}})
+    assert p.department == "r" and p.quotas["default"].gpus == 2 and p.quotas["default"].limit == 3
