@@ -28,6 +28,7 @@ from .model import (
     Decisions,
     Evict,
     Pending,
+    PodDemand,
     PodPlacement,
     Project,
     Quota,
@@ -72,13 +73,17 @@ class _Cycle:
         self.work = Working(snap)
         self.policy = get_policy(self.cfg.policy)
         self.order = sorted(snap.pending.values(), key=queue_order)
-        if hasattr(self.policy, "prepare"):
-            holding = [w for ws in snap.holding.values() for w in ws.values()]
-            self.policy.prepare([w.demand for w in holding + self.order])
+        if hasattr(self.policy, "prepare_counts"):
+            self.policy.prepare_counts(snap.shape_counts)
         self.dept_projects: dict[str, list[Project]] = defaultdict(list)
         for p in snap.projects.values():
             self.dept_projects[p.department].append(p)
         self.pools = self.work.arrays.pools
+        self.dept_quotas: dict[tuple[str, str], Quota] = {}
+        a = self.work.arrays
+        self.pool_gpu_mem = {
+            pool: int(a.gpu_mem[a.pool_id == i].max()) for i, pool in enumerate(self.pools) if (a.pool_id == i).any()
+        }
         self.fair = self._fair_shares()
         self.decisions = Decisions()
         for (project, pool), milli in sorted(self.fair.items()):
@@ -122,16 +127,17 @@ class _Cycle:
 
     def _milli(self, w: Workload, pool: str) -> int:
         """The gang's GPU need in ``pool``; memory requests count on its largest GPUs."""
-        a = self.work.arrays
-        rows = a.pool_id == a.pools.index(pool)
-        mem = int(a.gpu_mem[rows].max()) if rows.any() else 1
-        return w.gpu_milli_estimate(mem)
+        return w.gpu_milli_estimate(self.pool_gpu_mem.get(pool, 1))
+
+    def _dept_quota(self, dept: str, pool: str) -> Quota:
+        key = (dept, pool)
+        if key not in self.dept_quotas:
+            self.dept_quotas[key] = department_quota(self.snap.departments[dept], self.dept_projects[dept], pool)
+        return self.dept_quotas[key]
 
     def _verdict(self, w: Workload, pool: str):
         project = self.snap.projects[w.project]
-        dq = department_quota(
-            self.snap.departments[project.department], self.dept_projects[project.department], pool
-        )
+        dq = self._dept_quota(project.department, pool)
         usage = self.work.usage
         # A department's guarantee is spent only by its projects' in-quota GPUs.
         dept_in_quota = sum(
@@ -286,11 +292,16 @@ class _Cycle:
                 n = len(releasing)
                 self.why[w.name] = f"waiting for {n} evicted workload{'s' if n > 1 else ''} to release GPUs"
                 continue
-            key = (w.project, w.demand, w.pods, w.gpu_models, w.node_pool, w.effective_priority)
-            if key in tried:
+            shape = (w.demand, w.pods, w.gpu_models, w.node_pool, w.effective_priority)
+            if (w.project, *shape) in tried or shape in tried:
                 continue
-            if not self._plan_for(w):
-                tried.add(key)
+            result = self._plan_for(w)
+            if result is not True:
+                # A failed plan says the same for the same shape later in this cycle: for the
+                # same project always, for any project when reclaim found nothing to take.
+                tried.add((w.project, *shape))
+                if result == "no victims":
+                    tried.add(shape)
 
     def _fits_after_release(self, w: Workload, releasing: list[Workload]) -> bool:
         cp = self.work.checkpoint()
@@ -300,96 +311,132 @@ class _Cycle:
         self.work.rollback(cp)
         return ok
 
-    def _plan_for(self, w: Workload) -> bool:
+    def _plan_for(self, w: Workload) -> bool | str:
         for pool in self._pools_for(w):
             v = self._verdict(w, pool)
             strategies = []
             if self.cfg.reclaim and v.allowed and not v.over_quota:
-                strategies.append(("reclaim", self._reclaim_victims(w, pool, below="quota")))
+                strategies.append("reclaim")
             if self.cfg.fair_share_reclaim and v.allowed and v.over_quota and self._fits_fair_share(w, pool):
-                strategies.append(("fair share", self._reclaim_victims(w, pool, below="fair")))
+                strategies.append("fair share")
             if self.cfg.preempt:
-                strategies.append(("preempt", self._own_victims(w, pool)))
-            for name, victims in strategies:
-                if victims and self._evict_to_fit(w, pool, name, victims):
+                strategies.append("preempt")
+            found_any = False
+            for strategy in strategies:
+                outcome = self._evict_to_fit(w, pool, strategy)
+                if outcome is True:
                     return True
-        return False
+                found_any |= strategy == "preempt" or outcome != "no victims"
+        return False if found_any else "no victims"
 
-    def _victim_order(self, w: Workload) -> tuple:
-        """Lowest priority first, then the most recently submitted."""
-        return (w.effective_priority, -w.submit_time, w.name)
+    def _candidates(self, w: Workload, pool: str, strategy: str) -> Iterator[tuple[Workload, int | None]]:
+        """Possible victims in eviction order, each with the floor its project must keep.
 
-    def _holding(self, project: str, pool: str) -> list[Workload]:
-        out = []
-        for v in self.snap.holding.get(project, {}).values():
-            if v.state == State.RUNNING and v.is_preemptible and v.name not in self.evicted:
-                if any(self.snap.nodes[p.node].pool == pool for p in v.placement if p.node in self.snap.nodes):
-                    out.append(v)
-        return sorted(out, key=self._victim_order)
+        Preempt: the same project's lower-priority work. Reclaim: other projects' work,
+        the project furthest above its fair share first; a victim must leave its project at
+        or above its quota (reclaim) or its fair share (fair-share reclaim)."""
+        snap = self.snap
+        if strategy == "preempt":
+            projects = [w.project]
+        else:
+            others = [p for p in snap.projects if p != w.project and snap.victims.get(p)]
+            projects = sorted(others, key=lambda p: (self.fair.get((p, pool), 0) - self.work.usage[(p, pool)], p))
+        for p in projects:
+            floor = None
+            if strategy == "reclaim":
+                floor = snap.projects[p].quotas.get(pool, Quota()).quota_milli
+            elif strategy == "fair share":
+                floor = self.fair.get((p, pool), 0)
+                if self.work.usage[(p, pool)] <= floor:
+                    continue
+            for prio, _, name in snap.victims.get(p, ()):
+                if strategy == "preempt" and prio >= w.effective_priority:
+                    break
+                v = snap.workloads[name]
+                if name not in self.evicted and self._in_pool(v, pool):
+                    yield v, floor
 
-    def _reclaim_victims(self, w: Workload, pool: str, below: str) -> list[Workload]:
-        """Other projects' preemptible work, furthest above fair share first; each victim
-        must leave its project at or above its quota (or fair share) after it goes."""
-        out = []
-        others = [p for p in self.snap.projects if p != w.project]
-        for p in sorted(others, key=lambda p: (-(self.work.usage[(p, pool)] - self.fair.get((p, pool), 0)), p)):
-            out.extend(self._holding(p, pool))
-        floor = {
-            p: (self.snap.projects[p].quotas.get(pool, Quota()).quota_milli if below == "quota" else self.fair.get((p, pool), 0))
-            for p in others
-        }
-        return [(v, floor[v.project]) for v in out]
+    def _in_pool(self, v: Workload, pool: str) -> bool:
+        node = self.snap.nodes.get(v.placement[0].node) if v.placement else None
+        return node is not None and node.pool == pool
 
-    def _own_victims(self, w: Workload, pool: str) -> list:
-        return [(v, None) for v in self._holding(w.project, pool) if v.effective_priority < w.effective_priority]
-
-    def _evict_to_fit(self, w: Workload, pool: str, strategy: str, candidates: list) -> bool:
-        """Evict candidates in order until ``w`` fits, then drop every eviction that was not
-        needed. Leaves ``w`` holding its room (it binds once the victims are gone)."""
-        cp = self.work.checkpoint()
-
-        def evict_set(victims: list[Workload]) -> list[Choice] | None:
-            self.work.rollback(cp)
-            for v in victims:
-                self.work.give(v, self.work.choices_of(v))
-            if not self._verdict(w, pool).allowed:
-                return None
-            if strategy == "fair share" and not self._fits_fair_share(w, pool):
-                return None
-            return self._place(w, pool)
-
-        victims: list[Workload] = []
-        placed = None
-        for v, floor in candidates:
-            milli = sum(c.milli * len(c.gpus) for c in self.work.choices_of(v))
-            if floor is not None and self.work.usage[(v.project, pool)] - milli < floor:
-                continue
-            victims.append(v)
-            placed = evict_set(victims)
-            if placed is not None:
-                break
-            self.work.rollback(cp)
-            for u in victims:
-                self.work.give(u, self.work.choices_of(u))
-        if placed is None:
-            self.work.rollback(cp)
+    def _room_on(self, node: int, w: Workload, static: np.ndarray) -> bool:
+        """Could one pod of ``w`` fit on ``node`` now? (A cheap test before a full placement.)"""
+        a, d = self.work.arrays, w.demand
+        if not static[node] or a.cpu_free[node] < d.cpu_milli or a.mem_free[node] < d.memory_mib:
             return False
-        for v in list(victims[:-1]):  # the last one was needed, or we'd have stopped sooner
-            trial = [u for u in victims if u is not v]
-            if evict_set(trial) is not None:
-                victims = trial
-        placed = evict_set(victims)
-        assert placed is not None
-        for v in victims:
+        if d.gpus:
+            return a.full_free[node] >= d.gpus
+        if d.is_fractional:
+            need = a.need_milli(d)
+            need = need[node] if not np.isscalar(need) else need
+            return bool((a.gpu_free[node] >= need).any())
+        return True
+
+    def _evict_to_fit(self, w: Workload, pool: str, strategy: str) -> bool | str:
+        """Evict candidates in order until ``w`` fits, then keep only the evictions it needs.
+        Leaves ``w`` holding its room (it binds once the victims are gone)."""
+        work = self.work
+        cp = work.checkpoint()
+        static = work.arrays.eligible(pool, w.gpu_models, PodDemand(gpus=w.demand.gpus))
+
+        def admitted() -> bool:
+            if not self._verdict(w, pool).allowed:
+                return False
+            return strategy != "fair share" or self._fits_fair_share(w, pool)
+
+        victims: list[tuple[Workload, list[Choice]]] = []
+        placed = None
+        gpu_work = w.demand.gpu_count > 0
+        for scanned, (v, floor) in enumerate(self._candidates(w, pool, strategy)):
+            if scanned >= self.cfg.max_victim_scan:
+                break
+            if gpu_work and not v.demand.gpu_count:
+                continue  # CPU-only work never makes room for GPUs
+            choices = work.choices_of(v)
+            milli = sum(c.milli * len(c.gpus) for c in choices)
+            if floor is not None and work.usage[(v.project, pool)] - milli < floor:
+                continue
+            work.give(v, choices)
+            victims.append((v, choices))
+            if (w.pods > 1 or any(self._room_on(c.node, w, static) for c in choices)) and admitted():
+                cp_try = work.checkpoint()
+                placed = self._place(w, pool)
+                if placed is not None:
+                    work.rollback(cp_try)
+                    break
+        if placed is None:
+            work.rollback(cp)
+            return False if victims else "no victims"
+        # Fewest evictions: only victims on the nodes it landed on can matter; of those,
+        # spare each one it still fits without, higher priorities first.
+        used = {c.node for c in placed}
+        needed = [x for x in victims if any(c.node in used for c in x[1])]
+        work.rollback(cp)
+        for v, choices in needed:
+            work.give(v, choices)
+        for x in reversed(list(needed)):
+            cp_spare = work.checkpoint()
+            work.take(*x)
+            cp_try = work.checkpoint()
+            if admitted() and self._place(w, pool) is not None:
+                work.rollback(cp_try)
+                needed.remove(x)
+            else:
+                work.rollback(cp_spare)
+        if not (admitted() and self._place(w, pool)):  # pragma: no cover - seen to fit above
+            work.rollback(cp)
+            return False
+        for v, _ in needed:
             self.evicted.add(v.name)
             self.decisions.evictions.append(Evict(v.name, self._evict_reason(v, w, strategy), v.grace_period_s))
         self.placed.add(w.name)
         self.reserved.add(w.name)
-        projects = sorted({v.project for v in victims})
+        projects = sorted({v.project for v, _ in needed})
+        n = len(needed)
         self.why[w.name] = (
             f"{'preempting' if strategy == 'preempt' else 'reclaiming GPUs from'} "
-            f"{len(victims)} workload{'s' if len(victims) > 1 else ''} of project "
-            f"{', '.join(projects)}; starts when they exit"
+            f"{n} workload{'s' if n > 1 else ''} of project {', '.join(projects)}; starts when they exit"
         )
         return True
 

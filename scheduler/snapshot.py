@@ -8,6 +8,7 @@ does. Only node changes rebuild the capacity arrays.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -30,6 +31,9 @@ class SchedulerConfig:
     reclaim: bool = True  # take back over-quota GPUs for projects under quota
     fair_share_reclaim: bool = True  # also for projects under their fair share
     preempt: bool = True  # higher priority displaces lower inside a project
+    # Candidates one workload's eviction plan may look at before it gives up for this cycle;
+    # bounds a cycle's cost when little can be evicted.
+    max_victim_scan: int = 400
 
 
 @dataclass
@@ -46,7 +50,14 @@ class Snapshot:
         self.holding: dict[str, dict[str, Workload]] = defaultdict(dict)
         self.usage: dict[tuple[str, str], int] = defaultdict(int)  # (project, pool) -> milli
         self._held: dict[str, list[tuple[str, int]]] = {}  # workload -> [(pool, milli)]
+        # Per project, its running preemptible work in eviction order (lowest priority, then
+        # most recent first), kept sorted as work comes and goes.
+        self.victims: dict[str, list[tuple[int, float, str]]] = defaultdict(list)
+        # Pods per (demand, GPU models) over all known work: the workload mix placement
+        # policies measure fragmentation against, kept without a pass over every pod.
+        self.shape_counts: dict[tuple, int] = defaultdict(int)
         self._arrays: ClusterArrays | None = None
+        self._total_gpus = 0
 
     @classmethod
     def build(
@@ -71,12 +82,16 @@ class Snapshot:
     # -- nodes ---------------------------------------------------------------------------
     def add_node(self, node: Node) -> None:
         node.validate()
+        self.remove_node(node.name)
         self.nodes[node.name] = node
+        self._total_gpus += len(node.gpus)
         self._arrays = None
 
     def remove_node(self, name: str) -> None:
-        self.nodes.pop(name, None)
-        self._arrays = None
+        node = self.nodes.pop(name, None)
+        if node is not None:
+            self._total_gpus -= len(node.gpus)
+            self._arrays = None
 
     @property
     def arrays(self) -> ClusterArrays:
@@ -90,7 +105,7 @@ class Snapshot:
         return self._arrays
 
     def total_gpus(self) -> int:
-        return sum(len(n.gpus) for n in self.nodes.values())
+        return self._total_gpus
 
     # -- organisation --------------------------------------------------------------------
     def set_department(self, dept: Department) -> None:
@@ -128,6 +143,7 @@ class Snapshot:
             )
         self.remove_workload(w.name)
         self.workloads[w.name] = w
+        self.shape_counts[(w.demand, w.gpu_models)] += w.pods
         if w.state == State.PENDING:
             self.pending[w.name] = w
             return
@@ -140,6 +156,8 @@ class Snapshot:
         ]
         for pool, milli in held:
             self.usage[(w.project, pool)] += milli
+        if w.state == State.RUNNING and w.is_preemptible:
+            bisect.insort(self.victims[w.project], victim_key(w))
         if self._arrays is not None:
             self._apply(self._arrays, w, take=True)
 
@@ -147,11 +165,18 @@ class Snapshot:
         w = self.workloads.pop(name, None)
         if w is None:
             return
+        key = (w.demand, w.gpu_models)
+        self.shape_counts[key] -= w.pods
+        if not self.shape_counts[key]:
+            del self.shape_counts[key]
         if self.pending.pop(name, None) is not None:
             return
         self.holding[w.project].pop(name, None)
         for pool, milli in self._held.pop(name):
             self.usage[(w.project, pool)] -= milli
+        if w.state == State.RUNNING and w.is_preemptible:
+            keys = self.victims[w.project]
+            del keys[bisect.bisect_left(keys, victim_key(w))]
         if self._arrays is not None:
             self._apply(self._arrays, w, take=False)
 
@@ -161,3 +186,8 @@ class Snapshot:
             i = arrays.index.get(p.node)
             if i is not None:
                 op(i, p.gpu_indices, p.gpu_milli, w.demand.cpu_milli, w.demand.memory_mib)
+
+
+def victim_key(w: Workload) -> tuple[int, float, str]:
+    """Eviction order: lowest priority first, then the most recently submitted."""
+    return (w.effective_priority, -w.submit_time, w.name)
