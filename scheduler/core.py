@@ -139,11 +139,6 @@ class _Cycle:
         project = self.snap.projects[w.project]
         dq = self._dept_quota(project.department, pool)
         usage = self.work.usage
-        # A department's guarantee is spent only by its projects' in-quota GPUs.
-        dept_in_quota = sum(
-            min(usage[(p.name, pool)], p.quotas.get(pool, Quota()).quota_milli)
-            for p in self.dept_projects[project.department]
-        )
         return admit(
             project,
             dq,
@@ -152,7 +147,7 @@ class _Cycle:
             w.may_go_over_quota,
             self._milli(w, pool),
             usage[(w.project, pool)],
-            dept_in_quota,
+            self.work.dept_in_quota[(project.department, pool)],
             self.work.dept_usage[(project.department, pool)],
         )
 

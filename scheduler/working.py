@@ -19,10 +19,15 @@ class Working:
         self.arrays: ClusterArrays = snap.arrays.copy()
         self.usage: dict[tuple[str, str], int] = defaultdict(int, snap.usage)
         self.dept_of = {p.name: p.department for p in snap.projects.values()}
+        self.quota = {(p.name, pool): q.quota_milli for p in snap.projects.values() for pool, q in p.quotas.items()}
         self.dept_usage: dict[tuple[str, str], int] = defaultdict(int)
+        # A department's guarantee is spent only by its projects' in-quota GPUs.
+        self.dept_in_quota: dict[tuple[str, str], int] = defaultdict(int)
         for (project, pool), milli in snap.usage.items():
             if project in self.dept_of:
-                self.dept_usage[(self.dept_of[project], pool)] += milli
+                dept = (self.dept_of[project], pool)
+                self.dept_usage[dept] += milli
+                self.dept_in_quota[dept] += min(milli, self.quota.get((project, pool), 0))
         self.nodes = snap.nodes
         self._log: list[tuple[bool, Workload, list[Choice]]] = []
         # Bumped whenever capacity grows, so "did not fit" answers can be cached until then.
@@ -59,7 +64,11 @@ class Working:
         for c in choices:
             op(c.node, c.gpus, c.milli, w.demand.cpu_milli, w.demand.memory_mib)
             pool = self.pool_of(c.node)
-            self.usage[(w.project, pool)] += sign * c.milli * len(c.gpus)
-            self.dept_usage[(dept, pool)] += sign * c.milli * len(c.gpus)
+            key = (w.project, pool)
+            before = self.usage[key]
+            after = self.usage[key] = before + sign * c.milli * len(c.gpus)
+            self.dept_usage[(dept, pool)] += after - before
+            q = self.quota.get(key, 0)
+            self.dept_in_quota[(dept, pool)] += min(after, q) - min(before, q)
         if not take:
             self.epoch += 1
