@@ -33,7 +33,7 @@ class SchedulerConfig:
     preempt: bool = True  # higher priority displaces lower inside a project
     # Candidates one workload's eviction plan may look at before it gives up for this cycle;
     # bounds a cycle's cost when little can be evicted.
-    max_victim_scan: int = 400
+    max_victim_scan: int = 128
 
 
 @dataclass
