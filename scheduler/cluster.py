@@ -23,11 +23,12 @@ from .model import MILLI, Node, PodDemand
 class Lineage:
     """Shared by an array set and its copies: the stamp clock and policies' per-node caches."""
 
-    __slots__ = ("clock", "caches", "__weakref__")
+    __slots__ = ("clock", "caches", "static", "__weakref__")
 
     def __init__(self) -> None:
         self.clock = itertools.count(1)
         self.caches: dict = {}
+        self.static: dict = {}  # eligibility masks that depend only on node attributes
 
 
 @dataclass
@@ -129,17 +130,19 @@ class ClusterArrays:
 
     def eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> np.ndarray:
         """Nodes whose pool, GPU model, CPU and memory allow one pod of ``demand``."""
-        mask = (self.cpu_free >= demand.cpu_milli) & (self.mem_free >= demand.memory_mib)
-        if pool is not None:
-            if pool not in self.pools:
-                return np.zeros(len(self.names), dtype=bool)
-            mask &= self.pool_id == self.pools.index(pool)
-        if models:
-            ids = [self.models.index(m) for m in models if m in self.models]
-            mask &= np.isin(self.model_id, ids)
-        if demand.gpu_count:
-            mask &= self.gpu_count >= demand.gpu_count
-        return mask
+        key = (pool, models, demand.gpu_count)
+        static = self.lineage.static.get(key)
+        if static is None:  # pool, model and GPU count never change within a lineage
+            static = np.ones(len(self.names), dtype=bool)
+            if pool is not None:
+                static &= self.pool_id == (self.pools.index(pool) if pool in self.pools else -1)
+            if models:
+                ids = [self.models.index(m) for m in models if m in self.models]
+                static &= np.isin(self.model_id, ids)
+            if demand.gpu_count:
+                static &= self.gpu_count >= demand.gpu_count
+            self.lineage.static[key] = static
+        return static & (self.cpu_free >= demand.cpu_milli) & (self.mem_free >= demand.memory_mib)
 
     def need_milli(self, demand: PodDemand) -> np.ndarray | int:
         """Milli-GPUs the pod needs per GPU: a number, or per slot for memory requests."""
