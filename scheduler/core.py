@@ -348,7 +348,7 @@ class _Cycle:
                 if strategy == "preempt" and prio >= w.effective_priority:
                     break
                 v = snap.workloads[name]
-                if name not in self.evicted and self._in_pool(v, pool):
+                if name not in self.evicted and v.state == State.RUNNING and self._in_pool(v, pool):
                     yield v, floor
 
     def _in_pool(self, v: Workload, pool: str) -> bool:

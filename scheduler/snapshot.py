@@ -53,6 +53,9 @@ class Snapshot:
         # Per project, its running preemptible work in eviction order (lowest priority, then
         # most recent first), kept sorted as work comes and goes.
         self.victims: dict[str, list[tuple[int, float, str]]] = defaultdict(list)
+        # What each workload was filed under when it came, so that removing it undoes exactly
+        # that even if the adapter changed the object in place since.
+        self._filed: dict[str, tuple[str, tuple[int, float, str] | None]] = {}
         # Pods per (demand, GPU models) over all known work: the workload mix placement
         # policies measure fragmentation against, kept without a pass over every pod.
         self.shape_counts: dict[tuple, int] = defaultdict(int)
@@ -100,7 +103,7 @@ class Snapshot:
             arrays = ClusterArrays.from_nodes(list(self.nodes.values()))
             for by_name in self.holding.values():
                 for w in by_name.values():
-                    self._apply(arrays, w, take=True)
+                    self._apply(arrays, w.placement, w.demand, take=True)
             self._arrays = arrays
         return self._arrays
 
@@ -144,6 +147,8 @@ class Snapshot:
         self.remove_workload(w.name)
         self.workloads[w.name] = w
         self.shape_counts[(w.demand, w.gpu_models)] += w.pods
+        victim = victim_key(w) if w.state == State.RUNNING and w.is_preemptible else None
+        self._filed[w.name] = ((w.demand, w.gpu_models, w.pods, w.project, w.placement), victim)
         if w.state == State.PENDING:
             self.pending[w.name] = w
             return
@@ -156,36 +161,36 @@ class Snapshot:
         ]
         for pool, milli in held:
             self.usage[(w.project, pool)] += milli
-        if w.state == State.RUNNING and w.is_preemptible:
-            bisect.insort(self.victims[w.project], victim_key(w))
+        if victim is not None:
+            bisect.insort(self.victims[w.project], victim)
         if self._arrays is not None:
-            self._apply(self._arrays, w, take=True)
+            self._apply(self._arrays, w.placement, w.demand, take=True)
 
     def remove_workload(self, name: str) -> None:
         w = self.workloads.pop(name, None)
         if w is None:
             return
-        key = (w.demand, w.gpu_models)
-        self.shape_counts[key] -= w.pods
-        if not self.shape_counts[key]:
-            del self.shape_counts[key]
+        (demand, models, pods, project, placement), victim = self._filed.pop(name)
+        self.shape_counts[(demand, models)] -= pods
+        if not self.shape_counts[(demand, models)]:
+            del self.shape_counts[(demand, models)]
         if self.pending.pop(name, None) is not None:
             return
-        self.holding[w.project].pop(name, None)
+        self.holding[project].pop(name, None)
         for pool, milli in self._held.pop(name):
-            self.usage[(w.project, pool)] -= milli
-        if w.state == State.RUNNING and w.is_preemptible:
-            keys = self.victims[w.project]
-            del keys[bisect.bisect_left(keys, victim_key(w))]
+            self.usage[(project, pool)] -= milli
+        if victim is not None:
+            keys = self.victims[project]
+            del keys[bisect.bisect_left(keys, victim)]
         if self._arrays is not None:
-            self._apply(self._arrays, w, take=False)
+            self._apply(self._arrays, placement, demand, take=False)
 
-    def _apply(self, arrays: ClusterArrays, w: Workload, take: bool) -> None:
+    def _apply(self, arrays: ClusterArrays, placement, demand, take: bool) -> None:
         op = arrays.take if take else arrays.give
-        for p in w.placement:
+        for p in placement:
             i = arrays.index.get(p.node)
             if i is not None:
-                op(i, p.gpu_indices, p.gpu_milli, w.demand.cpu_milli, w.demand.memory_mib)
+                op(i, p.gpu_indices, p.gpu_milli, demand.cpu_milli, demand.memory_mib)
 
 
 def victim_key(w: Workload) -> tuple[int, float, str]:

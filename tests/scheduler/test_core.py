@@ -390,3 +390,22 @@ def test_snapshot_updates_incrementally():
     assert snap.usage[("a", "default")] == 500 and snap.arrays.gpu_free.min() == 500
     snap.remove_workload("w")
     assert snap.usage[("a", "default")] == 0 and snap.arrays.gpu_free.min() == 1000
+
+
+def test_snapshot_survives_adapters_changing_workloads_in_place():
+    """Adapters may flip a stored object's state and upsert it again; the snapshot must
+    undo exactly what it filed, or a releasing workload would stay a victim."""
+    ds, ps = org(("a", 0), ("b", 2))
+    w = make_workload("a1").project("a").gpus(2).running(("n1", (0, 1), 1000)).obj()
+    snap = snapshot([make_node("n1", gpus=2)], ds, ps, [w])
+    _ = snap.arrays
+    w.state = State.RELEASING
+    snap.upsert_workload(w)
+    assert snap.victims["a"] == []
+    assert snap.usage[("a", "default")] == 2000 and snap.arrays.full_free[0] == 0
+    snap.upsert_workload(make_workload("b1").project("b").gpus(2).obj())
+    d = decide(snap)
+    assert d.evictions == [] and "waiting for 1 evicted workload" in d.reason("b1")
+    w.state, w.placement = State.PENDING, ()
+    snap.upsert_workload(w)
+    assert snap.usage[("a", "default")] == 0 and snap.arrays.full_free[0] == 2
