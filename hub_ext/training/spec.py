@@ -1,0 +1,193 @@
+"""A training job's request (``TrainingSpec``) and the rules that check it.
+
+The REST API, the CLI and the notebook widget all go through ``parse_training``; a bad
+value raises ``FieldError`` naming the field and the allowed range.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+
+from scheduler.model import DEFAULT_PRIORITY, Kind, PodDemand
+
+from ..requests import NAME_RE, FieldError, Limits, WorkloadRequest
+
+RESTART_POLICIES = ("OnFailure", "Never")
+MAX_WORKERS = 64
+MAX_GRACE_S = 3600.0
+MAX_BACKOFF_LIMIT = 100
+_MEM_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(GiB|GB|G|MiB|MB|M)?\s*$", re.IGNORECASE)
+
+
+@dataclass
+class TrainingSpec:
+    name: str
+    project: str
+    command: list[str]
+    gpu: float = 1.0  # per worker: a fraction in (0, 1) or whole GPUs; 0 = no GPU
+    gpu_memory_gib: float = 0.0  # per worker, instead of gpu
+    workers: int = 1
+    preemptible: bool = True
+    node_pool: str | None = None
+    checkpoint_dir: str = ""  # empty: STATE_DIR/trainings/NAME/checkpoints
+    image: str = ""  # Kubernetes only; embedded runs the hub's Python
+    env: dict[str, str] = field(default_factory=dict)
+    restart_policy: str = "OnFailure"
+    backoff_limit: int = 3
+    backoff_s: float = 10.0  # first wait before a restart; doubles each time, at most 5 min
+    grace_period_s: float = 60.0
+    cpu: float = 1.0
+    memory_gib: float = 4.0
+    priority: int = DEFAULT_PRIORITY[Kind.TRAINING]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainingSpec:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def demand(self) -> PodDemand:
+        return self.request().demand()
+
+    def request(self) -> WorkloadRequest:
+        """The hub's own request form of this job (what its workload row and views hold)."""
+        req = WorkloadRequest(project=self.project, kind="training", cpu=self.cpu,
+                              memory_gib=self.memory_gib, preemptible=self.preemptible,
+                              name=self.name, command=list(self.command))
+        if self.gpu_memory_gib:
+            req.gpu_mode, req.gpu_memory_gib = "memory", self.gpu_memory_gib
+        elif self.gpu >= 1:
+            req.gpu_mode, req.gpus = "whole", int(self.gpu)
+        elif self.gpu > 0:
+            req.gpu_mode, req.gpu_fraction = "fraction", self.gpu
+        else:
+            req.gpu_mode = "none"
+        return req
+
+    def gpu_label(self) -> str:
+        one = self.request().gpu_label()
+        return one if self.workers == 1 else f"{self.workers} workers x {one}"
+
+
+def parse_gpu_memory(raw) -> float:
+    """``20GiB``, ``20G``, ``512MiB`` or a number of GiB -> GiB."""
+    if isinstance(raw, bool):
+        raise FieldError("gpu_memory", f"must be a size like 20GiB or 512MiB, got {raw!r}")
+    if isinstance(raw, (int, float)):
+        return float(raw)
+    m = _MEM_RE.match(str(raw))
+    if not m:
+        raise FieldError("gpu_memory", f"must be a size like 20GiB or 512MiB, got {raw!r}")
+    value, unit = float(m.group(1)), (m.group(2) or "GiB").lower()
+    return value / 1024 if unit.startswith("m") else value
+
+
+def _number(data: dict, key: str, default, lo: float, hi: float, integer: bool = False,
+            unit: str = ""):
+    raw = data.get(key, default)
+    rng = f"from {lo:g} to {hi:g}{unit}"
+    if isinstance(raw, bool) or raw is None:
+        raise FieldError(key, f"must be a number {rng}, got {raw!r}")
+    try:
+        v = float(raw)
+    except (TypeError, ValueError):
+        raise FieldError(key, f"must be a number {rng}, got {raw!r}") from None
+    if not math.isfinite(v) or v < lo or v > hi:
+        raise FieldError(key, f"must be {rng}, got {raw!r}")
+    if integer:
+        if v != int(v):
+            raise FieldError(key, f"must be a whole number {rng}, got {raw!r}")
+        return int(v)
+    return v
+
+
+def _bool(data: dict, key: str, default: bool) -> bool:
+    v = data.get(key, default)
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return v.lower() in ("true", "1", "yes")
+    raise FieldError(key, f"must be true or false, got {v!r}")
+
+
+def parse_training(data: dict, limits: Limits) -> TrainingSpec:
+    """Check a training request (JSON) against the user's limits; return it typed."""
+    if not isinstance(data, dict):
+        raise FieldError("body", "must be a JSON object")
+    known = set(TrainingSpec.__dataclass_fields__) | {"gpu_memory"}
+    unknown = sorted(k for k in data if k not in known)
+    if unknown:
+        raise FieldError(unknown[0], f"unknown field; allowed: {', '.join(sorted(known))}")
+    name = data.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise FieldError("name", "must be 1-63 lowercase letters, digits or '-', starting and "
+                         f"ending with a letter or digit, got {name!r}")
+    if not limits.projects:
+        raise FieldError("project", "you are not a member of any project; ask an admin")
+    project = data.get("project", limits.projects[0])
+    if project not in limits.projects:
+        raise FieldError("project", f"must be one of {', '.join(limits.projects)} (your projects), "
+                         f"got {project!r}")
+    command = data.get("command")
+    if isinstance(command, str):
+        command = command.split()
+    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+        raise FieldError("command", "must be a non-empty list of strings (the program and its arguments)")
+    spec = TrainingSpec(name=name, project=project, command=command)
+    if "gpu_memory" in data and "gpu_memory_gib" in data:
+        raise FieldError("gpu_memory", "give gpu_memory or gpu_memory_gib, not both")
+    mem = data.get("gpu_memory", data.get("gpu_memory_gib"))
+    if mem is not None:
+        if "gpu" in data:
+            raise FieldError("gpu", "give gpu or gpu_memory, not both")
+        gib = parse_gpu_memory(mem)
+        spec.gpu_memory_gib = _number({"gpu_memory": gib}, "gpu_memory", None, 0.5,
+                                      limits.gpu_memory_gib, unit=" GiB")
+        spec.gpu = 0.0
+    else:
+        gpu = _number(data, "gpu", 1, 0, max(limits.max_gpus, 1))
+        if 0 < gpu < 1:
+            steps = gpu / 0.05
+            if abs(steps - round(steps)) > 1e-6:
+                raise FieldError("gpu", f"a fraction must be a multiple of 0.05 from 0.05 to 0.95, got {gpu:g}")
+            gpu = round(round(steps) * 0.05, 2)
+        elif gpu >= 1 and gpu != int(gpu):
+            raise FieldError("gpu", f"must be a fraction below 1 or a whole number of GPUs "
+                             f"from 1 to {limits.max_gpus}, got {gpu:g}")
+        if gpu > limits.max_gpus:
+            raise FieldError("gpu", f"must be from 0 to {limits.max_gpus} (GPUs of the largest node), got {gpu:g}")
+        spec.gpu = gpu
+    spec.workers = _number(data, "workers", 1, 1, MAX_WORKERS, integer=True)
+    spec.preemptible = _bool(data, "preemptible", True)
+    pool = data.get("node_pool")
+    if pool is not None and (not isinstance(pool, str) or not NAME_RE.match(pool)):
+        raise FieldError("node_pool", f"must be a node pool name (lowercase letters, digits, '-'), got {pool!r}")
+    spec.node_pool = pool
+    ckpt = data.get("checkpoint_dir", "")
+    if not isinstance(ckpt, str) or (ckpt and not ckpt.startswith("/")):
+        raise FieldError("checkpoint_dir", f"must be an absolute path or empty, got {ckpt!r}")
+    spec.checkpoint_dir = ckpt
+    image = data.get("image", "")
+    if not isinstance(image, str):
+        raise FieldError("image", f"must be a container image name, got {image!r}")
+    spec.image = image
+    env = data.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)
+                                            for k, v in env.items()):
+        raise FieldError("env", "must be an object of NAME: string value pairs")
+    spec.env = dict(env)
+    policy = data.get("restart_policy", "OnFailure")
+    if policy not in RESTART_POLICIES:
+        raise FieldError("restart_policy", f"must be one of {', '.join(RESTART_POLICIES)}, got {policy!r}")
+    spec.restart_policy = policy
+    spec.backoff_limit = _number(data, "backoff_limit", 3, 0, MAX_BACKOFF_LIMIT, integer=True)
+    spec.backoff_s = _number(data, "backoff_s", 10.0, 0, 300, unit=" s")
+    spec.grace_period_s = _number(data, "grace_period_s", 60.0, 0, MAX_GRACE_S, unit=" s")
+    spec.cpu = _number(data, "cpu", 1, 0.1, limits.max_cpu)
+    spec.memory_gib = _number(data, "memory_gib", 4, 0.25, limits.max_memory_gib, unit=" GiB")
+    spec.priority = _number(data, "priority", DEFAULT_PRIORITY[Kind.TRAINING], 0, 99, integer=True)
+    return spec

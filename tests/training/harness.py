@@ -1,0 +1,78 @@
+"""An embedded gpupool without JupyterHub for the training tests and the benchmark: a
+SQLite database with an organisation, the embedded scheduler loop on the hub's DbStore,
+and the training-job runner."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from sqlalchemy import select
+
+from hub_ext import org
+from hub_ext.db import EventRow, make_sessionmaker
+from hub_ext.store import DbStore
+from hub_ext.training.db import TrainingRow
+from hub_ext.training.runner import JobRunner
+from hub_ext.training.spec import TrainingSpec
+from scheduler.embedded import EmbeddedScheduler
+from scheduler.model import GPU, Node
+
+SCRIPT = Path(__file__).with_name("train_linear.py")
+
+
+class Cluster:
+    """``projects``: name -> quota in GPUs (all in one department)."""
+
+    def __init__(self, tmp: Path, gpus: int = 1, projects: dict[str, float] | None = None,
+                 period_s: float = 0.1):
+        projects = projects or {"research": 0.0, "prod": 1.0}
+        self.tmp = Path(tmp)
+        self.Session = make_sessionmaker(f"sqlite:///{self.tmp / 'gpupool.sqlite'}")
+        with self.Session() as s:
+            org.create_department(s, {"name": "lab", "gpus": sum(projects.values())})
+            for name, q in projects.items():
+                org.create_project(s, {"name": name, "department": "lab", "gpus": q, "members": ["alice"]})
+            s.commit()
+        self.nodes = [Node("local", [GPU(i, "H100", 81920) for i in range(gpus)])]
+        self.store = DbStore(self.Session)
+        self.store.set_nodes(self.nodes, "declared")
+        self.scheduler = EmbeddedScheduler(self.store, self.nodes, period_s=period_s)
+        self.runner = JobRunner(self.scheduler, self.Session, self.nodes, self.tmp / "state", poll_s=0.1)
+
+    async def __aenter__(self) -> Cluster:
+        self.scheduler.start()
+        self.runner.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.runner.stop()
+        await self.scheduler.stop()
+
+    def submit(self, name: str, project: str, command: list[str], **kw) -> None:
+        spec = TrainingSpec(name=name, project=project, command=command, **kw)
+        self.runner.submit("alice", spec)
+
+    def job(self, name: str) -> TrainingRow | None:
+        with self.Session() as s:
+            return s.get(TrainingRow, name)
+
+    def status(self, name: str) -> str | None:
+        t = self.job(name)
+        return t.status if t else None
+
+    async def wait_for(self, name: str, *statuses: str, timeout: float = 120.0) -> TrainingRow:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            t = self.job(name)
+            if t is not None and t.status in statuses:
+                return t
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"{name} never reached {statuses}; it is {self.status(name)}: "
+                             f"{self.job(name).transitions if self.job(name) else None}")
+
+    def events(self, name: str) -> list[tuple[str, str]]:
+        with self.Session() as s:
+            rows = s.scalars(select(EventRow).where(EventRow.workload == name).order_by(EventRow.id)).all()
+            return [(e.kind, e.message) for e in rows]
