@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from jupyterhub.spawner import SimpleLocalProcessSpawner
+from jupyterhub.spawner import SimpleLocalProcessSpawner, Spawner
 from traitlets import default
 
 from scheduler.embedded import terminate
@@ -28,8 +28,10 @@ from .runtime import Runtime
 from .store import to_workload
 
 
-class GpupoolSpawnerMixin:
-    """Scheduling, form and progress; the class it is mixed into launches the process."""
+class GpupoolSpawnerMixin(Spawner):
+    """Scheduling, form and progress; the class it is mixed into launches the process.
+    It derives from Spawner so that its trait defaults apply; put it first:
+    ``class X(GpupoolSpawnerMixin, SomeSpawner)``."""
 
     @property
     def gpupool(self) -> Runtime:
@@ -134,6 +136,9 @@ class GpupoolSpawnerMixin:
         finally:
             self.gpupool.scheduler.release(self.workload, "stopped")
             self.gpupool.store.remove_workload(self.workload)
+
+    async def poll(self):
+        return await super().poll()
 
     async def launch_workspace(self, req: WorkloadRequest, bind: Bind):
         raise NotImplementedError

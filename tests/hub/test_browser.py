@@ -1,0 +1,169 @@
+"""Browser tests: Playwright driving Debian's chromium (headless) against a hub started
+here. Log in, spawn JupyterLab with 0.25 GPU and see the GPU environment inside it; a
+second user waits with the scheduler's reason in the spawn progress; the admin raises the
+quota in the admin panel and the waiting workspace starts; a non-admin is read-only and
+gets 403 on admin actions. Screenshots go to $GPUPOOL_SCREENSHOTS (default: tmp)."""
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from hubclient import HubClient
+from hubproc import ADMIN_PW, USER_PW, Hub
+from kernel import run_code
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not shutil.which("chromium"), reason="Debian's chromium is not installed "
+                       "(scripts/setup-system installs it)"),
+]
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+
+
+@pytest.fixture(scope="module")
+def bhub(tmp_path_factory):
+    h = Hub(tmp_path_factory.mktemp("bhub")).start()
+    yield h
+    h.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    d = Path(os.environ.get("GPUPOOL_SCREENSHOTS") or tmp_path_factory.mktemp("shots"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def login(browser, hub, user, password=USER_PW):
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = ctx.new_page()
+    page.set_default_timeout(60_000)
+    page.goto(hub.url + "/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", password)
+    page.click("#login_submit")
+    page.wait_for_url(re.compile(r".*/hub/(home|spawn).*"))
+    return page
+
+
+def fill_form(page, project, mode="fraction", fraction=None, gpus=None):
+    page.goto(page.url.split("/hub/")[0] + "/hub/spawn")
+    page.select_option("#gp-project", project)
+    page.check(f"input[name=gpu_mode][value={mode}]")
+    if fraction is not None:
+        page.fill("#gp-fraction", str(fraction))
+        page.dispatch_event("#gp-fraction", "input")
+    if gpus is not None:
+        page.fill("#gp-gpus", str(gpus))
+        page.dispatch_event("#gp-gpus", "input")
+
+
+def submit(page):
+    page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
+
+
+def test_user_starts_jupyterlab_with_a_quarter_gpu(bhub, browser, shots):
+    page = login(browser, bhub, "alice")
+    fill_form(page, "nlp", fraction=0.25)
+    assert "Starts now" in page.inner_text("#gp-verdict")
+    assert page.input_value("#gp-fraction-range") == "0.25"
+    page.screenshot(path=str(shots / "spawn-form.png"), full_page=True)
+    submit(page)
+    page.wait_for_url(re.compile(r".*/user/alice/lab.*"), timeout=180_000)
+    page.wait_for_selector("#jp-main-dock-panel, .jp-LabShell", timeout=120_000)
+    token = HubClient(bhub.url).login("alice", USER_PW).token("alice")
+    out = run_code(bhub.url, "/user/alice/", token,
+                   "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['GPUPOOL_GPU_FRACTION'],"
+                   " os.environ['GPUPOOL_MEMORY_LIMIT'], os.environ['GPUPOOL_WORKLOAD'])")
+    visible, fraction, cap, name = out.split()
+    assert visible in {"0", "1", "2", "3"} and fraction == "0.25" and name == "ws-alice"
+    assert cap == f"{81559 // 4}M"
+    # the form remembers the last choices
+    page.goto(bhub.url + "/hub/spawn/alice/second")
+    assert page.input_value("#gp-fraction") == "0.25" and page.input_value("#gp-project") == "nlp"
+
+
+def test_second_user_waits_with_the_reason_then_admin_raises_the_quota(bhub, browser, shots):
+    bob = login(browser, bhub, "bob")
+    fill_form(bob, "nlp", mode="whole", gpus=1)
+    assert "Will wait" in bob.inner_text("#gp-verdict")
+    submit(bob)
+    bob.wait_for_url(re.compile(r".*/hub/spawn-pending/bob.*"), timeout=60_000)
+    bob.wait_for_function(
+        "document.body.innerText.includes('Waiting in the queue')", timeout=60_000)
+    text = bob.inner_text("body")
+    assert "position 1" in text and "quota" in text.lower(), text
+    bob.screenshot(path=str(shots / "spawn-pending.png"), full_page=True)
+
+    admin = login(browser, bhub, "admin", ADMIN_PW)
+    admin.goto(bhub.url + "/services/gpupool/org")
+    admin.wait_for_selector("#projects")
+    dept = admin.locator("#departments tr[data-name=research]")
+    dept.locator("input[name=gpus]").fill("4")
+    dept.locator("button", has_text="Save").click()
+    admin.wait_for_function("document.getElementById('msg').textContent.includes('Saved research')")
+    row = admin.locator("#projects tr[data-name=nlp]")
+    row.locator("input[name=gpus]").fill("2")
+    row.locator("button", has_text="Save").click()
+    admin.wait_for_function("document.getElementById('msg').textContent.includes('Saved nlp')")
+    # the bound is enforced with a clear message
+    row.locator("input[name=limit]").fill("")
+    row.locator("input[name=gpus]").fill("9")
+    row.locator("button", has_text="Save").click()
+    admin.wait_for_function("document.getElementById('msg').className === 'err'")
+    assert "gpus: must be from 0 to" in admin.inner_text("#msg")
+    row.locator("input[name=gpus]").fill("2")
+
+    bob.wait_for_url(re.compile(r".*/user/bob/lab.*"), timeout=180_000)
+
+    admin.goto(bhub.url + "/services/gpupool/org")
+    admin.screenshot(path=str(shots / "admin-org.png"), full_page=True)
+    admin.goto(bhub.url + "/services/gpupool/nodes")
+    assert "ws-alice (0.25)" in admin.inner_text("#gpus") and "ws-bob (1)" in admin.inner_text("#gpus")
+    admin.screenshot(path=str(shots / "admin-nodes.png"), full_page=True)
+    admin.goto(bhub.url + "/services/gpupool/events")
+    assert "quota 1 -> 2 GPUs" in admin.inner_text("#events")
+    admin.goto(bhub.url + "/services/gpupool/")
+    admin.screenshot(path=str(shots / "admin-overview.png"), full_page=True)
+
+
+def test_non_admin_is_read_only_and_gets_403(bhub, browser):
+    page = login(browser, bhub, "carol")
+    page.goto(bhub.url + "/services/gpupool/org")
+    page.wait_for_selector("#projects")
+    assert page.locator("#projects button").count() == 0
+    assert "(read-only)" in page.inner_text("header")
+    names = page.locator("#projects tr[data-name]").evaluate_all("rows => rows.map(r => r.dataset.name)")
+    assert names == ["vision"]
+    status = page.evaluate("""async () => {
+        const r = await fetch(API + '/projects/vision', {method: 'PATCH',
+            headers: {'Content-Type': 'application/json', 'X-XSRFToken': XSRF}, body: JSON.stringify({gpus: 3})});
+        return [r.status, (await r.json()).error.message];
+    }""")
+    assert status[0] == 403 and "admin" in status[1]
+
+
+def test_stopping_returns_the_share_at_once(bhub, browser):
+    page = login(browser, bhub, "alice")
+    page.goto(bhub.url + "/hub/home")
+    token = HubClient(bhub.url).login("alice", USER_PW).token("alice")
+    from hubclient import call
+
+    assert call(bhub.url, token, "DELETE", "/hub/api/users/alice/server", api=False)[0] in (202, 204)
+    status, w = call(bhub.url, token, "GET", "/workloads/ws-alice")
+    assert status == 404
+    gpus = call(bhub.url, token, "GET", "/nodes")[1]["items"][0]["gpus"]
+    assert not any(s["workload"] == "ws-alice" for g in gpus for s in g["workloads"])
