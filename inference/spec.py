@@ -1,0 +1,142 @@
+"""An inference service as a user describes it, and the one set of rules that checks it.
+
+The CLI, the REST API and the tests all go through ``parse_spec``; a bad value raises
+``FieldError`` (the hub's, so the service answers 400) naming the field and the allowed
+range. Nothing is clamped silently.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from hub_ext.requests import NAME_RE, FieldError
+from scheduler.model import PodDemand
+
+METRICS = ("concurrency", "throughput")
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    project: str
+    command: tuple[str, ...]
+    gpu: float = 0.25  # < 1: a fraction of one GPU; >= 1: whole GPUs
+    min_replicas: int = 0
+    max_replicas: int = 4
+    metric: str = "concurrency"  # concurrency: in-flight requests; throughput: requests/s
+    target: float = 10.0  # per replica
+    scale_to_zero_after_s: float = 300.0
+    stable_window_s: float = 60.0
+    panic_window_pct: float = 10.0
+    panic_threshold_pct: float = 200.0
+    port: int = 8000  # where the server listens in a pod; embedded replicas get $PORT
+    ready_path: str = "/"
+    queue_limit: int = 1000  # requests held while no replica is ready
+    request_timeout_s: float = 120.0  # longest a request is held waiting for a replica
+    max_body_bytes: int = 10 * 1024 * 1024
+    public: bool = False  # True: no JupyterHub token needed
+    owner: str = ""
+    image: str = ""  # Kubernetes backend only
+    env: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["command"] = list(self.command)
+        return d
+
+    def demand(self) -> PodDemand:
+        if self.gpu >= 1:
+            return PodDemand(gpus=int(self.gpu))
+        return PodDemand(gpu_fraction=self.gpu)
+
+
+# field -> (default, lo, hi, integer, unit)
+_NUMBERS = {
+    "gpu": (0.25, 0.05, 8, False, " GPUs (below 1: a fraction; 1 and up: whole GPUs)"),
+    "min_replicas": (0, 0, 100, True, ""),
+    "max_replicas": (4, 1, 100, True, ""),
+    "target": (10.0, 0.01, 100_000, False, " per replica"),
+    "scale_to_zero_after_s": (300.0, 0, 86_400, False, " s"),
+    "stable_window_s": (60.0, 0.1, 3600, False, " s"),
+    "panic_window_pct": (10.0, 1, 100, False, " % of the stable window"),
+    "panic_threshold_pct": (200.0, 110, 1000, False, " % of the target"),
+    "port": (8000, 1, 65535, True, ""),
+    "queue_limit": (1000, 1, 100_000, True, " requests"),
+    "request_timeout_s": (120.0, 0.1, 3600, False, " s"),
+    "max_body_bytes": (10 * 1024 * 1024, 1, 1 << 30, True, " bytes"),
+}
+
+
+def _number(data: dict, key: str):
+    default, lo, hi, integer, unit = _NUMBERS[key]
+    raw = data.get(key, default)
+    rng = f"from {lo:g} to {hi:g}{unit}"
+    if isinstance(raw, bool) or raw is None:
+        raise FieldError(key, f"must be a number {rng}, got {raw!r}")
+    try:
+        v = float(raw)
+    except (TypeError, ValueError):
+        raise FieldError(key, f"must be a number {rng}, got {raw!r}") from None
+    if not math.isfinite(v) or v < lo or v > hi:
+        raise FieldError(key, f"must be {rng}, got {raw!r}")
+    if integer:
+        if v != int(v):
+            raise FieldError(key, f"must be a whole number {rng}, got {raw!r}")
+        return int(v)
+    return v
+
+
+def parse_spec(data: dict, projects: tuple[str, ...] | None = None) -> ServiceSpec:
+    """Check a service description (JSON) and return it typed. ``projects``: the ones
+    the caller may use (None: any)."""
+    if not isinstance(data, dict):
+        raise FieldError("body", "must be a JSON object")
+    known = set(ServiceSpec.__dataclass_fields__)
+    unknown = sorted(k for k in data if k not in known)
+    if unknown:
+        raise FieldError(unknown[0], f"unknown field; allowed: {', '.join(sorted(known))}")
+    name = data.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise FieldError("name", "must be 1-63 lowercase letters, digits or '-', starting and "
+                         f"ending with a letter or digit, got {name!r}")
+    project = data.get("project")
+    if not isinstance(project, str) or not project:
+        raise FieldError("project", "must name a project")
+    if projects is not None and project not in projects:
+        mine = ", ".join(projects) or "(none)"
+        raise FieldError("project", f"must be one of your projects ({mine}), got {project!r}")
+    command = data.get("command")
+    if isinstance(command, str):
+        command = command.split()
+    if (not isinstance(command, (list, tuple)) or not command
+            or not all(isinstance(c, str) and c for c in command)):
+        raise FieldError("command", "must be a non-empty list of strings (the model server)")
+    nums = {k: _number(data, k) for k in _NUMBERS}
+    if nums["gpu"] >= 1 and nums["gpu"] != int(nums["gpu"]):
+        raise FieldError("gpu", f"from 1 up must be a whole number of GPUs, got {nums['gpu']:g}")
+    if nums["min_replicas"] > nums["max_replicas"]:
+        raise FieldError("min_replicas", f"must be <= max_replicas ({nums['max_replicas']}), "
+                         f"got {nums['min_replicas']}")
+    metric = data.get("metric", "concurrency")
+    if metric not in METRICS:
+        raise FieldError("metric", f"must be one of {', '.join(METRICS)}, got {metric!r}")
+    ready_path = data.get("ready_path", "/")
+    if not isinstance(ready_path, str) or not ready_path.startswith("/"):
+        raise FieldError("ready_path", f"must be a path starting with '/', got {ready_path!r}")
+    public = data.get("public", False)
+    if not isinstance(public, bool):
+        raise FieldError("public", f"must be true or false, got {public!r}")
+    env = data.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                            for k, v in env.items()):
+        raise FieldError("env", "must be an object of strings")
+    for key in ("owner", "image"):
+        if not isinstance(data.get(key, ""), str):
+            raise FieldError(key, "must be a string")
+    return ServiceSpec(name=name, project=project, command=tuple(command), metric=metric,
+                       ready_path=ready_path, public=public, env=dict(env),
+                       owner=data.get("owner", ""), image=data.get("image", ""), **nums)
+
+
+__all__ = ["METRICS", "FieldError", "ServiceSpec", "parse_spec"]

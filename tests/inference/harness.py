@@ -1,0 +1,107 @@
+"""An activator, controller and embedded scheduler in one event loop, on a fake store,
+with the real model server (model_server.py) as replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+from tornado.httpserver import HTTPServer
+
+from inference.activator import make_app
+from inference.backends.embedded import EmbeddedBackend, free_port
+from inference.controller import Controller
+from inference.spec import parse_spec
+from scheduler.embedded import EmbeddedScheduler
+from scheduler.model import DEFAULT_POOL, GPU, Department, Node, Project, Quota
+
+MODEL_SERVER = str(Path(__file__).with_name("model_server.py"))
+NODE = Node("n", [GPU(i, "H100", 81920) for i in range(2)])
+
+
+class FakeStore:
+    """scheduler.embedded.Store with one project ``p`` of ``quota`` GPUs."""
+
+    def __init__(self, quota: float = 2.0):
+        self.quota = quota
+        self.events: list = []
+
+    def version(self):
+        return 1
+
+    def load_org(self):
+        return ([Department("d", {DEFAULT_POOL: Quota(2)})],
+                [Project("p", "d", {DEFAULT_POOL: Quota(self.quota)})])
+
+    def load_workloads(self):
+        return []
+
+    def record(self, decisions, snapshot):
+        pass
+
+    def set_state(self, name, state, **fields):
+        pass
+
+    def event(self, kind, message, workload="", project=""):
+        self.events.append((kind, workload))
+
+
+def service(name="svc", startup_s=0.3, delay_ms=0.0, **over) -> dict:
+    d = {"name": name, "project": "p", "gpu": 0.25,
+         "command": [sys.executable, MODEL_SERVER, "--startup-s", str(startup_s),
+                     "--delay-ms", str(delay_ms)],
+         "ready_path": "/health", "stable_window_s": 2.0, "scale_to_zero_after_s": 1.0,
+         "target": 10}
+    d.update(over)
+    return d
+
+
+@dataclass
+class Stack:
+    sched: EmbeddedScheduler
+    controller: Controller
+    url: str
+    http: aiohttp.ClientSession
+
+    def put(self, **spec):
+        return self.controller.put(parse_spec(service(**spec)))
+
+    def replicas_in_scheduler(self, svc: str) -> dict:
+        return {n: w for n, w in self.sched.snapshot.workloads.items() if n.startswith(svc + "-")}
+
+    def allocated_milli(self) -> int:
+        return sum(w.allocated_milli() for w in self.sched.snapshot.workloads.values())
+
+
+@contextlib.asynccontextmanager
+async def stack(quota: float = 2.0, tick_s: float = 0.1, auth=None):
+    sched = EmbeddedScheduler(FakeStore(quota), [NODE], period_s=0.05)
+    sched.start()
+    await sched.cycle()  # take in the organisation
+    controller = Controller(EmbeddedBackend(sched, grace_s=2.0), tick_s=tick_s)
+    controller.start()
+    port = free_port()
+    server = HTTPServer(make_app(controller, "/serve/", auth))
+    server.listen(port, "127.0.0.1")
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as http:
+        try:
+            yield Stack(sched, controller, f"http://127.0.0.1:{port}/serve", http)
+        finally:
+            server.stop()
+            await controller.stop()
+            await sched.stop()
+
+
+async def until(cond, timeout: float = 60.0, every: float = 0.05, what: str = "condition"):
+    """Wait for a condition (no timing is asserted: the bound only stops a hung test)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(every)

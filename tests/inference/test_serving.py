@@ -1,0 +1,154 @@
+"""The activator, autoscaler and embedded backend end to end, with a real model server
+(tests/inference/model_server.py) started as replica processes. No timing is asserted:
+the waits only bound a hung test."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+
+from inference.service import RState
+
+from .harness import stack, until
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def client_loop(st, svc: str, client: int, n: int, results: list, ms: float = 0):
+    for seq in range(n):
+        async with st.http.get(f"{st.url}/{svc}/predict", params={
+                "client": str(client), "seq": str(seq), "ms": str(ms)}) as r:
+            results.append((client, seq, r.status, await r.read()))
+
+
+def test_200_clients_at_zero_all_served_in_order_after_one_cold_start():
+    async def main():
+        async with stack() as st:
+            st.put(name="cold", max_replicas=1, scale_to_zero_after_s=60)
+            assert st.replicas_in_scheduler("cold") == {}  # starts at zero
+            results: list = []
+            await asyncio.gather(*(client_loop(st, "cold", c, 3, results) for c in range(200)))
+            assert [r for r in results if r[2] != 200] == []
+            assert len(results) == 600
+            per_client: dict = {}
+            for client, seq, _status, body in results:
+                data = json.loads(body)
+                assert (data["client"], data["seq"]) == (str(client), str(seq))
+                per_client.setdefault(client, []).append(seq)
+            assert all(seqs == [0, 1, 2] for seqs in per_client.values())
+            placed = [w for kind, w in st.sched.store.events if kind == "placed"]
+            assert len(placed) == 1  # one cold start served everyone
+            assert len({json.loads(b)["pid"] for *_, b in results}) == 1
+
+    run(main())
+
+
+def test_scales_with_load_then_back_down_to_zero_and_frees_the_gpu_share():
+    async def main():
+        async with stack() as st:
+            svc = st.put(name="auto", max_replicas=4, target=2, stable_window_s=2.0,
+                         scale_to_zero_after_s=1.0)
+            stop = asyncio.Event()
+            results: list = []
+
+            async def busy(c):
+                seq = 0
+                while not stop.is_set():
+                    await client_loop(st, "auto", c, 1, results, ms=100)
+                    seq += 1
+
+            load = [asyncio.ensure_future(busy(c)) for c in range(8)]  # ~8 in flight
+            await until(lambda: len(svc.ready()) == 4, what="4 ready replicas under load")
+            assert len(st.replicas_in_scheduler("auto")) == 4
+            assert st.allocated_milli() == 4 * 250
+            stop.set()
+            await asyncio.gather(*load)
+            assert {r[2] for r in results} == {200}
+            await until(lambda: len(svc.live()) < 4, what="scale down after the window")
+            await until(lambda: not svc.replicas, what="zero replicas after idling")
+            assert st.replicas_in_scheduler("auto") == {}
+            assert st.allocated_milli() == 0  # the GPU share is free in the scheduler
+            assert svc.status()["replicas"] == 0
+
+    run(main())
+
+
+def test_killing_a_replica_mid_load_loses_no_unsent_request():
+    async def main():
+        async with stack() as st:
+            svc = st.put(name="kill", min_replicas=2, max_replicas=2)
+            await until(lambda: len(svc.ready()) == 2, what="2 ready replicas")
+            stop = asyncio.Event()
+            results: list = []
+
+            async def busy(c):
+                while not stop.is_set():
+                    await client_loop(st, "kill", c, 1, results, ms=30)
+
+            load = [asyncio.ensure_future(busy(c)) for c in range(10)]
+            await until(lambda: len(results) > 50, what="load running")
+            victim = svc.ready()[0]
+            in_flight_at_kill = victim.inflight
+            os.killpg(victim.handle.proc.pid, signal.SIGKILL)
+            before = len(results)
+            await until(lambda: len(results) > before + 100, what="load after the kill")
+            stop.set()
+            await asyncio.gather(*load)
+            failed = [r for r in results if r[2] != 200]
+            # only requests the replica already had may fail, each with a clear 502
+            assert len(failed) <= in_flight_at_kill
+            assert all(r[2] == 502 and b"failed" in r[3] for r in failed)
+            assert victim.state == RState.FAILED and "exited" in victim.reason
+            await until(lambda: len(svc.ready()) == 2, what="a replacement replica")
+
+    run(main())
+
+
+def test_responses_stream_through_unbuffered():
+    async def main():
+        async with stack() as st:
+            st.put(name="sse", scale_to_zero_after_s=60)
+            async with st.http.get(f"{st.url}/sse/stream", params={"n": "3", "ms": "300"}) as r:
+                assert r.status == 200 and r.headers["Content-Type"] == "text/event-stream"
+                first = await r.content.readuntil(b"\n\n")
+                assert json.loads(first[len(b"data: "):])["i"] == 0
+                rest = await r.read()
+            assert rest.count(b"data: ") == 2
+            async with st.http.get(f"{st.url}/sse/big", params={"kb": "2048"}) as r:
+                assert len(await r.read()) == 2048 * 1024
+
+    run(main())
+
+
+def test_bad_input_gets_clear_errors():
+    async def main():
+        async with stack(quota=0.5) as st:
+            st.put(name="small", max_body_bytes=1000, scale_to_zero_after_s=60)
+            async with st.http.get(f"{st.url}/nope/predict") as r:
+                err = (await r.json())["error"]
+                assert r.status == 404 and err["field"] == "service" and "nope" in err["message"]
+            async with st.http.post(f"{st.url}/small/predict", data=b"x" * 5000) as r:
+                err = (await r.json())["error"]
+                assert r.status == 413 and err["field"] == "body" and "1000" in err["message"]
+            async with st.http.post(f"{st.url}/small/predict", data=b"x" * 10) as r:
+                assert r.status == 200 and json.loads(await r.read())["body_len"] == 10
+
+            # whole GPU in a project with 0.5 GPUs of quota: never placed, the reason shows
+            big = st.put(name="big", gpu=1, request_timeout_s=0.5, queue_limit=1)
+            first = asyncio.ensure_future(st.http.get(f"{st.url}/big/predict"))
+            await until(lambda: len(big.held) == 1, what="a held request")
+            async with st.http.get(f"{st.url}/big/predict") as r:
+                assert r.status == 503 and int(r.headers["Retry-After"]) >= 1
+                assert "queue_limit" in (await r.json())["error"]["message"]
+            r = await first
+            assert r.status == 503 and "Retry-After" in r.headers
+            assert "request_timeout_s" in (await r.json())["error"]["message"]
+            r.release()
+            rep = big.status()["replica_list"][0]
+            assert rep["state"] == "pending" and "quota" in rep["reason"]
+
+    run(main())
