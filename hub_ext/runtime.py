@@ -22,6 +22,7 @@ from .inventory import discover, gpu_utilization
 from .limits import limits_for
 from .requests import Limits
 from .store import DbStore
+from .training.runner import JobRunner
 
 log = logging.getLogger("gpupool")
 
@@ -41,6 +42,7 @@ class Runtime:
         self.store.reset_after_restart()
         self.scheduler = EmbeddedScheduler(self.store, self.nodes, cfg.schedule_period_s)
         self.scheduler.launch = self._launch_process
+        self.trainings = JobRunner(self.scheduler, self.Session, self.nodes, cfg.state_dir, cfg.preload_library)
         self._started = False
 
     @classmethod
@@ -53,6 +55,7 @@ class Runtime:
         if not self._started:
             self._started = True
             self.scheduler.start()
+            self.trainings.start()
             asyncio.ensure_future(self._sample_loop())
 
     # -- what the form and the rules need ------------------------------------------------

@@ -18,6 +18,7 @@ from .. import org
 from ..db import EventRow, NodeRow, SampleRow, WorkloadRow, add_event, bump_version
 from ..limits import limits_for
 from ..requests import FieldError, parse_request, workload_name
+from . import training_api
 from .base import ApiHandler
 
 SPEC = Path(__file__).parent / "openapi.yaml"
@@ -306,6 +307,7 @@ def routes(prefix: str) -> list:
         url(a + "/nodes", NodesHandler),
         url(a + "/events", EventsHandler),
         url(a + "/samples", SamplesHandler),
+        *training_api.routes(a),
     ]
 
 

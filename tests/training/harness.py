@@ -33,7 +33,7 @@ class Cluster:
         with self.Session() as s:
             org.create_department(s, {"name": "lab", "gpus": sum(projects.values())})
             for name, q in projects.items():
-                org.create_project(s, {"name": name, "department": "lab", "gpus": q, "members": ["alice"]})
+                org.create_project(s, {"name": name, "department": "lab", "gpus": q, "members": ["alice", "bob"]})
             s.commit()
         self.nodes = [Node("local", [GPU(i, "H100", 81920) for i in range(gpus)])]
         self.store = DbStore(self.Session)

@@ -1,0 +1,157 @@
+"""REST API v1 for training jobs: /trainings (list, submit), /trainings/NAME (describe,
+delete), /trainings/NAME/suspend|resume, /trainings/NAME/logs.
+
+The service writes jobs and control requests; the job runner in the hub process
+(``hub_ext.training.runner``) picks them up within its poll period. Members see and submit
+in their own projects; the owner or an admin may delete, suspend or resume.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import select
+
+from .. import org
+from ..db import EventRow, WorkloadRow
+from ..limits import limits_for
+from ..requests import FieldError
+from ..training.db import (
+    STATUSES,
+    TrainingRow,
+    add_training,
+    ensure_table,
+    is_active,
+    training_dict,
+)
+from ..training.spec import parse_training
+from .base import ApiHandler
+
+MAX_LOG_BYTES = 1 << 20
+
+
+class _Base(ApiHandler):
+    def prepare(self):
+        super().prepare()
+        if not self.settings.get("gpupool_trainings_table"):
+            ensure_table(self.Session)
+            self.settings["gpupool_trainings_table"] = True
+
+    def _get(self, s, name: str) -> TrainingRow:
+        t = s.get(TrainingRow, name)
+        if t is None or (not self.is_admin and t.project not in org.projects_of(s, self.username)):
+            raise org.NotFound(f"training {name!r} does not exist")
+        return t
+
+
+def _forbidden():
+    from tornado import web
+
+    return web.HTTPError(403, "only the job's owner or an admin can change it")
+
+
+class TrainingsHandler(_Base):
+    def get(self):
+        q = select(TrainingRow).order_by(TrainingRow.created)
+        project, status = self.get_argument("project", None), self.get_argument("status", None)
+        if status and status not in STATUSES:
+            raise FieldError("status", f"must be one of {', '.join(STATUSES)}, got {status!r}")
+        if project:
+            q = q.where(TrainingRow.project == project)
+        if status:
+            q = q.where(TrainingRow.status == status)
+        with self.Session() as s:
+            if not self.is_admin:
+                q = q.where(TrainingRow.project.in_(org.projects_of(s, self.username)))
+            rows = s.scalars(q).all()
+            self.send({"items": [training_dict(t, s.get(WorkloadRow, t.name)) for t in rows]})
+
+    def post(self):
+        data = self.body()
+        owner = data.pop("owner", self.username)
+        if owner != self.username:
+            self.require_admin()
+        with self.Session() as s:
+            spec = parse_training(data, limits_for(s, self.ctx.cfg, owner))
+            old = s.get(TrainingRow, spec.name)
+            if is_active(old) or (old is None and _workload_active(s, spec.name)):
+                raise org.Conflict("name", f"a workload named {spec.name!r} already exists; "
+                                   "delete it or choose another name")
+            add_training(s, owner, spec)
+            s.commit()
+            self.send(training_dict(s.get(TrainingRow, spec.name), s.get(WorkloadRow, spec.name)), 201)
+
+
+def _workload_active(s, name: str) -> bool:
+    w = s.get(WorkloadRow, name)
+    return w is not None and w.state in ("submitted", "pending", "running", "releasing", "stopping")
+
+
+class TrainingHandler(_Base):
+    def get(self, name):
+        with self.Session() as s:
+            t = self._get(s, name)
+            out = training_dict(t, s.get(WorkloadRow, name))
+            events = s.scalars(select(EventRow).where(EventRow.workload == name).order_by(EventRow.id)).all()
+            out["events"] = [{"ts": e.ts, "kind": e.kind, "message": e.message} for e in events]
+        self.send(out)
+
+    def delete(self, name):
+        self._request(name, "delete")
+        self.set_status(202)
+        self.finish()
+
+    def _request(self, name: str, what: str) -> dict:
+        with self.Session() as s:
+            t = self._get(s, name)
+            if t.owner != self.username and not self.is_admin:
+                raise _forbidden()
+            if what == "suspend" and t.status in ("Succeeded", "Failed", "Suspended"):
+                raise org.Conflict("status", f"cannot suspend a job that is {t.status}")
+            if what == "resume" and t.status != "Suspended":
+                raise org.Conflict("status", f"only a Suspended job can be resumed; this one is {t.status}")
+            t.request = what
+            s.commit()
+            return training_dict(t, s.get(WorkloadRow, name))
+
+
+class TrainingActionHandler(TrainingHandler):
+    def post(self, name, action):
+        self.send(self._request(name, action), 202)
+
+
+class TrainingLogsHandler(_Base):
+    def get(self, name):
+        try:
+            rank = int(self.get_argument("rank", "0"))
+            tail = int(self.get_argument("tail", "200"))
+        except ValueError:
+            raise FieldError("rank", "rank and tail must be whole numbers") from None
+        with self.Session() as s:
+            t = self._get(s, name)
+            workers = int(t.spec.get("workers", 1))
+        if not 0 <= rank < workers:
+            raise FieldError("rank", f"must be from 0 to {workers - 1}, got {rank}")
+        if not 1 <= tail <= 10_000:
+            raise FieldError("tail", f"must be from 1 to 10000 lines, got {tail}")
+        path = Path(self.ctx.cfg.state_dir) / "trainings" / name / f"worker-{rank}.log"
+        text = ""
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(max(0, path.stat().st_size - MAX_LOG_BYTES))
+                text = f.read().decode(errors="replace")
+        lines = text.splitlines()[-tail:]
+        self.send({"name": name, "rank": rank, "lines": lines})
+
+
+def routes(api: str) -> list:
+    """Routes under ``api`` (the prefix ending in api/v1)."""
+    from tornado.web import url
+
+    n = r"([a-z0-9-]+|[^/]+)"
+    return [
+        url(api + "/trainings", TrainingsHandler),
+        url(api + f"/trainings/{n}", TrainingHandler),
+        url(api + f"/trainings/{n}/(suspend|resume)", TrainingActionHandler),
+        url(api + f"/trainings/{n}/logs", TrainingLogsHandler),
+    ]
