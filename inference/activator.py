@@ -160,7 +160,7 @@ class ServeHandler(web.RequestHandler):
             self.write(data)
         if more:
             await self.flush()
-        else:
+        elif not self._finished:
             await self.finish()
 
     def on_connection_close(self):

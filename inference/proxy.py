@@ -163,13 +163,14 @@ async def _read_response(status_line: bytes, reader: asyncio.StreamReader, metho
             await on_chunk(data, True)
     if length is not None:
         left = length
+        if not left:
+            await on_chunk(b"", False)
         while left > 0:
             data = await reader.read(min(left, READ))
             if not data:
                 raise asyncio.IncompleteReadError(b"", left)
             left -= len(data)
-            await on_chunk(data, left > 0)
-        await on_chunk(b"", False)
+            await on_chunk(data, left > 0)  # the last piece finishes the response
         return keep
     while data := await reader.read(READ):  # body until the replica closes
         await on_chunk(data, True)

@@ -1,0 +1,3 @@
+from .standalone import main
+
+main()
