@@ -41,7 +41,9 @@ from .objects import (
     parse_pod,
     parse_project,
     placement_annotations,
+    request_signature,
     scheduled_condition,
+    update_pod,
 )
 
 __all__ = ["AdapterConfig", "GpupoolScheduler"]
@@ -254,8 +256,12 @@ class GpupoolScheduler:
         if etype == "DELETED":
             self._forget_pod(key)
             return
+        old = self.pods.get(key)
         try:
-            pod = parse_pod(obj)
+            if old is not None and old.signature == request_signature(obj):
+                pod = update_pod(old, obj)
+            else:
+                pod = parse_pod(obj)
         except ValidationError as e:
             prev = self.bad.get(key)
             self._forget_pod(key)
@@ -265,7 +271,6 @@ class GpupoolScheduler:
                              "InvalidRequest", f"gpupool cannot schedule this pod: {msg}")
             return
         self.bad.pop(key, None)
-        old = self.pods.get(key)
         if old is not None and old.uid != pod.uid:  # same name, new pod
             self._forget_pod(key)
             old = None

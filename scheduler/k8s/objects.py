@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -117,7 +117,7 @@ def _mib(value: Any, where: str) -> int:
 def parse_time(ts: str | None) -> float:
     if not ts:
         return 0.0
-    return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 # ------------------------------------------------------------------------------------ pods
@@ -151,6 +151,7 @@ class PodRequest:
     done: bool = False  # Succeeded or Failed: holds nothing
     resource_version: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    signature: tuple = ()
 
 
 def _get(meta: JSON, key: str) -> str | None:
@@ -300,7 +301,33 @@ def parse_pod(pod: JSON) -> PodRequest:
         done=status.get("phase") in ("Succeeded", "Failed"),
         resource_version=meta.get("resourceVersion", ""),
         labels=meta.get("labels") or {},
+        signature=request_signature(pod),
     )  # fmt: skip
+
+
+def request_signature(pod: JSON) -> tuple:
+    """What ``parse_pod`` reads apart from the fields the pod's life changes (node,
+    deletion, phase): equal signatures parse to the same request."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    return (meta.get("uid"), meta.get("annotations"), meta.get("labels"),
+            [c.get("resources") for c in spec.get("containers") or ()],
+            [c.get("resources") for c in spec.get("initContainers") or ()],
+            spec.get("terminationGracePeriodSeconds"))
+
+
+def update_pod(old: PodRequest, pod: JSON) -> PodRequest:
+    """``parse_pod`` for a pod whose ``request_signature`` did not change: only the
+    fields its life changes are read again (the common watch event: status updates)."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    node = spec.get("nodeName") or None
+    if node != old.node:
+        return parse_pod(pod)
+    return replace(
+        old,
+        deleting=bool(meta.get("deletionTimestamp")),
+        done=(pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+        resource_version=meta.get("resourceVersion", ""),
+    )
 
 
 # ----------------------------------------------------------------------------------- nodes

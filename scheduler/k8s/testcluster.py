@@ -198,7 +198,8 @@ async def apply_crds(info: ClusterInfo, crd_dir: Path = CRD_DIR, timeout_s: floa
         deadline = loop.time() + timeout_s
         for name in names:
             while True:
-                conds = (await kc.get(f"{base}/{name}")).get("status", {}).get("conditions", [])
+                got = await kc.get(f"{base}/{name}")
+                conds = (got.get("status") or {}).get("conditions") or []
                 if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
                     break
                 if loop.time() > deadline:

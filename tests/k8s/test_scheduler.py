@@ -18,6 +18,8 @@ from scheduler.k8s.testcluster import ClusterInfo, script_path
 
 from .conftest import GPUS_PER_NODE, NODES
 from .helpers import (
+    GROUP,
+    SchedulerProcess,
     bound,
     create_org,
     delete_org,
@@ -118,6 +120,12 @@ def test_quota_and_over_quota(k8s_cluster: ClusterInfo, ns, sched):
                             and scheduled_false(waiting[0]) and pods)
 
                 tr_pods = await wait_until(tr_settled, "2 training pods over quota, 1 at the limit")
+
+                async def status_written():
+                    st = (await kc.get(f"{GROUP}/projects/p-quota")).get("status") or {}
+                    return st.get("allocated", {}).get("default") == 4 and st
+
+                await wait_until(status_written, "the Project's status shows 4 GPUs allocated")
                 return ws_pods, waiting, ev, tr_pods, await list_pods(kc, ns)
             finally:
                 await delete_org(kc, "d-quota", ["p-quota"])
@@ -308,6 +316,38 @@ def test_restart_in_a_1000_pod_burst_binds_each_pod_once_without_overcommit(
         assert cm["metadata"]["ownerReferences"][0]["uid"] == p["metadata"]["uid"]
     over = {k: v for k, v in use.items() if v > 1000}
     assert not over, f"GPUs over-committed: {over}"
+
+
+def test_standby_takes_over_when_the_leader_dies(k8s_cluster: ClusterInfo, ns, sched, tmp_path):
+    standby = SchedulerProcess(k8s_cluster, tmp_path / "standby")
+    standby.log_dir.mkdir()
+    standby.start()
+    lease = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/gpupool-scheduler"
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            await create_org(kc, "d-lease", 32, {"p-lease": {"gpus": 2}})
+            try:
+                first = make_pod("first").ns(ns).project("p-lease").kind("workspace").gpus(1)
+                await kc.post(f"/api/v1/namespaces/{ns}/pods", first.obj())
+                await wait_until(lambda: _bound_count(kc, ns, 1), "bound by the leader")
+                holder = (await kc.get(lease))["spec"]["holderIdentity"]
+                sched.kill()
+                second = make_pod("second").ns(ns).project("p-lease").kind("workspace").gpus(1)
+                await kc.post(f"/api/v1/namespaces/{ns}/pods", second.obj())
+                pods = await wait_until(lambda: _bound_count(kc, ns, 2), "bound by the standby")
+                return holder, (await kc.get(lease))["spec"]["holderIdentity"], pods
+            finally:
+                await delete_org(kc, "d-lease", ["p-lease"])
+
+    try:
+        before, after, pods = run(go())
+    finally:
+        standby.stop()
+    assert before.endswith(f"_{sched.proc.pid}") and after.endswith(f"_{standby.proc.pid}")
+    a, b = (p["metadata"]["annotations"] for p in pods)
+    assert (pods[0]["spec"]["nodeName"], a["gpupool.io/gpu-indices"]) != (
+        pods[1]["spec"]["nodeName"], b["gpupool.io/gpu-indices"]), "the same GPU handed out twice"
 
 
 async def _burst_nodes_ready(kc, n: int) -> bool:
