@@ -14,6 +14,8 @@ from pathlib import Path
 import yaml
 from sqlalchemy import delete, select
 
+from inference import api as inference_api
+
 from .. import org
 from ..db import EventRow, NodeRow, SampleRow, WorkloadRow, add_event, bump_version
 from ..limits import limits_for
@@ -308,6 +310,7 @@ def routes(prefix: str) -> list:
         url(a + "/events", EventsHandler),
         url(a + "/samples", SamplesHandler),
         *training_api.routes(a),
+        *inference_api.routes(a),
     ]
 
 

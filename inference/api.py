@@ -1,0 +1,103 @@
+"""REST API v1 of inference services: ``/inferences`` (list, submit) and
+``/inferences/{name}`` (describe, delete), on the gpupool service's ApiHandler (HubOAuth,
+scopes, JSON errors). Members see and use their own projects; admins all.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sqlalchemy import select
+
+from hub_ext import org
+from hub_ext.requests import FieldError
+from hub_ext.service.base import ApiHandler
+
+from .db import InferenceRow, ensure_table
+from .spec import parse_spec
+
+SERVE_PREFIX = os.environ.get("GPUPOOL_SERVE_PREFIX", "/services/gpupool-serve/")
+
+
+def service_dict(row: InferenceRow) -> dict:
+    status = dict(row.status or {})
+    return {"name": row.name, "owner": row.owner, "project": row.project, "spec": row.spec,
+            "created": row.created, "url": f"{SERVE_PREFIX}{row.name}/",
+            "ready": status.get("ready", 0), "replicas": status.get("replicas", 0),
+            "desired": status.get("desired", 0), "status": status}
+
+
+class _Base(ApiHandler):
+    def prepare(self):
+        super().prepare()
+        ensure_table(self.Session)
+
+    def _get(self, s, name) -> InferenceRow:
+        row = s.get(InferenceRow, name)
+        if row is None or (not self.is_admin and row.project not in org.projects_of(s, self.username)):
+            raise org.NotFound(f"inference service {name!r} does not exist")
+        return row
+
+
+class InferencesHandler(_Base):
+    def get(self):
+        q = select(InferenceRow).order_by(InferenceRow.created)
+        project = self.get_argument("project", None)
+        if project:
+            q = q.where(InferenceRow.project == project)
+        with self.Session() as s:
+            if not self.is_admin:
+                q = q.where(InferenceRow.project.in_(org.projects_of(s, self.username)))
+            self.send({"items": [service_dict(r) for r in s.scalars(q).all()]})
+
+    def post(self):
+        data = self.body()
+        if "owner" in data:
+            raise FieldError("owner", "is set by the server (the caller)")
+        with self.Session() as s:
+            mine = None if self.is_admin else tuple(org.projects_of(s, self.username))
+            spec = parse_spec({**data, "owner": self.username}, mine)
+            if s.get(InferenceRow, spec.name) is not None:
+                raise org.Conflict("name", f"inference service {spec.name!r} already exists")
+            row = InferenceRow(name=spec.name, owner=self.username, project=spec.project,
+                               spec=spec.to_dict(), status={})
+            s.add(row)
+            org_event(s, "submitted", f"{self.username} created inference service {spec.name}",
+                      spec.name, spec.project)
+            s.commit()
+            self.send(service_dict(row), 201)
+
+
+class InferenceHandler(_Base):
+    def get(self, name):
+        with self.Session() as s:
+            self.send(service_dict(self._get(s, name)))
+
+    def delete(self, name):
+        with self.Session() as s:
+            row = self._get(s, name)
+            if row.owner != self.username and not self.is_admin:
+                self.send_error(403, message="only the owner or an admin can delete a service")
+                return
+            org_event(s, "stopped", f"{self.username} deleted inference service {name}", name,
+                      row.project)
+            s.delete(row)
+            s.commit()
+        self.set_status(204)
+        self.finish()
+
+
+def org_event(s, kind, message, workload, project) -> None:
+    from hub_ext.db import add_event
+
+    add_event(s, kind, message, workload, project)
+
+
+def routes(a: str) -> list:
+    from tornado.web import url
+
+    return [url(a + "/inferences", InferencesHandler),
+            url(a + r"/inferences/([^/]+)", InferenceHandler)]
+
+
+__all__ = ["routes", "service_dict"]

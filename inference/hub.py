@@ -1,0 +1,147 @@
+"""Inference services inside the hub process (embedded mode).
+
+``configure(c, cfg, rt)`` (called from ``hub_ext.hubconfig.configure``) registers the
+activator as the JupyterHub service ``gpupool-serve`` -- the proxy routes
+``/services/gpupool-serve/NAME/...`` to it -- and starts, on the hub's event loop, the
+controller with the embedded backend on the hub's scheduler, the activator's HTTP server,
+and a loop that follows the ``inference_services`` table the REST API writes.
+
+Authentication: a JupyterHub token (``Authorization: token ...``, ``Bearer``, or
+``?token=``) of a member of the service's project, or of a gpupool admin; a service with
+``public: true`` takes anyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import time
+from pathlib import Path
+
+from sqlalchemy import select
+from tornado import web
+from tornado.httpserver import HTTPServer
+
+from hub_ext import org
+
+from . import activator
+from .backends.embedded import EmbeddedBackend
+from .controller import Controller
+from .db import InferenceRow, ensure_table
+from .service import Service
+from .spec import parse_spec
+
+log = logging.getLogger("gpupool.inference")
+NAME = "gpupool-serve"
+ADMIN = "custom:gpupool:admin"
+
+
+class HubTokenAuth:
+    """``activator.Authorizer`` with JupyterHub tokens (jupyterhub.services.auth.HubAuth,
+    which caches each token's user) and project membership (cached ``cache_s``)."""
+
+    def __init__(self, hub_auth, Session, cache_s: float = 30.0):
+        self.hub_auth = hub_auth
+        self.Session = Session
+        self.cache_s = cache_s
+        self._projects: dict[str, tuple[float, set[str]]] = {}
+
+    def _token(self, handler: web.RequestHandler) -> str:
+        h = handler.request.headers.get("Authorization", "")
+        scheme, _, value = h.partition(" ")
+        if scheme.lower() in ("token", "bearer") and value:
+            return value.strip()
+        return handler.get_argument("token", "")
+
+    def projects_of(self, user: str) -> set[str]:
+        now = time.monotonic()
+        hit = self._projects.get(user)
+        if hit and now - hit[0] < self.cache_s:
+            return hit[1]
+        with self.Session() as s:
+            mine = set(org.projects_of(s, user))
+        self._projects[user] = (now, mine)
+        return mine
+
+    async def check(self, handler, svc: Service):
+        token = self._token(handler)
+        if not token:
+            return (401, ("authenticate with a JupyterHub token (Authorization: token ...); "
+                          "make one at /hub/token"), "Authorization")
+        model = await self.hub_auth.user_for_token(token, sync=False)
+        if not model:
+            return (401, "the JupyterHub token is not valid", "Authorization")
+        if ADMIN in model.get("scopes", []) or svc.spec.project in self.projects_of(model["name"]):
+            return None
+        return (403, f"{model['name']} is not a member of project {svc.spec.project!r}", None)
+
+
+class HubInference:
+    def __init__(self, rt, port: int, token: str, poll_s: float = 1.0):
+        self.rt, self.port, self.token, self.poll_s = rt, port, token, poll_s
+        backend = EmbeddedBackend(rt.scheduler, rows=rt.store, preload=rt.cfg.preload_library,
+                                  log_dir=str(Path(rt.cfg.state_dir) / "inference"))
+        self.controller = Controller(backend)
+        self._status: dict[str, dict] = {}
+
+    def start(self) -> None:
+        from jupyterhub.services.auth import HubAuth
+
+        ensure_table(self.rt.Session)
+        hub_auth = HubAuth(api_token=self.token, cache_max_age=60,
+                           api_url=f"http://127.0.0.1:{self.rt.cfg.hub_port}/hub/api")
+        prefix = f"/services/{NAME}/"
+        app = web.Application(activator.routes(self.controller, prefix,
+                                               HubTokenAuth(hub_auth, self.rt.Session)))
+        HTTPServer(app, xheaders=True).listen(self.port, "127.0.0.1")
+        self.controller.start()
+        asyncio.ensure_future(self._follow())
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                await self.sync()
+            except Exception:
+                log.exception("following inference services failed")
+            await asyncio.sleep(self.poll_s)
+
+    async def sync(self) -> None:
+        with self.rt.Session() as s:
+            rows = {r.name: r for r in s.scalars(select(InferenceRow)).all()}
+        for name in set(self.controller.services) - set(rows):
+            await self.controller.remove(name)
+        for name, row in rows.items():
+            try:
+                self.controller.put(parse_spec(row.spec))
+            except Exception as e:  # a row written by an older version: say why, skip
+                log.warning("inference service %s: %s", name, e)
+        with self.rt.Session() as s:
+            for name, svc in self.controller.services.items():
+                st = svc.status()
+                st.pop("requests_total", None)
+                if self._status.get(name) != st and (row := s.get(InferenceRow, name)):
+                    row.status = {**st, "updated": time.time()}
+                    self._status[name] = st
+            s.commit()
+
+
+def configure(c, cfg, rt) -> HubInference:
+    port = int(os.environ.get("GPUPOOL_SERVE_PORT", "10102"))
+    token_file = Path(cfg.state_dir) / "gpupool-serve-token"
+    if not token_file.exists():
+        token_file.write_text(secrets.token_hex(32))
+        token_file.chmod(0o600)
+    token = token_file.read_text().strip()
+    c.JupyterHub.services.append({"name": NAME, "url": f"http://127.0.0.1:{port}",
+                                  "api_token": token, "display": False})
+    hub = HubInference(rt, port, token)
+    try:
+        asyncio.get_running_loop().call_soon(hub.start)
+    except RuntimeError:  # config loaded outside the hub: nothing to start
+        pass
+    return hub
+
+
+__all__ = ["HubInference", "HubTokenAuth", "configure"]
