@@ -4,6 +4,7 @@
     gpupool options                              every configuration option with its help
     gpupool project list | show NAME
     gpupool workspace list | start [options] | stop NAME
+    gpupool training submit NAME [options] -- COMMAND... | list | describe | logs | delete | suspend | resume
 
 API commands read the hub URL from $GPUPOOL_URL (default http://127.0.0.1:8000) and a
 JupyterHub token from $GPUPOOL_TOKEN or $JUPYTERHUB_API_TOKEN (make one at /hub/token).
@@ -20,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from .config import ROOT, Gpupool
+from .training import cli as training_cli
 
 
 def _api(args, method: str, path: str, body=None):
@@ -129,6 +131,7 @@ def parser() -> argparse.ArgumentParser:
     ws.add_argument("--gpu-memory", type=float, help="GPU memory in GiB")
     ws.add_argument("--preemptible", action="store_true", help="may run over quota (reclaimable)")
     ws.set_defaults(fn=cmd_workspace)
+    training_cli.add_parser(sub, _api)
     return p
 
 

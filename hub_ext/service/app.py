@@ -41,7 +41,8 @@ class MetricsHandler(web.RequestHandler):
         self.finish(generate_latest())
 
 
-def make_app(cfg: Gpupool, prefix: str, session_factory=None, hub: HubAPI | None = None) -> web.Application:
+def make_app(cfg: Gpupool, prefix: str, session_factory=None, hub: HubAPI | None = None,
+             user_for_tests: dict | None = None) -> web.Application:
     ctx = Context(cfg, session_factory or make_sessionmaker(cfg.db_url), hub or HubAPI())
     prefix = prefix if prefix.endswith("/") else prefix + "/"
     handlers = [
@@ -53,6 +54,7 @@ def make_app(cfg: Gpupool, prefix: str, session_factory=None, hub: HubAPI | None
     return web.Application(
         handlers, gpupool=ctx, prefix=prefix, cookie_secret=os.urandom(32),
         hub_prefix=os.environ.get("JUPYTERHUB_BASE_URL", "/") + "hub/",
+        user_for_tests=user_for_tests,
     )
 
 

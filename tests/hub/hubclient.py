@@ -58,7 +58,10 @@ def call(base: str, token: str, method: str, path: str, body=None, api=True):
     try:
         with opener.open(req, timeout=60) as r:
             text = r.read()
-            return r.status, (json.loads(text) if text else None)
+            try:
+                return r.status, (json.loads(text) if text else None)
+            except ValueError:  # a page, not JSON
+                return r.status, {"raw": text.decode(errors="replace")}
     except urllib.error.HTTPError as e:
         text = e.read()
         try:

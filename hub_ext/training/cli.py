@@ -1,0 +1,165 @@
+"""``gpupool training ...``: training jobs through the REST API (modelled on
+``runai training``).
+
+    gpupool training submit NAME --project P --gpu 0.5|1|4 [--gpu-memory 20GiB] [--workers N]
+        [--preemptible | --non-preemptible] [--node-pool POOL] [--checkpoint-dir DIR]
+        [--image IMAGE] [--grace-period S] [--restart-policy OnFailure|Never]
+        [--backoff-limit N] [-e NAME=VALUE ...] -- COMMAND...
+    gpupool training list [--project P] [--status S]
+    gpupool training describe NAME
+    gpupool training logs NAME [--rank R] [--tail N] [--follow]
+    gpupool training delete|suspend|resume NAME
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+
+ApiCall = Callable[..., dict]
+
+
+def _age(ts: float) -> str:
+    s = max(0, int(time.time() - ts))
+    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
+
+
+def _submit(args, api: ApiCall) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        sys.exit("gpupool: training submit needs a command after -- (for example: -- python train.py)")
+    body: dict = {"name": args.name, "command": command}
+    if args.gpu_memory is not None and args.gpu is not None:
+        sys.exit("gpupool: give --gpu or --gpu-memory, not both")
+    for key, value in (("project", args.project), ("gpu", args.gpu), ("gpu_memory", args.gpu_memory),
+                       ("workers", args.workers), ("preemptible", args.preemptible),
+                       ("node_pool", args.node_pool), ("checkpoint_dir", args.checkpoint_dir),
+                       ("image", args.image), ("grace_period_s", args.grace_period),
+                       ("restart_policy", args.restart_policy), ("backoff_limit", args.backoff_limit)):
+        if value is not None:
+            body[key] = value
+    if args.env:
+        env = {}
+        for item in args.env:
+            name, eq, value = item.partition("=")
+            if not eq:
+                sys.exit(f"gpupool: -e/--env: must be NAME=VALUE, got {item!r}")
+            env[name] = value
+        body["env"] = env
+    t = api(args, "POST", "/trainings", body)
+    print(f"{t['name']}: {t['status']} in project {t['project']} ({t['gpu']})")
+    return 0
+
+
+def _list(args, api: ApiCall) -> int:
+    q = "&".join(f"{k}={v}" for k, v in (("project", args.project), ("status", args.status)) if v)
+    items = api(args, "GET", "/trainings" + (f"?{q}" if q else ""))["items"]
+    print(f"{'NAME':<24} {'PROJECT':<12} {'STATUS':<10} {'GPU':<22} {'AGE':>5}  REASON")
+    for t in items:
+        print(f"{t['name']:<24} {t['project']:<12} {t['status']:<10} {t['gpu']:<22} "
+              f"{_age(t['created']):>5}  {t['reason']}")
+    return 0
+
+
+def _describe(args, api: ApiCall) -> int:
+    t = api(args, "GET", f"/trainings/{args.name}")
+    if args.json:
+        print(json.dumps(t, indent=2))
+        return 0
+    spec = t["spec"]
+    print(f"Name:        {t['name']}\nProject:     {t['project']}\nOwner:       {t['owner']}")
+    print(f"Status:      {t['status']}" + (f" ({t['reason']})" if t["reason"] else ""))
+    print(f"GPU:         {t['gpu']}{' over quota' if t['over_quota'] else ''}")
+    print(f"Preemptible: {spec.get('preemptible')}   grace period {spec.get('grace_period_s'):g} s")
+    print(f"Restarts:    {t['failures']} of {spec.get('backoff_limit')} ({spec.get('restart_policy')})"
+          f"   preemptions {t['preemptions']}   attempts {t['attempt']}")
+    print(f"Command:     {' '.join(spec.get('command', []))}")
+    if t["placement"]:
+        print("Placement:   " + "; ".join(f"{p['node']} GPU {','.join(map(str, p['gpu_indices']))}"
+                                          for p in t["placement"]))
+    print("\nTransitions:")
+    for tr in t["transitions"]:
+        print(f"  {time.strftime('%H:%M:%S', time.localtime(tr['ts']))}  {tr['status']:<10} {tr['reason']}")
+    print("\nEvents:")
+    for e in t.get("events", []):
+        print(f"  {time.strftime('%H:%M:%S', time.localtime(e['ts']))}  {e['kind']:<10} {e['message']}")
+    return 0
+
+
+def _logs(args, api: ApiCall) -> int:
+    seen: list[str] = []
+    while True:
+        lines = api(args, "GET", f"/trainings/{args.name}/logs?rank={args.rank}&tail={args.tail}")["lines"]
+        # print what is new since the last poll (the tail window overlaps the previous one)
+        start = 0
+        for k in range(min(len(seen), len(lines)), 0, -1):
+            if seen[-k:] == lines[:k]:
+                start = k
+                break
+        for line in lines[start:]:
+            print(line)
+        seen = lines
+        if not args.follow:
+            return 0
+        time.sleep(1.0)
+
+
+def _control(args, api: ApiCall) -> int:
+    if args.action == "delete":
+        api(args, "DELETE", f"/trainings/{args.name}")
+        print(f"{args.name}: deleting")
+    else:
+        t = api(args, "POST", f"/trainings/{args.name}/{args.action}")
+        print(f"{args.name}: {args.action} requested (was {t['status']})")
+    return 0
+
+
+def add_parser(sub, api: ApiCall) -> None:
+    """Register ``training`` on the CLI's subparsers; ``api(args, method, path, body)``
+    calls the REST API."""
+    tr = sub.add_parser("training", help="training jobs", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    acts = tr.add_subparsers(dest="action", required=True)
+    s = acts.add_parser("submit", help="submit a training job")
+    s.add_argument("name")
+    s.add_argument("--project", "-p")
+    s.add_argument("--gpu", "-g", type=float, help="GPUs per worker: a fraction (0.05 steps) or whole GPUs")
+    s.add_argument("--gpu-memory", help="GPU memory per worker instead of --gpu, e.g. 20GiB")
+    s.add_argument("--workers", type=int, help="gang size (all placed or none), default 1")
+    s.add_argument("--preemptible", dest="preemptible", action="store_true", default=None,
+                   help="may run over quota and be preempted (the default for training)")
+    s.add_argument("--non-preemptible", dest="preemptible", action="store_false",
+                   help="in quota only, never preempted")
+    s.add_argument("--node-pool")
+    s.add_argument("--checkpoint-dir", help="absolute path kept across preemptions")
+    s.add_argument("--image", help="container image (Kubernetes)")
+    s.add_argument("--grace-period", type=float, help="seconds between SIGTERM and SIGKILL (default 60)")
+    s.add_argument("--restart-policy", choices=["OnFailure", "Never"])
+    s.add_argument("--backoff-limit", type=int, help="gang restarts after failures (default 3)")
+    s.add_argument("-e", "--env", action="append", help="NAME=VALUE for every worker (repeatable)")
+    s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND...")
+    s.set_defaults(fn=lambda a: _submit(a, api))
+    ls = acts.add_parser("list", help="training jobs of your projects")
+    ls.add_argument("--project", "-p")
+    ls.add_argument("--status")
+    ls.set_defaults(fn=lambda a: _list(a, api))
+    d = acts.add_parser("describe", help="status, transitions and events of a job")
+    d.add_argument("name")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(fn=lambda a: _describe(a, api))
+    lg = acts.add_parser("logs", help="a worker's output")
+    lg.add_argument("name")
+    lg.add_argument("--rank", type=int, default=0)
+    lg.add_argument("--tail", type=int, default=200)
+    lg.add_argument("--follow", "-f", action="store_true")
+    lg.set_defaults(fn=lambda a: _logs(a, api))
+    for action, what in (("delete", "delete a job"), ("suspend", "stop a job and free its GPUs"),
+                         ("resume", "queue a suspended job again")):
+        c = acts.add_parser(action, help=what)
+        c.add_argument("name")
+        c.set_defaults(fn=lambda a: _control(a, api))

@@ -1,0 +1,72 @@
+"""Workspaces through the REST API and the CLI on a real hub: VS Code behind the hub's
+proxy, start/list/stop from the `gpupool` CLI."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hubclient import call
+
+pytestmark = pytest.mark.slow
+GPUPOOL = str(Path(sys.executable).parent / "gpupool")
+ROOT = Path(__file__).resolve().parents[2]
+HAS_CODE_SERVER = bool(shutil.which("code-server") or (ROOT / ".tools" / "bin" / "code-server").exists())
+
+
+def wait_ready(hub, user, server="", timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _, u = call(hub.url, hub.tokens["admin"], "GET", f"/hub/api/users/{user}", api=False)
+        if (u.get("servers") or {}).get(server, {}).get("ready"):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{user}/{server} did not start")
+
+
+def cli(hub, user, *args):
+    env = {**os.environ, "GPUPOOL_URL": hub.url, "GPUPOOL_TOKEN": hub.tokens[user]}
+    return subprocess.run([GPUPOOL, *args], env=env, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.skipif(not HAS_CODE_SERVER, reason="code-server not installed (scripts/setup-system)")
+def test_vscode_workbench_behind_the_proxy(hub):
+    status, w = call(hub.url, hub.tokens["dave"], "POST", "/workloads",
+                     {"kind": "workspace", "project": "serving", "workspace_kind": "vscode", "gpu_mode": "none",
+                      "server_name": "code"})
+    assert status == 202, w
+    wait_ready(hub, "dave", "code")
+    deadline, page = time.monotonic() + 180, ""
+    while time.monotonic() < deadline:
+        s, body = call(hub.url, hub.tokens["dave"], "GET", "/user/dave/code/vscode/", api=False)
+        page = (body or {}).get("raw", "")
+        if s == 200 and "workbench" in page:
+            break
+        time.sleep(1)
+    assert "workbench" in page, page[:500]
+    assert call(hub.url, hub.tokens["dave"], "DELETE", "/workloads/ws-dave-code")[0] == 204
+
+
+def test_cli_project_and_workspace(hub):
+    r = cli(hub, "carol", "project", "list")
+    assert r.returncode == 0 and r.stdout.startswith("vision"), r.stderr
+    r = cli(hub, "carol", "project", "show", "vision")
+    assert '"name": "vision"' in r.stdout
+    r = cli(hub, "carol", "workspace", "start", "--project", "vision", "--fraction", "0.07")
+    assert r.returncode != 0 and "gpu_fraction: must be a multiple of 0.05" in r.stderr
+    r = cli(hub, "carol", "workspace", "start", "--project", "vision", "--fraction", "0.5")
+    assert r.returncode == 0 and r.stdout.startswith("ws-carol:"), r.stderr
+    wait_ready(hub, "carol")
+    r = cli(hub, "carol", "workspace", "list")
+    assert "ws-carol" in r.stdout and "running" in r.stdout and "0.5 GPU" in r.stdout
+    r = cli(hub, "carol", "workspace", "stop", "ws-carol")
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "ws-carol" in cli(hub, "carol", "workspace", "list").stdout:
+        time.sleep(0.5)
+    assert "ws-carol" not in cli(hub, "carol", "workspace", "list").stdout
+    r = cli(hub, "carol", "workspace", "stop", "ws-nope")
+    assert r.returncode != 0 and "does not exist" in r.stderr
