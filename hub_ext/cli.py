@@ -5,6 +5,7 @@
     gpupool project list | show NAME
     gpupool workspace list | start [options] | stop NAME
     gpupool training submit NAME [options] -- COMMAND... | list | describe | logs | delete | suspend | resume
+    gpupool inference submit NAME [options] -- COMMAND... | list | describe | delete
 
 API commands read the hub URL from $GPUPOOL_URL (default http://127.0.0.1:8000) and a
 JupyterHub token from $GPUPOOL_TOKEN or $JUPYTERHUB_API_TOKEN (make one at /hub/token).
@@ -19,6 +20,8 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from inference import cli as inference_cli
 
 from .config import ROOT, Gpupool
 from .training import cli as training_cli
@@ -132,6 +135,7 @@ def parser() -> argparse.ArgumentParser:
     ws.add_argument("--preemptible", action="store_true", help="may run over quota (reclaimable)")
     ws.set_defaults(fn=cmd_workspace)
     training_cli.add_parser(sub, _api)
+    inference_cli.add_parser(sub, _api)
     return p
 
 
