@@ -27,10 +27,12 @@ OPTIONS = (("project", "project"), ("gpu", "gpu"), ("min_replicas", "min_replica
            ("ready_path", "ready_path"), ("image", "image"))
 
 
-def _submit(args, api: ApiCall) -> int:
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
+def _submit(args, api: ApiCall, parser: argparse.ArgumentParser) -> int:
+    # argparse's REMAINDER after NAME takes the options too: split at "--" and parse again
+    rest = list(args.command)
+    cut = rest.index("--") if "--" in rest else len(rest)
+    command = rest[cut + 1:]
+    parser.parse_args([*rest[:cut], args.name], namespace=args)
     if not command:
         sys.exit("gpupool: inference submit needs the model server's command after -- "
                  "(for example: -- python serve.py --port {port})")
@@ -115,8 +117,8 @@ def add_parser(sub, api: ApiCall) -> None:
     s.add_argument("--image", help="container image (Kubernetes)")
     s.add_argument("--public", action="store_true", help="no token needed to call it")
     s.add_argument("-e", "--env", action="append", help="NAME=VALUE for the server")
-    s.add_argument("command", nargs="*", help="-- COMMAND... (after --)")
-    s.set_defaults(fn=lambda a: _submit(a, api))
+    s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND...")
+    s.set_defaults(fn=lambda a: _submit(a, api, s))
     ls = acts.add_parser("list", help="your services")
     ls.add_argument("--project", "-p")
     ls.set_defaults(fn=lambda a: _list(a, api))
