@@ -29,8 +29,6 @@ def _age(ts: float) -> str:
 
 def _submit(args, api: ApiCall) -> int:
     command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
     if not command:
         sys.exit("gpupool: training submit needs a command after -- (for example: -- python train.py)")
     body: dict = {"name": args.name, "command": command}
@@ -119,12 +117,27 @@ def _control(args, api: ApiCall) -> int:
     return 0
 
 
+class _DashDashParser(argparse.ArgumentParser):
+    """Everything after the first ``--`` is the job's command (``args.command``); argparse
+    alone would bind a trailing list positional too early when options sit between."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        tail: list[str] = []
+        if "--" in args:
+            i = args.index("--")
+            args, tail = args[:i], args[i + 1:]
+        ns, extra = super().parse_known_args(args, namespace)
+        ns.command = tail
+        return ns, extra
+
+
 def add_parser(sub, api: ApiCall) -> None:
     """Register ``training`` on the CLI's subparsers; ``api(args, method, path, body)``
     calls the REST API."""
     tr = sub.add_parser("training", help="training jobs", description=__doc__,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    acts = tr.add_subparsers(dest="action", required=True)
+    acts = tr.add_subparsers(dest="action", required=True, parser_class=_DashDashParser)
     s = acts.add_parser("submit", help="submit a training job")
     s.add_argument("name")
     s.add_argument("--project", "-p")
@@ -142,7 +155,7 @@ def add_parser(sub, api: ApiCall) -> None:
     s.add_argument("--restart-policy", choices=["OnFailure", "Never"])
     s.add_argument("--backoff-limit", type=int, help="gang restarts after failures (default 3)")
     s.add_argument("-e", "--env", action="append", help="NAME=VALUE for every worker (repeatable)")
-    s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND...")
+    s.usage = "gpupool training submit NAME [options] -- COMMAND..."
     s.set_defaults(fn=lambda a: _submit(a, api))
     ls = acts.add_parser("list", help="training jobs of your projects")
     ls.add_argument("--project", "-p")

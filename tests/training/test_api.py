@@ -24,7 +24,8 @@ PREFIX = "/services/gpupool/"
 @pytest.fixture
 def fake_login(monkeypatch):
     def current_user(self):
-        name = self.request.headers.get("X-User")
+        name = self.request.headers.get("X-User") or \
+            self.request.headers.get("Authorization", "").removeprefix("token ")
         if not name:
             return None
         scopes = [base.ADMIN] if name == "admin" else [base.USE]
@@ -144,3 +145,37 @@ def test_bad_input_is_400_naming_the_field(tmp_path, fake_login, body, field):
     data = asyncio.run(run())
     assert data["error"]["field"] == field, data
     assert "Traceback" not in data["error"]["message"]
+
+
+def test_cli_training_commands(tmp_path, fake_login, capsys):
+    from hub_ext import cli
+
+    async def run():
+        async with Cluster(tmp_path, gpus=1) as c:
+            server, api = serve(c)
+            base_url = api.url.split("/services/")[0]
+
+            def gp(*argv):
+                return cli.main(["--url", base_url, "--token", "alice", "training", *argv])
+
+            loop = asyncio.get_running_loop()
+            try:
+                await loop.run_in_executor(None, gp, "submit", "cli-job", "--project", "research", "--gpu", "0.5",
+                                           "--grace-period", "5", "-e", "GREETING=hi", "--",
+                                           sys.executable, "-c", "import os; print(os.environ['GREETING'])")
+                await c.wait_for("cli-job", "Succeeded")
+                await loop.run_in_executor(None, gp, "list")
+                await loop.run_in_executor(None, gp, "describe", "cli-job")
+                await loop.run_in_executor(None, gp, "logs", "cli-job")
+                with pytest.raises(SystemExit) as bad:
+                    await loop.run_in_executor(None, gp, "submit", "cli-bad", "--workers", "0", "--", "true")
+                await loop.run_in_executor(None, gp, "delete", "cli-job")
+                return str(bad.value)
+            finally:
+                server.stop()
+
+    bad = asyncio.run(run())
+    out = capsys.readouterr().out
+    assert "cli-job: Pending in project research (0.5 GPU)" in out
+    assert "Succeeded" in out and "Transitions:" in out and "hi" in out.splitlines()
+    assert bad.startswith("gpupool: workers: must be from 1 to 64") and "HTTP 400" in bad
