@@ -9,7 +9,7 @@ import pytest
 from scheduler.cluster import ClusterArrays
 from scheduler.model import GPU, MILLI, Node, PodDemand
 from scheduler.placement import POLICIES, Choice, get_policy
-from scheduler.policies import NEG, FragPolicy, Mix, Shape, _Bound
+from scheduler.policies import NEG, FragPolicy, Mix, Shape, _Bound, _GpupoolBound
 
 MIX = Mix(
     [
@@ -94,6 +94,46 @@ def test_frag_delta_matches_definition(demand):
             assert delta[n, 0] == pytest.approx(before - frag_by_definition(after, cpu - demand.cpu_milli, model))
         else:
             assert delta[n, 0] == pytest.approx(before - frag_by_definition(left, cpu - demand.cpu_milli, model))
+
+
+def cap_frag_by_definition(left: list[int], cpu: int, model: str | None) -> float:
+    """gpupool's capacity-aware fragmentation, one shape at a time."""
+    idle = sum(left)
+    total = 0.0
+    for s, p in zip(MIX.shapes, MIX.probs):
+        if s.milli == 0 or model is None or (s.models and model not in s.models):
+            total += p * idle
+            continue
+        n = sum(x // s.milli for x in left) // s.count
+        if s.cpu:
+            n = min(n, max(cpu, 0) // s.cpu)
+        total += p * (idle - n * s.milli * s.count)
+    return total
+
+
+@pytest.mark.parametrize("demand", DEMANDS)
+def test_gpupool_delta_is_mean_of_fgd_and_capacity_deltas(demand):
+    arrays = random_cluster(5)
+    rows = np.arange(len(arrays.names))
+    fgd = _Bound(MIX, arrays.models, arrays.gpu_free.shape[1]).deltas(arrays, rows, demand, arrays.need_milli(demand))
+    mixed = _GpupoolBound(MIX, arrays.models, arrays.gpu_free.shape[1]).deltas(arrays, rows, demand, arrays.need_milli(demand))
+    for n in rows:
+        left = [int(x) for x in arrays.gpu_free[n] if x >= 0]
+        cpu = int(arrays.cpu_free[n])
+        model = arrays.models[arrays.model_id[n]] if arrays.model_id[n] >= 0 else None
+        before = cap_frag_by_definition(left, cpu, model)
+        for j in range(arrays.gpu_free.shape[1]):
+            if fgd[n, j] <= NEG / 2:
+                assert mixed[n, j] <= NEG / 2
+                continue
+            after = list(left)
+            if demand.is_fractional:
+                after[j] -= demand.milli_on(1)
+            elif demand.gpus:
+                for i in [i for i, x in enumerate(left) if x == MILLI][: demand.gpus]:
+                    after[i] = 0
+            cap = before - cap_frag_by_definition(after, cpu - demand.cpu_milli, model)
+            assert mixed[n, j] == pytest.approx(0.5 * (fgd[n, j] + cap))
 
 
 @pytest.mark.parametrize("name", ["fgd", "gpupool"])

@@ -53,7 +53,7 @@ def cmd_placement(args: argparse.Namespace) -> int:
     if args.max_pods:
         pods = pods[: args.max_pods]
     seeds = [args.first_seed + i for i in range(args.seeds)]
-    results = [placement_sim.run(nodes, pods, p, seeds) for p in _policies(args.policy)]
+    results = [placement_sim.run(nodes, pods, p, seeds, args.order) for p in _policies(args.policy)]
     if args.json:
         out = [r.to_json() for r in results]
         for o in out:
@@ -62,7 +62,7 @@ def cmd_placement(args: argparse.Namespace) -> int:
                 o.pop("per_seed")
         print(json.dumps(out[0] if len(out) == 1 else {"results": out}))
     else:
-        print(f"{Path(args.pods).name} on {Path(args.nodes).name}, {len(seeds)} seed(s) from {args.first_seed}")
+        print(f"{Path(args.pods).name} on {Path(args.nodes).name}, {args.order} order, {len(seeds)} seed(s) from {args.first_seed}")
         print(_table(results))
     return 0
 
@@ -74,6 +74,12 @@ def add_placement(sub) -> None:
     p.add_argument("--policy", default="gpupool", help=f"one of {', '.join(POLICIES)}; a comma list; or all")
     p.add_argument("--seeds", type=int, default=10, help="number of seeds (default 10, the paper's)")
     p.add_argument("--first-seed", type=int, default=42, help="first seed (default 42, the paper's)")
+    p.add_argument(
+        "--order",
+        choices=["shuffled", "creation"],
+        default="shuffled",
+        help="order of the trace's own pods: shuffled with the seed (default, the paper's artifact) or creation time",
+    )
     p.add_argument("--max-nodes", type=int, default=0, help="use only the first N nodes (tests)")
     p.add_argument("--max-pods", type=int, default=0, help="use only the first N pods of the file (tests)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -2,8 +2,11 @@
 capacity a policy can fill before fragmentation stops it.
 
 Protocol, per seed:
-1. the trace's pods arrive in creation order, then pods drawn from the trace at random with
-   ``numpy.random.default_rng(seed)`` (workload inflation);
+1. the trace's pods arrive, then pods drawn from the trace at random with
+   ``numpy.random.default_rng(seed)`` (workload inflation). The trace's own pods come in an
+   order shuffled with the seed (``order="shuffled"``, the default: what the paper's artifact
+   does, ``--shuffle-pod=true``, its pod files carry no creation times) or in creation order
+   (``order="creation"``);
 2. the stream stops before the pod that would take the arrived GPU (or CPU) requests past
    the cluster's capacity, i.e. at "arrived GPU requests = 100% of capacity";
 3. each pod is placed at once or counted as failed: no retries, departures or evictions;
@@ -46,6 +49,7 @@ class SeedResult:
 class PlacementResult:
     policy: str
     seeds: int
+    order: str
     allocation_pct: float
     allocation_pct_std: float
     unallocated_gpus: float
@@ -79,6 +83,7 @@ def run_seed(
     policy: str,
     seed: int,
     on_place: Callable[[ClusterArrays, TracePod, Choice], None] | None = None,
+    order: str = "shuffled",
 ) -> SeedResult:
     """One replay of the protocol (module docstring) for one policy and seed; ``on_place``
     sees every placement after it is applied (tests check invariants there)."""
@@ -92,6 +97,10 @@ def run_seed(
     rng = np.random.default_rng(seed)
     model_mask = _model_masks(arrays)
     ordered = by_creation(pods)
+    if order == "shuffled":
+        ordered = [ordered[i] for i in rng.permutation(len(ordered))]
+    elif order != "creation":
+        raise ValueError(f"order: 'shuffled' or 'creation', got {order!r}")
 
     def stream():
         yield from ordered
@@ -133,13 +142,16 @@ def run_seed(
     )
 
 
-def run(nodes: list[Node], pods: list[TracePod], policy: str, seeds: list[int]) -> PlacementResult:
-    per = [run_seed(nodes, pods, policy, s) for s in seeds]
+def run(
+    nodes: list[Node], pods: list[TracePod], policy: str, seeds: list[int], order: str = "shuffled"
+) -> PlacementResult:
+    per = [run_seed(nodes, pods, policy, s, order=order) for s in seeds]
     alloc = [r.allocation_pct for r in per]
     cap = per[0].capacity_milli if per else 0
     return PlacementResult(
         policy=policy,
         seeds=len(per),
+        order=order,
         allocation_pct=statistics.fmean(alloc),
         allocation_pct_std=statistics.pstdev(alloc) if len(alloc) > 1 else 0.0,
         unallocated_gpus=statistics.fmean((r.capacity_milli - r.placed_milli) / MILLI for r in per),
