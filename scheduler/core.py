@@ -48,8 +48,9 @@ def decide(snapshot: Snapshot) -> Decisions:
 
 
 def queue_order(w: Workload) -> tuple:
-    """Higher priority first, then first come, first served; the name breaks ties."""
-    return (-w.effective_priority, w.submit_time, w.name)
+    """Higher priority first (a resumed workload one step up), then first come, first
+    served; the name breaks ties."""
+    return (-w.queue_priority, w.submit_time, w.name)
 
 
 def describe_demand(w: Workload) -> str:

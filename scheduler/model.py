@@ -197,10 +197,17 @@ class Workload:
     grace_period_s: float = 60.0
     # Running workloads: whether they were placed over quota (reclaimable).
     over_quota: bool = False
+    # Requeued after a preemption: queued one priority step up, so it is placed before new
+    # work of its priority, but that step never lets it preempt anything.
+    resumed: bool = False
 
     @property
     def effective_priority(self) -> int:
         return DEFAULT_PRIORITY[self.kind] if self.priority is None else self.priority
+
+    @property
+    def queue_priority(self) -> int:
+        return self.effective_priority + (1 if self.resumed else 0)
 
     @property
     def is_preemptible(self) -> bool:

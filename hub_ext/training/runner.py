@@ -141,7 +141,7 @@ class Job:
         resumed = t.preemptions > 0
         w = Workload(
             name=self.name, project=t.project, kind=Kind.TRAINING, demand=spec.demand(),
-            pods=spec.workers, priority=spec.priority + (1 if resumed else 0),
+            pods=spec.workers, priority=spec.priority, resumed=resumed,
             preemptible=spec.preemptible, allow_over_quota=spec.preemptible,
             node_pool=spec.node_pool, submit_time=t.created, grace_period_s=spec.grace_period_s,
         )

@@ -409,3 +409,14 @@ def test_snapshot_survives_adapters_changing_workloads_in_place():
     w.state, w.placement = State.PENDING, ()
     snap.upsert_workload(w)
     assert snap.usage[("a", "default")] == 0 and snap.arrays.full_free[0] == 2
+
+
+def test_resumed_work_goes_first_in_queue_but_never_preempts_for_it():
+    ds, ps = org(("a", 2))
+    running = [make_workload("peer").project("a").gpus(2).running(("n1", (0, 1), 1000)).obj()]
+    back = make_workload("back").project("a").gpus(2).submitted(10).obj()
+    back.resumed = True
+    new = make_workload("new").project("a").gpus(2).submitted(1).obj()
+    d = decide(snapshot([make_node("n1", gpus=2)], ds, ps, running + [back, new]))
+    assert d.evictions == []  # one step up in the queue, not a priority to preempt with
+    assert [p.workload for p in d.pending] == ["back", "new"]
