@@ -206,6 +206,12 @@ FLAKY = textwrap.dedent("""
     with open(f"starts-{rank}", "a") as f:
         f.write(os.environ["GPUPOOL_ATTEMPT"] + "\\n")
     if rank == 1:
+        # fail only once worker 0 is up in this attempt, so the test sees both start
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if os.path.exists("starts-0") and os.environ["GPUPOOL_ATTEMPT"] in open("starts-0").read().split():
+                break
+            time.sleep(0.01)
         sys.exit(3)   # one worker fails; the other would run on
     time.sleep(60)
 """)
