@@ -182,14 +182,14 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, SimpleLocalProcessSpawner):
         return env
 
     async def launch_workspace(self, req: WorkloadRequest, bind: Bind):
-        args = [a for a in self.args if not a.startswith("--ServerApp.default_url")]
-        if os.getuid() == 0 and "--allow-root" not in args:  # embedded mode runs as the hub's user
-            args.append("--allow-root")
+        if os.getuid() == 0 and "--allow-root" not in self.args:  # runs as the hub's user
+            self.args = [*self.args, "--allow-root"]
         if req.workspace_kind == "vscode":
             if not self.gpupool.cfg.code_server or not shutil.which(self.gpupool.cfg.code_server):
                 raise RuntimeError("VS Code is not installed on this hub (code-server missing)")
-            args.append("--ServerApp.default_url=/vscode/")
-        self.args = args
+            self.default_url = "/vscode/"
+        else:
+            self.default_url = "/lab"
         self.cpu_limit, self.mem_limit = req.cpu, int(req.memory_gib * 1024**3)
         t0 = time.monotonic()
         result = await SimpleLocalProcessSpawner.start(self)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hubclient import HubClient
 from hubproc import ADMIN_PW, USER_PW, Hub
-from kernel import run_code
+from hubkernel import run_code
 
 pytestmark = [
     pytest.mark.slow,
