@@ -1,0 +1,110 @@
+"""Replicas as pods placed by gpupool-scheduler (``schedulerName: gpupool``).
+
+``replica_pod`` is a plain function (tested by comparing dicts): kind ``inference`` and
+the project in annotations (scheduler/k8s/README.md), a fraction through
+``gpupool.io/gpu-fraction`` plus the ConfigMap the scheduler writes (``envFrom``), whole
+GPUs through ``nvidia.com/gpu``, a readiness probe on ``ready_path``. The backend polls
+each pod: ``PodScheduled=False`` gives the replica its pending reason (the core's), a
+binding makes it starting, ``Ready`` makes it routable at ``podIP:port``. Stop = delete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from scheduler.k8s.client import ApiError, KubeClient
+
+from ..service import Replica, RState, Service
+from ..spec import ServiceSpec
+
+log = logging.getLogger("gpupool.inference")
+LABEL = "gpupool.io/inference-service"
+
+
+def replica_pod(spec: ServiceSpec, name: str, namespace: str) -> dict:
+    container: dict = {
+        "name": "server", "image": spec.image or "python:3.11-slim",
+        "command": list(spec.command),
+        "env": [{"name": "PORT", "value": str(spec.port)},
+                *({"name": k, "value": v} for k, v in sorted(spec.env.items()))],
+        "ports": [{"name": "http", "containerPort": spec.port}],
+        "readinessProbe": {"httpGet": {"path": spec.ready_path, "port": spec.port},
+                           "periodSeconds": 1},
+    }
+    ann = {"gpupool.io/project": spec.project, "gpupool.io/kind": "inference"}
+    if spec.gpu < 1:
+        ann["gpupool.io/gpu-fraction"] = f"{spec.gpu:g}"
+        container["envFrom"] = [{"configMapRef": {"name": f"{name}-gpupool"}}]
+    else:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(int(spec.gpu))}}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "annotations": ann,
+                         "labels": {LABEL: spec.name, "app.kubernetes.io/managed-by": "gpupool"}},
+            "spec": {"schedulerName": "gpupool", "containers": [container],
+                     "restartPolicy": "Always", "terminationGracePeriodSeconds": 30}}
+
+
+def _condition(pod: dict, kind: str) -> dict | None:
+    for c in pod.get("status", {}).get("conditions", []) or []:
+        if c.get("type") == kind:
+            return c
+    return None
+
+
+class K8sBackend:
+    def __init__(self, kc: KubeClient, namespace: str, poll_s: float = 0.5):
+        self.kc, self.namespace, self.poll_s = kc, namespace, poll_s
+        self.path = f"/api/v1/namespaces/{namespace}/pods"
+
+    def start(self, service: Service, replica: Replica) -> None:
+        replica.handle = asyncio.ensure_future(self._run(service, replica))
+
+    async def stop(self, service: Service, replica: Replica) -> None:
+        if replica.handle is not None:
+            replica.handle.cancel()
+        with contextlib.suppress(ApiError):
+            await self.kc.delete(f"{self.path}/{replica.name}")
+
+    async def _run(self, svc: Service, r: Replica) -> None:
+        try:
+            await self.kc.post(self.path, replica_pod(svc.spec, r.name, self.namespace))
+        except ApiError as e:
+            svc.replica_gone(r, RState.FAILED, f"pod not created: {e}")
+            svc.on_activate(svc)
+            return
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                pod = await self.kc.get(f"{self.path}/{r.name}")
+            except ApiError as e:
+                if e.status == 404:
+                    svc.replica_gone(r, RState.FAILED, "pod deleted")
+                    svc.on_activate(svc)
+                    return
+                continue
+            ann = pod["metadata"].get("annotations", {})
+            scheduled = _condition(pod, "PodScheduled")
+            if not pod["spec"].get("nodeName"):
+                if scheduled and scheduled.get("status") == "False":
+                    r.reason = scheduled.get("message", "") or scheduled.get("reason", "")
+                continue
+            if r.state == RState.PENDING:
+                r.state, r.reason = RState.STARTING, "model server starting"
+                r.where = (f"{pod['spec']['nodeName']} GPU {ann.get('gpupool.io/gpu-indices', '?')}"
+                           f" ({int(ann.get('gpupool.io/gpu-milli', '0')) / 1000:g} each)")
+            phase = pod.get("status", {}).get("phase")
+            if phase in ("Failed", "Succeeded"):
+                svc.replica_gone(r, RState.FAILED, f"pod {phase.lower()}")
+                svc.on_activate(svc)
+                with contextlib.suppress(ApiError):
+                    await self.kc.delete(f"{self.path}/{r.name}")
+                return
+            ready = _condition(pod, "Ready")
+            ip = pod.get("status", {}).get("podIP")
+            if r.state == RState.STARTING and ready and ready.get("status") == "True" and ip:
+                svc.replica_ready(r, ip, svc.spec.port)
+
+
+__all__ = ["K8sBackend", "replica_pod"]
