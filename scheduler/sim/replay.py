@@ -1,0 +1,592 @@
+"""Multi-tenant trace replay: the openb pods over time, under three ways to share a cluster.
+
+Each trace pod arrives at its ``creation_time`` (divided by the scenario's arrival
+compression), needs ``deletion_time - scheduled_time`` seconds of service once placed, and
+leaves. The replay is event-driven: arrivals, finishes and evicted pods' exits change an
+incremental ``Snapshot`` (one upsert or remove per event), and a scheduling cycle
+(``decide``) runs on the next multiple of the scheduling period after a change, only if
+there is pending work. An adapter's part is played here: binds start pods; an eviction
+turns the pod ``RELEASING`` for the grace period, then ``PENDING`` again with the work
+since its last checkpoint lost; the reclaiming pod binds in a later cycle.
+
+The adapter keeps each project's pending pods in its own queue and shows the scheduler
+the first ``queue_depth`` of them (queue order: priority, resumed first, submit time), as
+Kueue shows its queue heads: a cycle then costs what the heads cost, not the backlog. The
+same depth holds for every policy (fifo-shared's one project sees depth x projects).
+
+The three policies are one core under three organisations (``SETUPS``):
+  static       the scenario's projects and quotas; over quota off for every workload, no
+               reclaim, no preemption: each team has its own silo of ``quota`` GPUs.
+  fifo-shared  one project holding the whole cluster; every workload the same priority and
+               non-preemptible, so the queue is by submit time (with backfill), no quotas.
+  gpupool      the scenario's projects, quotas and weights with the kinds' defaults:
+               guaranteed + over quota by fair share + reclaim + preemption.
+
+Metrics are kept per scenario project for every policy (the teams exist even when the
+scheduler does not see them): see ``Meter`` and ``PolicyResult``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import heapq
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core import decide
+from ..model import MILLI, Department, Evict, Kind, Node, Project, Quota, State, Workload
+from ..quota import waterfill
+from ..snapshot import SchedulerConfig, Snapshot
+from .scenario import Scenario
+from .trace import TracePod
+
+__all__ = ["POLICY_NAMES", "SETUPS", "PolicyResult", "replay", "replay_all"]
+
+
+# -- the three policies, as organisations of one core --------------------------------
+@dataclass
+class Setup:
+    """How one policy is expressed through the scheduler core."""
+
+    config: SchedulerConfig
+    departments: list[Department]
+    projects: list[Project]
+    workload: Callable[[Job], Workload]
+
+
+def _base(job: Job, grace: float, **kw) -> Workload:
+    return Workload(
+        name=job.name,
+        project=kw.pop("project", job.project),
+        kind=job.kind,
+        demand=job.pod.demand,
+        submit_time=job.submit,
+        grace_period_s=grace,
+        **kw,
+    )
+
+
+def setup_static(scn: Scenario, capacity_milli: int, placement: str) -> Setup:
+    depts, projects = scn.organisation(capacity_milli)
+    cfg = SchedulerConfig(policy=placement, reclaim=False, fair_share_reclaim=False, preempt=False)
+    grace = scn.time.eviction_grace_s
+    return Setup(cfg, depts, projects, lambda j: _base(j, grace, allow_over_quota=False))
+
+
+def setup_fifo_shared(scn: Scenario, capacity_milli: int, placement: str) -> Setup:
+    q = Quota(capacity_milli / MILLI)
+    cfg = SchedulerConfig(policy=placement, reclaim=False, fair_share_reclaim=False, preempt=False)
+    grace = scn.time.eviction_grace_s
+    return Setup(
+        cfg,
+        [Department("shared", {"default": q})],
+        [Project("shared", "shared", {"default": q})],
+        lambda j: _base(j, grace, project="shared", priority=0, preemptible=False),
+    )
+
+
+def setup_gpupool(scn: Scenario, capacity_milli: int, placement: str) -> Setup:
+    depts, projects = scn.organisation(capacity_milli)
+    grace = scn.time.eviction_grace_s
+    return Setup(SchedulerConfig(policy=placement), depts, projects, lambda j: _base(j, grace))
+
+
+# In the order the table and the chart list them: today's silos, one shared FIFO pool, gpupool.
+SETUPS: dict[str, Callable[[Scenario, int, str], Setup]] = {
+    "static": setup_static,
+    "fifo-shared": setup_fifo_shared,
+    "gpupool": setup_gpupool,
+}
+POLICY_NAMES = tuple(SETUPS)
+
+
+# -- one trace pod in the replay ------------------------------------------------------
+class Job:
+    __slots__ = (
+        "pod", "name", "project", "kind", "milli", "submit", "service", "remaining",
+        "start", "first_start", "finish", "gen", "preemptions", "in_quota",
+    )  # fmt: skip
+
+    def __init__(self, pod: TracePod, project: str, kind: Kind, submit: float):
+        self.pod = pod
+        self.name = pod.name
+        self.project = project
+        self.kind = kind
+        self.milli = pod.gpu_request_milli
+        self.submit = submit
+        self.service = float(pod.deletion_time - pod.scheduled_time)
+        self.remaining = self.service
+        self.start: float | None = None
+        self.first_start: float | None = None
+        self.finish: float | None = None
+        self.gen = 0  # bumped on eviction so the old finish event is ignored
+        self.preemptions = 0
+        self.in_quota = False
+
+
+def make_jobs(pods: list[TracePod], scn: Scenario) -> list[Job]:
+    """The scenario's pods as jobs, submit times compressed from the first creation time."""
+    chosen = scn.select(pods)
+    if not chosen:
+        return []
+    t0 = chosen[0].creation_time
+    k = scn.time.arrival_compression
+    return [Job(p, scn.project_of(p.name), scn.kind_of(p), (p.creation_time - t0) / k) for p in chosen]
+
+
+# -- metrics ----------------------------------------------------------------------------
+def jain(held: dict[str, int], pend_over: dict[str, int], quota: dict[str, int], weight: dict[str, float]) -> float | None:
+    """Jain's index of the projects' over-quota allocations, each divided by its weight
+    share: the over-quota GPUs in use divided among the projects that want to be over quota,
+    by weight, none above what it wants (water-filling). 1 = every such project holds
+    exactly its weighted share. None when fewer than two projects want over-quota GPUs or
+    none are in use."""
+    names, want, alloc = [], [], []
+    for p, q in quota.items():
+        d = held.get(p, 0) + pend_over.get(p, 0) - q
+        if d > 0 and weight[p] > 0:
+            names.append(p)
+            want.append(float(d))
+            alloc.append(float(max(0, held.get(p, 0) - q)))
+    total = sum(alloc)
+    if len(names) < 2 or total <= 0:
+        return None
+    share = waterfill(total, [0.0] * len(names), want, [weight[p] for p in names])
+    x = [a / s for a, s in zip(alloc, share) if s > 0]
+    if len(x) < 2:
+        return None
+    return sum(x) ** 2 / (len(x) * sum(v * v for v in x))
+
+
+class Meter:
+    """Time integrals of allocation and fairness, and the series the chart draws.
+
+    Integrals are kept twice: [0] over the arrival window (first to last arrival, the
+    period the scenario models: afterwards the cluster only drains) and [1] over the whole
+    replay. "While there is pending work" means while a pod is pending that a scheduling
+    cycle has seen and not placed (a pod that just arrived is not yet waiting).
+    """
+
+    def __init__(self, projects: list[str], quota: dict[str, int], weight: dict[str, float], window_end: float):
+        self.projects = projects
+        self.quota = quota
+        self.weight = weight
+        self.window_end = window_end
+        self.held: dict[str, int] = dict.fromkeys(projects, 0)
+        self.held_total = 0
+        self.pend_over: dict[str, int] = dict.fromkeys(projects, 0)  # as of the last cycle
+        self.pending_seen = False
+        self.jain_now: float | None = None
+        self.t = 0.0
+        self.busy_pending = [0.0, 0.0]  # milli-seconds allocated while work was pending
+        self.pending_time = [0.0, 0.0]
+        self.jain_int = [0.0, 0.0]
+        self.jain_time = [0.0, 0.0]
+        self.series_t: list[float] = []
+        self.series_total: list[int] = []
+        self.series_proj: list[tuple[int, ...]] = []
+
+    def advance(self, t: float) -> None:
+        if t <= self.t:
+            return
+        in_window = max(0.0, min(t, self.window_end) - self.t)
+        for i, dt in enumerate((in_window, t - self.t)):
+            if self.pending_seen:
+                self.busy_pending[i] += self.held_total * dt
+                self.pending_time[i] += dt
+            if self.jain_now is not None:
+                self.jain_int[i] += self.jain_now * dt
+                self.jain_time[i] += dt
+        self.t = t
+
+    def change(self, project: str, milli: int) -> None:
+        self.held[project] += milli
+        self.held_total += milli
+
+    def record(self) -> None:
+        self.jain_now = jain(self.held, self.pend_over, self.quota, self.weight)
+        if self.series_t and self.series_t[-1] == self.t:
+            self.series_t.pop(), self.series_total.pop(), self.series_proj.pop()
+        self.series_t.append(self.t)
+        self.series_total.append(self.held_total)
+        self.series_proj.append(tuple(self.held[p] for p in self.projects))
+
+    def allocation_pct(self, capacity_milli: int, window: bool) -> float | None:
+        i = 0 if window else 1
+        if not self.pending_time[i]:
+            return None
+        return round(100 * self.busy_pending[i] / (capacity_milli * self.pending_time[i]), 2)
+
+    def jain_mean(self, window: bool) -> float | None:
+        i = 0 if window else 1
+        return round(self.jain_int[i] / self.jain_time[i], 4) if self.jain_time[i] else None
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    metrics: dict
+    series_t: np.ndarray = field(repr=False)
+    series_total: np.ndarray = field(repr=False)
+    series_proj: np.ndarray = field(repr=False)  # (T, projects) milli
+    projects: list[str] = field(default_factory=list)
+    quota_milli: dict[str, int] = field(default_factory=dict)
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    return round(float(np.percentile(xs, q)), 1) if xs else None
+
+
+def trace_mix(jobs: list[Job]) -> dict:
+    """Pod counts per (demand, GPU models) over every pod of the replay: the workload mix
+    the placement policy is told to keep room for, fixed for the whole replay (as the FGD
+    paper's simulator learns its "typical pods" from the trace).
+
+    Works around a cost in the core: ``FragPolicy.prepare_counts`` builds a ``Mix`` from the
+    live ``Snapshot.shape_counts`` every cycle, and the mix's key (probabilities to 1e-6)
+    changes with every arrival or departure, so the per-node score caches start empty each
+    cycle and every pod shape placed recomputes all nodes (about 12 ms a shape on the 1,213
+    openb nodes, most cycles). The replay hands ``decide`` these fixed counts instead.
+    """
+    counts: dict = {}
+    for j in jobs:
+        key = (j.pod.demand, ())
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+# -- the replay -------------------------------------------------------------------------
+_FINISH, _RELEASED, _ARRIVE = 0, 1, 2  # at one instant: frees first, then arrivals
+
+
+def queue_key(w: Workload) -> tuple:
+    """The core's queue order (``core.queue_order``): priority, resumed first, submit time."""
+    return (-w.queue_priority, w.submit_time, w.name)
+
+
+class _Queues:
+    """Per core project: the pending pods the scheduler sees (the first ``depth`` in queue
+    order, in the snapshot) and the rest (parked here)."""
+
+    def __init__(self, snap: Snapshot, depth: int):
+        self.snap = snap
+        self.depth = depth
+        self.visible: dict[str, list[tuple]] = {}
+        self.parked: dict[str, list[tuple]] = {}
+        self.waiting: dict[str, Workload] = {}
+        self.count = 0
+
+    def add(self, w: Workload) -> None:
+        self.count += 1
+        key = queue_key(w)
+        vis = self.visible.setdefault(w.project, [])
+        if len(vis) >= self.depth:
+            if key > vis[-1]:
+                self.waiting[w.name] = w
+                heapq.heappush(self.parked.setdefault(w.project, []), key)
+                return
+            worst = vis.pop()
+            self.waiting[worst[2]] = self.snap.workloads[worst[2]]
+            self.snap.remove_workload(worst[2])
+            heapq.heappush(self.parked.setdefault(w.project, []), worst)
+        bisect.insort(vis, key)
+        self.snap.upsert_workload(w)
+
+    def placed(self, w: Workload) -> None:
+        """``w`` (visible) was bound: it leaves the queue."""
+        self.count -= 1
+        vis = self.visible[w.project]
+        del vis[bisect.bisect_left(vis, queue_key(w))]
+
+    def refill(self) -> None:
+        for project, vis in self.visible.items():
+            parked = self.parked.get(project)
+            while parked and len(vis) < self.depth:
+                key = heapq.heappop(parked)
+                vis.append(key)  # every parked key ranks after every visible one
+                self.snap.upsert_workload(self.waiting.pop(key[2]))
+
+
+class _Replay:
+    def __init__(self, nodes: list[Node], jobs: list[Job], scn: Scenario, policy: str, placement: str, check: bool):
+        self.scn = scn
+        self.policy = policy
+        self.check = check
+        self.capacity = sum(len(n.gpus) for n in nodes) * MILLI
+        self.quota = scn.quotas_milli(self.capacity)
+        setup = SETUPS[policy](scn, self.capacity, placement)
+        self.to_workload = setup.workload
+        self.snap = Snapshot.build(nodes, setup.departments, setup.projects, config=setup.config)
+        depth = scn.time.queue_depth * max(1, len(scn.teams) // len(setup.projects))
+        self.queues = _Queues(self.snap, depth)
+        self.jobs = {j.name: j for j in jobs}
+        window_end = max((j.submit for j in jobs), default=0.0)
+        self.meter = Meter([t.name for t in scn.teams], self.quota, scn.weights(), window_end)
+        self.pend_all: dict[str, int] = dict.fromkeys(self.quota, 0)  # pending milli
+        self.pend_train: dict[str, int] = dict.fromkeys(self.quota, 0)  # of it, training
+        self.period = scn.time.scheduling_period_s
+        self.ckpt = scn.time.checkpoint_interval_s
+        self.events: list[tuple[float, int, int, str, int]] = []
+        self.seq = 0
+        self.dirty_since: float | None = None
+        self.cycles = 0
+        self.decide_s = 0.0
+        self.preemptions = 0
+        self.by_reason: dict[str, int] = {}
+        self.thrash = 0
+        self.lost_gpu_s = 0.0
+        self.mix = trace_mix(jobs)
+        for j in jobs:
+            self._push(j.submit, _ARRIVE, j.name, 0)
+
+    def _push(self, t: float, kind: int, name: str, gen: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, kind, self.seq, name, gen))
+
+    def _changed(self, t: float) -> None:
+        if self.dirty_since is None:
+            self.dirty_since = t
+
+    def run(self) -> PolicyResult:
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        events, meter = self.events, self.meter
+        while True:
+            if self.dirty_since is not None:
+                if not self.snap.pending:
+                    self.dirty_since = None
+                else:
+                    tick = math.ceil(self.dirty_since / self.period - 1e-9) * self.period
+                    if not events or events[0][0] > tick:
+                        meter.advance(tick)
+                        self._cycle(tick)
+                        continue
+            if not events:
+                break
+            t, kind, _, name, gen = heapq.heappop(events)
+            meter.advance(t)
+            job = self.jobs[name]
+            if kind == _ARRIVE:
+                self._arrive(job, t)
+            elif kind == _FINISH:
+                if gen == job.gen:
+                    self._finish(job, t)
+            else:
+                self._released(job, t)
+            meter.record()
+        return self._result(time.perf_counter() - wall0, time.process_time() - cpu0)
+
+    # -- events ----------------------------------------------------------------------
+    def _pending(self, job: Job, sign: int) -> None:
+        self.pend_all[job.project] += sign * job.milli
+        if job.kind == Kind.TRAINING:
+            self.pend_train[job.project] += sign * job.milli
+
+    def _arrive(self, job: Job, t: float) -> None:
+        p = job.project
+        job.in_quota = self.meter.held[p] + self.pend_all[p] + job.milli <= self.quota[p]
+        self._pending(job, +1)
+        self.queues.add(self.to_workload(job))
+        self._changed(t)
+
+    def _finish(self, job: Job, t: float) -> None:
+        job.finish = t
+        job.remaining = 0.0
+        self.snap.remove_workload(job.name)
+        self.meter.change(job.project, -job.milli)
+        self._changed(t)
+
+    def _released(self, job: Job, t: float) -> None:
+        w = self.snap.workloads[job.name]
+        self.snap.remove_workload(job.name)
+        self.meter.change(job.project, -job.milli)
+        self._pending(job, +1)
+        self.queues.add(dataclasses.replace(w, state=State.PENDING, placement=(), over_quota=False, resumed=True))
+        self._changed(t)
+
+    # -- a scheduling cycle ----------------------------------------------------------
+    def _cycle(self, t: float) -> None:
+        self.dirty_since = None
+        snap = self.snap
+        t0 = time.perf_counter()
+        live = snap.shape_counts
+        snap.shape_counts = self.mix
+        try:
+            d = decide(snap)
+        finally:
+            snap.shape_counts = live
+        self.decide_s += time.perf_counter() - t0
+        self.cycles += 1
+        for b in d.binds:
+            job = self.jobs[b.workload]
+            w = snap.workloads[b.workload]
+            self.queues.placed(w)
+            snap.upsert_workload(dataclasses.replace(w, state=State.RUNNING, placement=b.pods, over_quota=b.over_quota))
+            job.start = t
+            if job.first_start is None:
+                job.first_start = t
+            self._push(t + job.remaining, _FINISH, job.name, job.gen)
+            self.meter.change(job.project, job.milli)
+            self._pending(job, -1)
+        for e in d.evictions:
+            self._evict(self.jobs[e.workload], t, e)
+        self.queues.refill()
+        self.meter.pend_over = dict(self.pend_train)
+        self.meter.pending_seen = self.queues.count > 0
+        self.meter.record()
+        if self.check:
+            check_conservation(snap)
+
+    def _evict(self, job: Job, t: float, e: Evict) -> None:
+        w = self.snap.workloads[job.name]
+        self.snap.upsert_workload(dataclasses.replace(w, state=State.RELEASING))
+        ran = t - job.start
+        saved = math.floor(ran / self.ckpt) * self.ckpt
+        job.remaining -= saved
+        self.lost_gpu_s += (ran - saved) * job.milli / MILLI
+        if job.preemptions and ran < self.scn.time.thrash_window_s:
+            self.thrash += 1
+        job.preemptions += 1
+        job.gen += 1
+        self.preemptions += 1
+        why = "preempt" if e.reason.startswith("preempted") else "fair share" if "fair share" in e.reason else "reclaim"
+        self.by_reason[why] = self.by_reason.get(why, 0) + 1
+        self._push(t + e.grace_period_s, _RELEASED, job.name, job.gen)
+
+    # -- results ---------------------------------------------------------------------
+    def _result(self, wall: float, cpu: float) -> PolicyResult:
+        m, end = self.meter, self.meter.t
+        jobs = list(self.jobs.values())
+        waits = [(j.first_start if j.first_start is not None else end) - j.submit for j in jobs]
+        in_quota = [w for w, j in zip(waits, jobs) if j.in_quota]
+        finished = [j for j in jobs if j.finish is not None]
+        metrics = {
+            "policy": self.policy,
+            "gpu_allocation_mean_pct": m.allocation_pct(self.capacity, window=True),
+            "in_quota_wait_p50_s": _pct(in_quota, 50),
+            "in_quota_wait_p99_s": _pct(in_quota, 99),
+            "all_wait_p50_s": _pct(waits, 50),
+            "all_wait_p99_s": _pct(waits, 99),
+            "jct_mean_s": round(sum(j.finish - j.submit for j in finished) / len(finished), 1) if finished else None,
+            "preemptions": self.preemptions,
+            "lost_gpu_hours": round(self.lost_gpu_s / 3600, 2),
+            "thrash_count": self.thrash,
+            "fairness_jain": m.jain_mean(window=True),
+            "preemptions_by_reason": dict(sorted(self.by_reason.items())),
+            "pods": len(jobs),
+            "in_quota_pods": len(in_quota),
+            "finished_pods": len(finished),
+            "pending_at_end": self.queues.count,
+            "never_started": sum(1 for j in jobs if j.first_start is None),
+            "arrival_window_s": round(m.window_end, 1),
+            "pending_time_in_window_s": round(m.pending_time[0], 1),
+            "gpu_allocation_mean_pct_whole_replay": m.allocation_pct(self.capacity, window=False),
+            "fairness_jain_whole_replay": m.jain_mean(window=False),
+            "pending_time_s": round(m.pending_time[1], 1),
+            "end_s": round(end, 1),
+            "cycles": self.cycles,
+            "decide_s": round(self.decide_s, 2),
+            "wall_s": round(wall, 2),
+            "cpu_s": round(cpu, 2),
+        }
+        return PolicyResult(
+            self.policy,
+            metrics,
+            np.array(m.series_t),
+            np.array(m.series_total),
+            np.array(m.series_proj, dtype=np.int64).reshape(len(m.series_t), len(m.projects)),
+            list(m.projects),
+            dict(self.quota),
+        )
+
+
+def check_conservation(snap: Snapshot) -> None:
+    """No GPU, CPU or memory over-committed: the holders' placements, added up per node
+    and GPU, within what each node has. Raises ``AssertionError``."""
+    used: dict[tuple[str, int], int] = {}
+    cpu: dict[str, int] = {}
+    for ws in snap.holding.values():
+        for w in ws.values():
+            assert w.state in (State.RUNNING, State.RELEASING), w.name
+            for p in w.placement:
+                for g in p.gpu_indices:
+                    used[(p.node, g)] = used.get((p.node, g), 0) + p.gpu_milli
+                cpu[p.node] = cpu.get(p.node, 0) + w.demand.cpu_milli
+    for (node, g), milli in used.items():
+        assert g < len(snap.nodes[node].gpus), f"{node} has no GPU {g}"
+        assert milli <= MILLI, f"GPU {g} of {node} over-committed: {milli} milli"
+    for node, c in cpu.items():
+        assert c <= snap.nodes[node].cpu_milli, f"{node} CPU over-committed: {c}"
+
+
+def replay(
+    nodes: list[Node],
+    pods: list[TracePod],
+    scn: Scenario,
+    policy: str,
+    placement: str = "gpupool",
+    check: bool = False,
+) -> PolicyResult:
+    """Replay the scenario's pods under one policy."""
+    if policy not in SETUPS:
+        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(SETUPS)}")
+    return _Replay(nodes, make_jobs(pods, scn), scn, policy, placement, check).run()
+
+
+def offered_load(nodes: list[Node], pods: list[TracePod], scn: Scenario) -> dict:
+    """GPU-seconds the pods ask for over the time they arrive in, as a share of capacity."""
+    jobs = make_jobs(pods, scn)
+    cap = sum(len(n.gpus) for n in nodes)
+    span = (jobs[-1].submit - jobs[0].submit) if len(jobs) > 1 else 0.0
+    gpu_s = sum(j.milli / MILLI * j.service for j in jobs)
+    return {
+        "pods": len(jobs),
+        "capacity_gpus": cap,
+        "arrival_span_s": round(span, 1),
+        "requested_gpus": round(sum(j.milli for j in jobs) / MILLI, 1),
+        "offered_load_pct": round(100 * gpu_s / (cap * span), 1) if span else None,
+    }
+
+
+def goals(results: dict[str, dict], scn: Scenario) -> dict:
+    """The issue's goals, each with its figures, for gpupool against static."""
+    g, s = results.get("gpupool"), results.get("static")
+    if not g or not s:
+        return {}
+    bound = (s["in_quota_wait_p99_s"] or 0) + scn.time.scheduling_period_s + scn.time.eviction_grace_s
+    alloc = g["gpu_allocation_mean_pct"] or 0
+    return {
+        "allocation_ge_85_pct": alloc >= 85,
+        "allocation_ge_2x_static": alloc >= 2 * (s["gpu_allocation_mean_pct"] or 0),
+        "in_quota_p99_within_static_plus_period_and_grace": (g["in_quota_wait_p99_s"] or 0) <= bound,
+        "in_quota_p99_bound_s": bound,
+        "thrash_zero": g["thrash_count"] == 0,
+        "jain_ge_0_9": (g["fairness_jain"] or 0) >= 0.9,
+    }
+
+
+def replay_all(
+    nodes: list[Node],
+    pods: list[TracePod],
+    scn: Scenario,
+    policies: tuple[str, ...] = POLICY_NAMES,
+    placement: str = "gpupool",
+    check: bool = False,
+) -> tuple[dict, list[PolicyResult]]:
+    """Every policy on the same pods; the JSON document and the per-policy results."""
+    results = [replay(nodes, pods, scn, p, placement, check) for p in policies]
+    by = {r.policy: r.metrics for r in results}
+    doc = {
+        "scenario": scn.to_json(),
+        "placement": placement,
+        "load": offered_load(nodes, pods, scn),
+        "policies": by,
+        "goals": goals(by, scn),
+        "wall_s": round(sum(r.metrics["wall_s"] for r in results), 2),
+        "cpu_s": round(sum(r.metrics["cpu_s"] for r in results), 2),
+    }
+    return doc, results

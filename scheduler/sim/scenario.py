@@ -1,0 +1,248 @@
+"""Replay scenarios: who owns which trace pod, each team's quota and weight, and the clock.
+
+A scenario is a YAML file (``scheduler/sim/scenarios/*.yaml``)::
+
+    name: balanced
+    seed: 1                       # salt of the pod -> project hash
+    time:
+      arrival_compression: 400    # trace creation times (from the first) divided by this
+      scheduling_period_s: 10     # a cycle runs on multiples of this, only after a change
+      eviction_grace_s: 30        # an evicted pod holds its GPUs this long
+      checkpoint_interval_s: 600  # a preempted pod keeps work up to its last checkpoint
+      thrash_window_s: 600        # preempted again this soon after a restart = thrash
+      queue_depth: 32             # pending pods per project the scheduler sees (see replay)
+    cluster:
+      node_fraction: 0.125        # this share of the trace's nodes, evenly from each node type
+    pods:
+      skip_never_scheduled: true  # trace pods without scheduled_time have no service time
+      skip_cpu_only: true         # quotas are GPU quotas; CPU-only pods are left out
+      window: [0.0, 1.0]          # share of the pods (in creation order) to replay
+    kinds: {LS: workspace, Guaranteed: inference, BE: training, Burstable: training}
+    departments:
+      - name: research
+        projects:
+          - {name: nlp, quota_share: 0.25, weight: 1, pod_share: 0.25}
+
+Every pod goes to a project by a stable hash of ``seed`` and its name (blake2b, so the same
+on every machine and Python), drawn against the projects' ``pod_share``. Quotas are
+``quota_share`` of the cluster's GPUs, rounded to milli-GPUs so that they add up to the
+cluster exactly; a department's quota is the sum of its projects', its weight the sum of
+its projects' weights.
+
+Errors: a bad file raises ``ValidationError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..model import DEFAULT_POOL, MILLI, Department, Kind, Node, Project, Quota, ValidationError
+from .trace import TracePod
+
+SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
+
+
+@dataclass(frozen=True)
+class TeamSpec:
+    name: str
+    department: str
+    quota_share: float
+    weight: float
+    pod_share: float
+
+
+@dataclass(frozen=True)
+class TimeSpec:
+    arrival_compression: float = 1.0
+    scheduling_period_s: float = 10.0
+    eviction_grace_s: float = 30.0
+    checkpoint_interval_s: float = 600.0
+    thrash_window_s: float = 600.0
+    queue_depth: int = 32
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    skip_never_scheduled: bool = True
+    skip_cpu_only: bool = True
+    window: tuple[float, float] = (0.0, 1.0)
+
+
+@dataclass
+class Scenario:
+    name: str
+    teams: list[TeamSpec]
+    node_fraction: float = 1.0
+    time: TimeSpec = field(default_factory=TimeSpec)
+    pods: PodSpec = field(default_factory=PodSpec)
+    kinds: dict[str, Kind] = field(default_factory=dict)
+    seed: int = 1
+    description: str = ""
+    path: str = ""
+
+    # -- the cluster -----------------------------------------------------------------
+    def select_nodes(self, nodes: list[Node]) -> list[Node]:
+        """``node_fraction`` of the nodes, spread evenly over each (GPU count, model) group
+        in file order, so the smaller cluster has the same mix of node types."""
+        if self.node_fraction >= 1:
+            return list(nodes)
+        seen: dict[tuple, int] = {}
+        keep = []
+        f = self.node_fraction
+        for n in nodes:
+            key = (len(n.gpus), n.gpus[0].model if n.gpus else "")
+            i = seen[key] = seen.get(key, -1) + 1
+            if math.floor((i + 1) * f + 0.5) > math.floor(i * f + 0.5):
+                keep.append(n)
+        return keep
+
+    # -- the pods --------------------------------------------------------------------
+    def project_of(self, pod_name: str) -> str:
+        """The project a pod belongs to: a stable hash of the seed and the name."""
+        h = hashlib.blake2b(f"{self.seed}:{pod_name}".encode(), digest_size=8).digest()
+        u = int.from_bytes(h, "big") / 2**64
+        acc = 0.0
+        total = sum(t.pod_share for t in self.teams)
+        for t in self.teams:
+            acc += t.pod_share / total
+            if u < acc:
+                return t.name
+        return self.teams[-1].name
+
+    def kind_of(self, pod: TracePod) -> Kind:
+        return self.kinds.get(pod.qos, Kind.TRAINING)
+
+    def select(self, pods: list[TracePod]) -> list[TracePod]:
+        """The trace pods this scenario replays, in creation order."""
+        keep = []
+        for p in sorted(pods, key=lambda p: (p.creation_time, p.name)):
+            if self.pods.skip_never_scheduled and (p.scheduled_time is None or p.deletion_time is None):
+                continue
+            if self.pods.skip_cpu_only and p.gpu_request_milli == 0:
+                continue
+            keep.append(p)
+        lo, hi = self.pods.window
+        return keep[int(round(lo * len(keep))) : int(round(hi * len(keep)))]
+
+    # -- the organisation ------------------------------------------------------------
+    def quotas_milli(self, capacity_milli: int) -> dict[str, int]:
+        """Each project's quota in milli-GPUs; they add up to ``capacity_milli`` exactly
+        (largest remainder)."""
+        total = sum(t.quota_share for t in self.teams)
+        raw = [t.quota_share / total * capacity_milli for t in self.teams]
+        out = [math.floor(r) for r in raw]
+        left = capacity_milli - sum(out)
+        for i in sorted(range(len(raw)), key=lambda i: (out[i] - raw[i], i))[:left]:
+            out[i] += 1
+        return {t.name: q for t, q in zip(self.teams, out)}
+
+    def organisation(self, capacity_milli: int, pool: str = DEFAULT_POOL) -> tuple[list[Department], list[Project]]:
+        quotas = self.quotas_milli(capacity_milli)
+        projects = [
+            Project(t.name, t.department, {pool: Quota(quotas[t.name] / MILLI, t.weight)}) for t in self.teams
+        ]
+        departments = []
+        for d in dict.fromkeys(t.department for t in self.teams):
+            members = [t for t in self.teams if t.department == d]
+            q = sum(quotas[t.name] for t in members) / MILLI
+            departments.append(Department(d, {pool: Quota(q, sum(t.weight for t in members))}))
+        return departments, projects
+
+    def weights(self) -> dict[str, float]:
+        return {t.name: t.weight for t in self.teams}
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "path": self.path,
+            "seed": self.seed,
+            "node_fraction": self.node_fraction,
+            "time": self.time.__dict__,
+            "pods": {**self.pods.__dict__, "window": list(self.pods.window)},
+            "kinds": {k: v.value for k, v in self.kinds.items()},
+            "projects": [t.__dict__ for t in self.teams],
+        }
+
+
+def _num(d: dict, key: str, where: str, default: float, lo: float = 0.0, strict: bool = False) -> float:
+    v = d.get(key, default)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < lo or (strict and v == lo):
+        raise ValidationError(f"{where}.{key}", f"must be a number {'>' if strict else '>='} {lo}, got {v!r}")
+    return float(v)
+
+
+def parse(data: dict, path: str = "") -> Scenario:
+    if not isinstance(data, dict):
+        raise ValidationError("scenario", "must be a mapping")
+    name = str(data.get("name") or Path(path).stem or "scenario")
+    t = data.get("time") or {}
+    time = TimeSpec(
+        arrival_compression=_num(t, "arrival_compression", "time", 1.0, strict=True),
+        scheduling_period_s=_num(t, "scheduling_period_s", "time", 10.0, strict=True),
+        eviction_grace_s=_num(t, "eviction_grace_s", "time", 30.0),
+        checkpoint_interval_s=_num(t, "checkpoint_interval_s", "time", 600.0, strict=True),
+        thrash_window_s=_num(t, "thrash_window_s", "time", 600.0),
+        queue_depth=int(_num(t, "queue_depth", "time", 32, lo=1)),
+    )
+    p = data.get("pods") or {}
+    window = tuple(p.get("window", (0.0, 1.0)))
+    if len(window) != 2 or not (0 <= window[0] < window[1] <= 1):
+        raise ValidationError("pods.window", f"must be [lo, hi] with 0 <= lo < hi <= 1, got {window!r}")
+    pods = PodSpec(bool(p.get("skip_never_scheduled", True)), bool(p.get("skip_cpu_only", True)), window)
+    kinds = {}
+    for qos, kind in (data.get("kinds") or {}).items():
+        try:
+            kinds[str(qos)] = Kind(kind)
+        except ValueError:
+            raise ValidationError(f"kinds.{qos}", f"must be one of {[k.value for k in Kind]}, got {kind!r}") from None
+    teams = []
+    for i, d in enumerate(data.get("departments") or []):
+        dname = d.get("name") or f"dept-{i}"
+        for j, pr in enumerate(d.get("projects") or []):
+            where = f"departments[{i}].projects[{j}]"
+            if not pr.get("name"):
+                raise ValidationError(f"{where}.name", "must not be empty")
+            teams.append(
+                TeamSpec(
+                    name=str(pr["name"]),
+                    department=str(dname),
+                    quota_share=_num(pr, "quota_share", where, 0.0),
+                    weight=_num(pr, "weight", where, 1.0),
+                    pod_share=_num(pr, "pod_share", where, 0.0),
+                )
+            )
+    if not teams:
+        raise ValidationError("departments", "need at least one project")
+    if len({t.name for t in teams}) != len(teams):
+        raise ValidationError("departments", "project names must be unique")
+    if sum(t.quota_share for t in teams) <= 0 or sum(t.pod_share for t in teams) <= 0:
+        raise ValidationError("departments", "quota_share and pod_share must each add up to more than 0")
+    c = data.get("cluster") or {}
+    node_fraction = _num(c, "node_fraction", "cluster", 1.0, strict=True)
+    if node_fraction > 1:
+        raise ValidationError("cluster.node_fraction", f"must be <= 1, got {node_fraction}")
+    return Scenario(
+        name=name,
+        teams=teams,
+        node_fraction=node_fraction,
+        time=time,
+        pods=pods,
+        kinds=kinds,
+        seed=int(data.get("seed", 1)),
+        description=str(data.get("description", "")).strip(),
+        path=str(path),
+    )
+
+
+def load(path: str | Path) -> Scenario:
+    """A scenario from a YAML file, or by name from ``scheduler/sim/scenarios``."""
+    p = Path(path)
+    if not p.exists() and (SCENARIO_DIR / f"{path}.yaml").exists():
+        p = SCENARIO_DIR / f"{path}.yaml"
+    with open(p) as f:
+        return parse(yaml.safe_load(f), str(p))
