@@ -157,7 +157,10 @@ class GpupoolScheduler:
                     obj = ev["object"]
                     rv = obj["metadata"]["resourceVersion"]
                     if ev["type"] != "BOOKMARK":
-                        handler(ev["type"], obj)
+                        try:
+                            handler(ev["type"], obj)
+                        except Exception:  # one odd object must not end the watch
+                            log.exception("handling %s %s", ev["type"], path)
             except ApiError as e:
                 if e.status == 410:  # too old: list again and reconcile
                     rv = await self._relist(path, handler, **params)
@@ -367,10 +370,17 @@ class GpupoolScheduler:
             if not self.snap.pending:
                 continue
             t0 = time.perf_counter()
-            decisions = decide(self.snap)
-            self.last = decisions
-            self.stats["cycles"] += 1
-            self._apply(decisions)
+            try:
+                decisions = decide(self.snap)
+                self.last = decisions
+                self.stats["cycles"] += 1
+                self._apply(decisions)
+            except Exception:  # a bug must not stop scheduling for good: log, back off, retry
+                log.exception("scheduling cycle failed")
+                self.stats["cycle_errors"] += 1
+                await asyncio.sleep(1.0)
+                self.dirty.set()
+                continue
             log.debug("cycle: %d binds, %d evictions, %d pending in %.3fs", len(decisions.binds),
                       len(decisions.evictions), len(decisions.pending), time.perf_counter() - t0)
             await asyncio.sleep(0)  # let watch events in before the next cycle

@@ -266,22 +266,7 @@ def parse_pod(pod: JSON) -> PodRequest:
     status = pod.get("status") or {}
     ann = meta.get("annotations") or {}
     node = spec.get("nodeName") or None
-    placement = None
-    if node and A.GPU_INDICES in ann:
-        try:
-            idx = tuple(int(i) for i in ann[A.GPU_INDICES].split(",") if i != "")
-            placement = PodPlacement(node, idx, int(ann.get(A.GPU_MILLI, MILLI)))
-        except ValueError:
-            raise ValidationError(A.GPU_INDICES, f"{where}: unreadable {ann[A.GPU_INDICES]!r}") from None
-    elif node:
-        placement = PodPlacement(node, (), 0)  # CPU-only, or bound by someone else
-    plan = None
-    if not node and A.PLANNED_NODE in ann and A.GPU_INDICES in ann:
-        try:
-            idx = tuple(int(i) for i in ann[A.GPU_INDICES].split(",") if i != "")
-            plan = PodPlacement(ann[A.PLANNED_NODE], idx, int(ann.get(A.GPU_MILLI, MILLI)))
-        except ValueError:
-            plan = None
+    placement, plan, over_quota = _where(ann, node, where)
     return PodRequest(
         key=f"{ns}/{name}", namespace=ns, name=name, uid=meta.get("uid", ""),
         workload=workload_name(ns, name, gang), project=project, kind=kind, demand=demand,
@@ -296,7 +281,7 @@ def parse_pod(pod: JSON) -> PodRequest:
         submit_time=parse_time(meta.get("creationTimestamp")),
         config_map=(_get(meta, A.CONFIG_MAP) or f"{name}-gpupool") if demand.is_fractional else None,
         node=node, placement=placement, plan=plan,
-        over_quota=_bool(ann.get(A.OVER_QUOTA_PLACED, "false"), A.OVER_QUOTA_PLACED),
+        over_quota=over_quota,
         deleting=bool(meta.get("deletionTimestamp")),
         done=status.get("phase") in ("Succeeded", "Failed"),
         resource_version=meta.get("resourceVersion", ""),
@@ -305,11 +290,38 @@ def parse_pod(pod: JSON) -> PodRequest:
     )  # fmt: skip
 
 
+def _where(ann: dict[str, str], node: str | None, where: str):
+    """(placement if bound, stamped gang plan if not, over quota) from the annotations
+    the scheduler wrote."""
+    idx_s = ann.get(A.GPU_INDICES)
+    idx: tuple[int, ...] = ()
+    milli = 0
+    if idx_s is not None:
+        try:
+            idx = tuple(int(i) for i in idx_s.split(",") if i != "")
+            milli = int(ann.get(A.GPU_MILLI, MILLI))
+        except ValueError:
+            raise ValidationError(A.GPU_INDICES, f"{where}: unreadable {idx_s!r}") from None
+    over_quota = _bool(ann.get(A.OVER_QUOTA_PLACED, "false"), A.OVER_QUOTA_PLACED)
+    if node:
+        # No annotations: CPU-only, or bound by someone else.
+        return PodPlacement(node, idx, milli), None, over_quota
+    if idx_s is not None and A.PLANNED_NODE in ann:
+        return None, PodPlacement(ann[A.PLANNED_NODE], idx, milli), over_quota
+    return None, None, over_quota
+
+
+_WRITTEN = (A.GPU_INDICES, A.GPU_MILLI, A.OVER_QUOTA_PLACED, A.PLANNED_NODE)
+
+
 def request_signature(pod: JSON) -> tuple:
     """What ``parse_pod`` reads apart from the fields the pod's life changes (node,
     deletion, phase): equal signatures parse to the same request."""
     meta, spec = pod["metadata"], pod.get("spec") or {}
-    return (meta.get("uid"), meta.get("annotations"), meta.get("labels"),
+    ann = meta.get("annotations") or {}
+    if any(k in ann for k in _WRITTEN):
+        ann = {k: v for k, v in ann.items() if k not in _WRITTEN}
+    return (meta.get("uid"), ann, meta.get("labels"),
             [c.get("resources") for c in spec.get("containers") or ()],
             [c.get("resources") for c in spec.get("initContainers") or ()],
             spec.get("terminationGracePeriodSeconds"))
@@ -317,13 +329,14 @@ def request_signature(pod: JSON) -> tuple:
 
 def update_pod(old: PodRequest, pod: JSON) -> PodRequest:
     """``parse_pod`` for a pod whose ``request_signature`` did not change: only the
-    fields its life changes are read again (the common watch event: status updates)."""
+    fields its life changes (node, the scheduler's annotations, deletion, phase) are read
+    again. Most watch events are these: the bind, kwok's or the kubelet's status updates."""
     meta, spec = pod["metadata"], pod.get("spec") or {}
     node = spec.get("nodeName") or None
-    if node != old.node:
-        return parse_pod(pod)
+    placement, plan, over_quota = _where(meta.get("annotations") or {}, node, old.key)
     return replace(
         old,
+        node=node, placement=placement, plan=plan, over_quota=over_quota,
         deleting=bool(meta.get("deletionTimestamp")),
         done=(pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
         resource_version=meta.get("resourceVersion", ""),

@@ -91,5 +91,6 @@ def sched(k8s_cluster: ClusterInfo, tmp_path):
     s.start()
     yield s
     rc = s.stop()
+    print(f"--- gpupool-scheduler logs (shown when the test fails) ---\n{s.logs()}")
     if rc not in (0, -9, None):
         pytest.fail(f"gpupool-scheduler exited with {rc}:\n{s.logs()}")

@@ -321,7 +321,6 @@ def test_restart_in_a_1000_pod_burst_binds_each_pod_once_without_overcommit(
 def test_standby_takes_over_when_the_leader_dies(k8s_cluster: ClusterInfo, ns, sched, tmp_path):
     standby = SchedulerProcess(k8s_cluster, tmp_path / "standby")
     standby.log_dir.mkdir()
-    standby.start()
     lease = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/gpupool-scheduler"
 
     async def go():
@@ -332,6 +331,8 @@ def test_standby_takes_over_when_the_leader_dies(k8s_cluster: ClusterInfo, ns, s
                 await kc.post(f"/api/v1/namespaces/{ns}/pods", first.obj())
                 await wait_until(lambda: _bound_count(kc, ns, 1), "bound by the leader")
                 holder = (await kc.get(lease))["spec"]["holderIdentity"]
+                standby.start()  # the Lease is taken: it waits
+                await asyncio.sleep(2)  # let it try (no assertion on time: it must not act)
                 sched.kill()
                 second = make_pod("second").ns(ns).project("p-lease").kind("workspace").gpus(1)
                 await kc.post(f"/api/v1/namespaces/{ns}/pods", second.obj())
