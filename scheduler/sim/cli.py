@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..placement import POLICIES
 from . import placement as placement_sim
+from .replay_cli import add_replay
 from .trace import load_nodes, load_pods
 
 
@@ -110,7 +111,7 @@ def add_demo(sub) -> None:
     p.set_defaults(func=cmd_demo)
 
 
-SUBCOMMANDS: list[Callable] = [add_placement, add_demo]
+SUBCOMMANDS: list[Callable] = [add_placement, add_demo, add_replay]
 
 
 def main(argv: list[str] | None = None) -> int:

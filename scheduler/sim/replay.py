@@ -303,13 +303,17 @@ class _Queues:
         vis = self.visible[w.project]
         del vis[bisect.bisect_left(vis, queue_key(w))]
 
-    def refill(self) -> None:
+    def refill(self) -> bool:
+        """Show the scheduler the next parked pods where binds made room; True if any."""
+        moved = False
         for project, vis in self.visible.items():
             parked = self.parked.get(project)
             while parked and len(vis) < self.depth:
                 key = heapq.heappop(parked)
                 vis.append(key)  # every parked key ranks after every visible one
                 self.snap.upsert_workload(self.waiting.pop(key[2]))
+                moved = True
+        return moved
 
 
 class _Replay:
@@ -434,7 +438,8 @@ class _Replay:
             self._pending(job, -1)
         for e in d.evictions:
             self._evict(self.jobs[e.workload], t, e)
-        self.queues.refill()
+        if self.queues.refill():
+            self._changed(t)  # the next pods of a queue get a cycle at once
         self.meter.pend_over = dict(self.pend_train)
         self.meter.pending_seen = self.queues.count > 0
         self.meter.record()
@@ -538,17 +543,20 @@ def replay(
 
 
 def offered_load(nodes: list[Node], pods: list[TracePod], scn: Scenario) -> dict:
-    """GPU-seconds the pods ask for over the time they arrive in, as a share of capacity."""
+    """What the pods ask of the cluster while they arrive: the GPUs they would hold on a
+    cluster without limit, each started on arrival, averaged over the arrival window and
+    divided by the capacity (the service left after the window is not counted)."""
     jobs = make_jobs(pods, scn)
     cap = sum(len(n.gpus) for n in nodes)
-    span = (jobs[-1].submit - jobs[0].submit) if len(jobs) > 1 else 0.0
-    gpu_s = sum(j.milli / MILLI * j.service for j in jobs)
+    end = jobs[-1].submit if jobs else 0.0
+    gpu_s = sum(j.milli / MILLI * max(0.0, min(j.submit + j.service, end) - j.submit) for j in jobs)
     return {
         "pods": len(jobs),
+        "nodes": len(nodes),
         "capacity_gpus": cap,
-        "arrival_span_s": round(span, 1),
+        "arrival_window_s": round(end, 1),
         "requested_gpus": round(sum(j.milli for j in jobs) / MILLI, 1),
-        "offered_load_pct": round(100 * gpu_s / (cap * span), 1) if span else None,
+        "offered_load_pct": round(100 * gpu_s / (cap * end), 1) if end else None,
     }
 
 
