@@ -72,6 +72,7 @@ class Mix:
         self.shapes = tuple(shapes)
         self.probs = np.asarray(probs, dtype=np.float64) / total
         self.key = tuple(zip(self.shapes, np.round(self.probs, 6).tolist()))
+        self.token = hash(self.key)  # hashed once: part of every call's cache key
 
     @classmethod
     def from_counts(cls, counts: dict[Shape, float], coverage: float = 0.95) -> Mix:
@@ -165,12 +166,13 @@ class _Bound:
         for t in range(len(shapes)):
             b[t, midx[t], count[t] :] = 1.0
         self.b = b.reshape(len(shapes), m * (g + 1))
+        self.pb = self.prob[:, None] * self.b  # (T, M*(G+1)): B weighted by probability
         self.offsets = (np.arange(m, dtype=np.int64) * (g + 1))[None, :]  # (1, M)
 
     def weights(self, cpu_left: np.ndarray, model_id: np.ndarray) -> np.ndarray:
         """(R, M*(G+1)): weight of the shapes a node could host, by m and GPUs with room."""
         a = self.access[model_id.astype(np.int64) + 1] & (cpu_left[:, None] >= self.cpu[None, :])
-        return (a * self.prob[None, :]) @ self.b
+        return a.astype(np.float64) @ self.pb
 
     def stats(self, left: np.ndarray):
         """Per row: idle milli, and per m: GPUs with room >= m, idle milli on those GPUs."""
@@ -182,13 +184,12 @@ class _Bound:
 
     def frag_of(self, w: np.ndarray, idle_total, cnt, big) -> np.ndarray:
         """Fragmentation from weights ``w`` (R, M*(G+1)) and stats of any trailing shape."""
-        idx = cnt + self.offsets if cnt.ndim == 2 else cnt + self.offsets[:, None, :]
+        base = np.arange(w.shape[0], dtype=np.int64) * w.shape[1]
         if cnt.ndim == 2:
-            wg = np.take_along_axis(w, idx, axis=1)
+            idx = cnt + self.offsets + base[:, None]
         else:
-            r, gg, m = cnt.shape
-            wg = np.take_along_axis(w, idx.reshape(r, gg * m), axis=1).reshape(r, gg, m)
-        return idle_total - (wg * big).sum(axis=-1)
+            idx = cnt + self.offsets[:, None, :] + base[:, None, None]
+        return idle_total - (w.reshape(-1)[idx] * big).sum(axis=-1)
 
     def deltas(self, arrays: ClusterArrays, rows: np.ndarray, demand: PodDemand, need) -> np.ndarray:
         """(R, G) fragmentation growth avoided, ``frag(before) - frag(after)``, for putting
@@ -271,7 +272,7 @@ class FragPolicy:
         self.mix = Mix.from_counts(shapes) if shapes else default_mix()
 
     def _state(self, arrays: ClusterArrays):
-        key = (type(self).__name__, self.mix.key, self._params())
+        key = (type(self).__name__, self.mix.token, self._params())
         caches = arrays.lineage.caches
         st = caches.get(key)
         if st is None:
@@ -293,7 +294,7 @@ class FragPolicy:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Per node: best score and GPU slot for ``demand``. Rows outside ``mask`` (or where
         the pod cannot fit on the GPUs) may be stale: they keep their old stamp and are
-        recomputed when a later call needs them."""
+        recomputed when a later call needs them. Rows where the pod cannot fit score NEG."""
         bound, rows_by_shape = self._state(arrays)
         key = _demand_key(demand)
         rc = rows_by_shape.get(key)
@@ -303,7 +304,7 @@ class FragPolicy:
             rc = rows_by_shape[key] = _RowCache(len(arrays.names))
         stale = rc.stamp != arrays.stamp
         if mask is not None:
-            stale &= _fits(arrays, mask, demand)
+            stale &= mask
         dirty = np.flatnonzero(stale)
         if len(dirty):
             delta = bound.deltas(arrays, dirty, demand, _need(arrays, demand))
@@ -314,7 +315,9 @@ class FragPolicy:
         return rc.score, rc.slot
 
     def place(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand) -> Choice | None:
-        fit = _fits(arrays, mask, demand)
+        # Whole GPUs: a cheap exact fit test. Fractions: the deltas are NEG where no GPU has
+        # room, so the mask is enough (testing every slot here would cost N x G per call).
+        fit = mask & (arrays.full_free >= demand.gpus) if demand.gpus else mask
         score, slot = self.node_scores(arrays, demand, fit)
         s = np.where(fit, score, NEG)
         node = self.ties.pick(s)
