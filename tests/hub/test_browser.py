@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from hubclient import HubClient
-from hubproc import ADMIN_PW, USER_PW, Hub
 from hubkernel import run_code
+from hubproc import ADMIN_PW, USER_PW, Hub
 
 pytestmark = [
     pytest.mark.slow,
