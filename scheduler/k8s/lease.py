@@ -2,8 +2,8 @@
 
 A candidate takes the Lease when it is free or expired (renewTime + duration in the past)
 and renews it every ``renew_s``; every write is a compare-and-swap on resourceVersion, so
-two candidates never both hold it. A holder that cannot renew within the duration stops
-leading (``lost`` is set) and must stop acting: the adapter exits, and its pod restarts.
+two candidates never both hold it. A holder that cannot renew within two thirds of the duration
+stops leading (``lost`` is set) and must stop acting: the adapter exits, and its pod restarts.
 On a clean shutdown the holder empties holderIdentity so a successor starts at once.
 """
 
@@ -119,8 +119,10 @@ class LeaderElector:
                 break
             except (ApiError, OSError, asyncio.TimeoutError) as e:
                 log.warning("lease renew failed: %s", e)
-            if time.monotonic() - last_ok > self.duration_s:
-                log.error("could not renew the lease within %.0fs", self.duration_s)
+            # Give up well before the Lease can expire (client-go's renewDeadline): a
+            # successor may take it at expiry, and two leaders must never overlap.
+            if time.monotonic() - last_ok > self.duration_s * 2 / 3:
+                log.error("could not renew the lease within %.1fs", self.duration_s * 2 / 3)
                 break
         self.lost.set()
 
