@@ -9,10 +9,11 @@ there is pending work. An adapter's part is played here: binds start pods; an ev
 turns the pod ``RELEASING`` for the grace period, then ``PENDING`` again with the work
 since its last checkpoint lost; the reclaiming pod binds in a later cycle.
 
-The adapter keeps each project's pending pods in its own queue and shows the scheduler
-the first ``queue_depth`` of them (queue order: priority, resumed first, submit time), as
-Kueue shows its queue heads: a cycle then costs what the heads cost, not the backlog. The
-same depth holds for every policy (fifo-shared's one project sees depth x projects).
+The adapter keeps one queue per project and workload kind and shows the scheduler the
+first ``queue_depth`` pods of each (queue order: priority, resumed first, submit time), as
+Kueue shows its queue heads: a cycle then costs what the heads cost, not the backlog. Per
+kind, so that workspaces held back by their quota never hide the training behind them.
+The same depth holds for every policy (fifo-shared's one project sees depth x projects).
 
 The three policies are one core under three organisations (``SETUPS``):
   static       the scenario's projects and quotas; over quota off for every workload, no
@@ -270,7 +271,7 @@ def queue_key(w: Workload) -> tuple:
 
 
 class _Queues:
-    """Per core project: the pending pods the scheduler sees (the first ``depth`` in queue
+    """Per core project and kind: the pending pods the scheduler sees (the first ``depth`` in queue
     order, in the snapshot) and the rest (parked here)."""
 
     def __init__(self, snap: Snapshot, depth: int):
@@ -284,30 +285,31 @@ class _Queues:
     def add(self, w: Workload) -> None:
         self.count += 1
         key = queue_key(w)
-        vis = self.visible.setdefault(w.project, [])
+        q = (w.project, w.kind)
+        vis = self.visible.setdefault(q, [])
         if len(vis) >= self.depth:
             if key > vis[-1]:
                 self.waiting[w.name] = w
-                heapq.heappush(self.parked.setdefault(w.project, []), key)
+                heapq.heappush(self.parked.setdefault(q, []), key)
                 return
             worst = vis.pop()
             self.waiting[worst[2]] = self.snap.workloads[worst[2]]
             self.snap.remove_workload(worst[2])
-            heapq.heappush(self.parked.setdefault(w.project, []), worst)
+            heapq.heappush(self.parked.setdefault(q, []), worst)
         bisect.insort(vis, key)
         self.snap.upsert_workload(w)
 
     def placed(self, w: Workload) -> None:
         """``w`` (visible) was bound: it leaves the queue."""
         self.count -= 1
-        vis = self.visible[w.project]
+        vis = self.visible[(w.project, w.kind)]
         del vis[bisect.bisect_left(vis, queue_key(w))]
 
     def refill(self) -> bool:
         """Show the scheduler the next parked pods where binds made room; True if any."""
         moved = False
-        for project, vis in self.visible.items():
-            parked = self.parked.get(project)
+        for q, vis in self.visible.items():
+            parked = self.parked.get(q)
             while parked and len(vis) < self.depth:
                 key = heapq.heappop(parked)
                 vis.append(key)  # every parked key ranks after every visible one

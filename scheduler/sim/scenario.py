@@ -10,7 +10,7 @@ A scenario is a YAML file (``scheduler/sim/scenarios/*.yaml``)::
       eviction_grace_s: 30        # an evicted pod holds its GPUs this long
       checkpoint_interval_s: 600  # a preempted pod keeps work up to its last checkpoint
       thrash_window_s: 600        # preempted again this soon after a restart = thrash
-      queue_depth: 32             # pending pods per project the scheduler sees (see replay)
+      queue_depth: 16             # pending pods per project and kind the scheduler sees (see replay)
     cluster:
       node_fraction: 0.125        # this share of the trace's nodes, evenly from each node type
     pods:
@@ -63,7 +63,7 @@ class TimeSpec:
     eviction_grace_s: float = 30.0
     checkpoint_interval_s: float = 600.0
     thrash_window_s: float = 600.0
-    queue_depth: int = 32
+    queue_depth: int = 16
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ def parse(data: dict, path: str = "") -> Scenario:
         eviction_grace_s=_num(t, "eviction_grace_s", "time", 30.0),
         checkpoint_interval_s=_num(t, "checkpoint_interval_s", "time", 600.0, strict=True),
         thrash_window_s=_num(t, "thrash_window_s", "time", 600.0),
-        queue_depth=int(_num(t, "queue_depth", "time", 32, lo=1)),
+        queue_depth=int(_num(t, "queue_depth", "time", 16, lo=1)),
     )
     p = data.get("pods") or {}
     window = tuple(p.get("window", (0.0, 1.0)))

@@ -1,0 +1,70 @@
+"""Wall time of the full default-trace replay (gpupool-sim replay) with all three policies.
+
+The openb default trace (6,178 GPU pods after the scenario's selection) through the
+scenario's cluster, static + fifo-shared + gpupool one after another in this process.
+Target: under 120 s on the 2-core CI machine. CPU time is printed too: on a shared machine
+it is the steadier figure.
+
+    python bench/replay_speed.py [--json] [--scenario balanced] [--window LO,HI]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scheduler.sim import scenario as scenarios  # noqa: E402
+from scheduler.sim.cli import default_trace_dir  # noqa: E402
+from scheduler.sim.replay import replay_all  # noqa: E402
+from scheduler.sim.trace import load_nodes, load_pods  # noqa: E402
+
+TARGET_S = 120.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", default="balanced")
+    ap.add_argument("--window", default="", help="LO,HI share of the pods (default: the scenario's)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    d = default_trace_dir()
+    if not (d / "openb_pod_list_default.csv").exists():
+        print(f"no openb trace under {d}; set GPUPOOL_TRACES", file=sys.stderr)
+        return 1
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    scn = scenarios.load(args.scenario)
+    if args.window:
+        lo, hi = (float(x) for x in args.window.split(","))
+        scn.pods = scenarios.PodSpec(scn.pods.skip_never_scheduled, scn.pods.skip_cpu_only, (lo, hi))
+    nodes = scn.select_nodes(load_nodes(d / "openb_node_list_gpu_node.csv"))
+    pods = load_pods(d / "openb_pod_list_default.csv")
+    doc, _ = replay_all(nodes, pods, scn)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    out = {
+        "bench": "replay_speed",
+        "scenario": scn.name,
+        "pods": doc["load"]["pods"],
+        "gpus": doc["load"]["capacity_gpus"],
+        "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "target_s": TARGET_S,
+        "ok": wall < TARGET_S,
+        "per_policy": {
+            p: {k: m[k] for k in ("wall_s", "cpu_s", "decide_s", "cycles")} for p, m in doc["policies"].items()
+        },
+    }
+    if not args.json:
+        for p, m in out["per_policy"].items():
+            print(f"{p:<12} wall {m['wall_s']:>7.1f} s  cpu {m['cpu_s']:>7.1f} s  decide {m['decide_s']:>7.1f} s  cycles {m['cycles']}")
+        print(f"total: wall {out['wall_s']} s, cpu {out['cpu_s']} s (target wall < {TARGET_S:g} s)")
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
