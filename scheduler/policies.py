@@ -191,15 +191,25 @@ class _Bound:
             idx = cnt + self.offsets[:, None, :] + base[:, None, None]
         return idle_total - (w.reshape(-1)[idx] * big).sum(axis=-1)
 
-    def deltas(self, arrays: ClusterArrays, rows: np.ndarray, demand: PodDemand, need) -> np.ndarray:
+    def base(self, arrays: ClusterArrays, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """What the deltas of every pod shape share: the rows' own state, before any pod."""
+        left = arrays.gpu_free[rows].astype(np.int64)
+        idle, cnt, big = self.stats(left)
+        before = self.frag_of(self.weights(arrays.cpu_free[rows], arrays.model_id[rows]), idle, cnt, big)
+        return {"idle": idle, "cnt": cnt, "big": big, "before": before}
+
+    def deltas(
+        self, arrays: ClusterArrays, rows: np.ndarray, demand: PodDemand, need, base: dict | None = None
+    ) -> np.ndarray:
         """(R, G) fragmentation growth avoided, ``frag(before) - frag(after)``, for putting
         the pod on each GPU slot of each row (fractions), or in column 0 (whole GPUs,
-        CPU-only); NEG where the pod does not fit on the GPUs."""
+        CPU-only); NEG where the pod does not fit on the GPUs. ``base``: ``self.base`` of
+        the rows, when the caller has it cached."""
+        base = self.base(arrays, rows) if base is None else base
         left = arrays.gpu_free[rows].astype(np.int64)
         cpu = arrays.cpu_free[rows]
         model = arrays.model_id[rows]
-        idle_total, cnt, big = self.stats(left)
-        before = self.frag_of(self.weights(cpu, model), idle_total, cnt, big)
+        idle_total, cnt, big, before = base["idle"], base["cnt"], base["big"], base["before"]
         w_after = self.weights(cpu - demand.cpu_milli, model)
         out = np.full(left.shape, NEG)
         if demand.gpus:
@@ -230,6 +240,27 @@ def _need(arrays: ClusterArrays, demand: PodDemand):
 
 def _demand_key(demand: PodDemand) -> tuple:
     return (demand.gpus, demand.gpu_fraction, demand.gpu_memory_mib, demand.cpu_milli)
+
+
+class _BaseCache:
+    """``bound.base`` of every node, kept in step with the arrays through their stamps and
+    shared by all pod shapes (a node changed by one placement is recomputed once)."""
+
+    def __init__(self, n: int):
+        self.stamp = np.full(n, -1, dtype=np.int64)
+        self.data: dict[str, np.ndarray] = {}
+
+    def rows(self, bound: _Bound, arrays: ClusterArrays, rows: np.ndarray) -> dict[str, np.ndarray]:
+        stale = rows[self.stamp[rows] != arrays.stamp[rows]]
+        if len(stale):
+            fresh = bound.base(arrays, stale)
+            if not self.data:
+                n = len(self.stamp)
+                self.data = {k: np.zeros((n,) + v.shape[1:], dtype=v.dtype) for k, v in fresh.items()}
+            for k, v in fresh.items():
+                self.data[k][stale] = v
+            self.stamp[stale] = arrays.stamp[stale]
+        return {k: v[rows] for k, v in self.data.items()}
 
 
 class _RowCache:
@@ -278,7 +309,8 @@ class FragPolicy:
         if st is None:
             if len(caches) > 8:  # old mixes
                 caches.clear()
-            st = caches[key] = (self.bound_class(self.mix, arrays.models, arrays.gpu_free.shape[1]), {})
+            bound = self.bound_class(self.mix, arrays.models, arrays.gpu_free.shape[1])
+            st = caches[key] = (bound, {}, _BaseCache(len(arrays.names)))
         return st
 
     def _params(self) -> tuple:
@@ -295,7 +327,7 @@ class FragPolicy:
         """Per node: best score and GPU slot for ``demand``. Rows outside ``mask`` (or where
         the pod cannot fit on the GPUs) may be stale: they keep their old stamp and are
         recomputed when a later call needs them. Rows where the pod cannot fit score NEG."""
-        bound, rows_by_shape = self._state(arrays)
+        bound, rows_by_shape, base = self._state(arrays)
         key = _demand_key(demand)
         rc = rows_by_shape.get(key)
         if rc is None:
@@ -307,7 +339,7 @@ class FragPolicy:
             stale &= mask
         dirty = np.flatnonzero(stale)
         if len(dirty):
-            delta = bound.deltas(arrays, dirty, demand, _need(arrays, demand))
+            delta = bound.deltas(arrays, dirty, demand, _need(arrays, demand), base.rows(bound, arrays, dirty))
             score, slot = self._reduce(arrays, dirty, delta, demand)
             rc.score[dirty] = score
             rc.slot[dirty] = slot
@@ -483,14 +515,26 @@ class _GpupoolBound(_Bound):
             return (n * weight[:, None, :]).sum(axis=-1)
         return (np.minimum(per, cpu_fit) * weight).sum(axis=-1)
 
-    def deltas(self, arrays: ClusterArrays, rows: np.ndarray, demand: PodDemand, need) -> np.ndarray:
-        fgd = super().deltas(arrays, rows, demand, need)
+    def base(self, arrays: ClusterArrays, rows: np.ndarray) -> dict[str, np.ndarray]:
+        out = super().base(arrays, rows)
+        room = np.maximum(arrays.gpu_free[rows], 0).astype(np.int64)
+        fl = (room[:, :, None] // self.mvals[None, None, :]).sum(axis=1)  # (R, M)
+        weight = self._cap_weight(arrays.model_id[rows])
+        out["fl"] = fl
+        out["cap_before"] = -self._cap_usable(fl, self._cpu_fit(arrays.cpu_free[rows]), weight)  # minus idle
+        return out
+
+    def deltas(
+        self, arrays: ClusterArrays, rows: np.ndarray, demand: PodDemand, need, base: dict | None = None
+    ) -> np.ndarray:
+        base = self.base(arrays, rows) if base is None else base
+        fgd = super().deltas(arrays, rows, demand, need, base)
         left = arrays.gpu_free[rows].astype(np.int64)
         room = np.maximum(left, 0)
         cpu = arrays.cpu_free[rows]
         weight = self._cap_weight(arrays.model_id[rows])
-        fl = (room[:, :, None] // self.mvals[None, None, :]).sum(axis=1)  # (R, M)
-        before = -self._cap_usable(fl, self._cpu_fit(cpu), weight)  # frag minus idle
+        fl = base["fl"]
+        before = base["cap_before"]
         fit_after = self._cpu_fit(cpu - demand.cpu_milli)
         cap = np.full(left.shape, NEG)
         if demand.gpus:
