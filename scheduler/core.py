@@ -350,7 +350,14 @@ class _Cycle:
                     break
                 v = snap.workloads[name]
                 if name not in self.evicted and v.state == State.RUNNING and self._in_pool(v, pool):
-                    yield v, floor
+                    # A project's guarantee outranks the protection; nothing else does.
+                    if strategy == "reclaim" or not self._protected(v):
+                        yield v, floor
+
+    def _protected(self, v: Workload) -> bool:
+        """Just restarted after a preemption: evicting it again would be thrash."""
+        now, since = self.snap.now, v.started_at
+        return v.resumed and now is not None and since is not None and now - since < self.cfg.resume_protection_s
 
     def _in_pool(self, v: Workload, pool: str) -> bool:
         node = self.snap.nodes.get(v.placement[0].node) if v.placement else None

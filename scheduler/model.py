@@ -200,6 +200,7 @@ class Workload:
     # Requeued after a preemption: queued one priority step up, so it is placed before new
     # work of its priority, but that step never lets it preempt anything.
     resumed: bool = False
+    started_at: float | None = None  # when it last started running (adapter's clock)
 
     @property
     def effective_priority(self) -> int:

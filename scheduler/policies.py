@@ -35,6 +35,7 @@ from .cluster import ClusterArrays
 from .model import MILLI, PodDemand
 
 NEG = -1e18
+MIX_DRIFT = 0.02  # how far a shape's probability may move before the mix is re-learnt
 # BestFit's normalisers (the FGD simulator's "max spec" of one node): 128 CPUs, 8 GPUs.
 MAX_SPEC_CPU = 128_000
 MAX_SPEC_GPU = 8 * MILLI
@@ -300,7 +301,13 @@ class FragPolicy:
         for (d, m), n in counts.items():
             s = shape_of(d, m)
             shapes[s] = shapes.get(s, 0.0) + n
-        self.mix = Mix.from_counts(shapes) if shapes else default_mix()
+        mix = Mix.from_counts(shapes) if shapes else default_mix()
+        # Every arrival nudges the counts; keep the old mix (and with it every per-node score
+        # cache) until the shapes change or a probability moves by more than MIX_DRIFT.
+        old = self.mix
+        if mix.shapes == old.shapes and float(np.abs(mix.probs - old.probs).max()) <= MIX_DRIFT:
+            return
+        self.mix = mix
 
     def _state(self, arrays: ClusterArrays):
         key = (type(self).__name__, self.mix.token, self._params())

@@ -34,11 +34,16 @@ class SchedulerConfig:
     # Candidates one workload's eviction plan may look at before it gives up for this cycle;
     # bounds a cycle's cost when little can be evicted.
     max_victim_scan: int = 128
+    # A workload that restarted after a preemption may not be preempted or taken for fair
+    # share again for this long (needs Snapshot.now and Workload.started_at); stops
+    # preempt-resume-preempt thrash. Reclaim for a project below its quota still may.
+    resume_protection_s: float = 600.0
 
 
 @dataclass
 class Snapshot:
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    now: float | None = None  # the adapter's clock; the core never reads one itself
 
     def __post_init__(self) -> None:
         self.nodes: dict[str, Node] = {}

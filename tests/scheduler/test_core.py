@@ -420,3 +420,23 @@ def test_resumed_work_goes_first_in_queue_but_never_preempts_for_it():
     d = decide(snapshot([make_node("n1", gpus=2)], ds, ps, running + [back, new]))
     assert d.evictions == []  # one step up in the queue, not a priority to preempt with
     assert [p.workload for p in d.pending] == ["back", "new"]
+
+
+def test_work_restarted_after_preemption_is_protected_for_a_while():
+    ds, ps = org(("a", 4))
+    victim = make_workload("low").project("a").gpus(2).priority(10).running(("n1", (0, 1), 1000)).obj()
+    victim.resumed, victim.started_at = True, 1000.0
+    snap = snapshot([make_node("n1", gpus=2)], ds, ps, [victim, make_workload("hi").project("a").gpus(2).priority(90).obj()])
+    snap.now = 1000.0 + 599
+    assert decide(snap).evictions == []
+    snap.now = 1000.0 + 601
+    assert [e.workload for e in decide(snap).evictions] == ["low"]
+
+
+def test_guarantee_outranks_resume_protection():
+    ds, ps = org(("a", 2), ("b", 0))
+    victim = make_workload("b1").project("b").gpus(2).running(("n1", (0, 1), 1000)).obj()
+    victim.resumed, victim.started_at = True, 1000.0
+    snap = snapshot([make_node("n1", gpus=2)], ds, ps, [victim, make_workload("a1").project("a").gpus(2).obj()])
+    snap.now = 1001.0
+    assert [e.workload for e in decide(snap).evictions] == ["b1"]
