@@ -156,6 +156,7 @@ class EmbeddedScheduler:
     async def cycle(self) -> Decisions:
         async with self._lock:
             self._sync()
+            self.snapshot.now = time.time()
             decisions = decide(self.snapshot)
             self.last = decisions
             for b in decisions.binds:
@@ -208,6 +209,7 @@ class EmbeddedScheduler:
     async def _bind(self, b: Bind) -> None:
         w = self.snapshot.workloads[b.workload]
         w.state, w.placement, w.over_quota = State.RUNNING, b.pods, b.over_quota
+        w.started_at = time.time()
         self.snapshot.upsert_workload(w)
         where = "; ".join(f"{p.node} GPU {','.join(map(str, p.gpu_indices))} "
                           f"({p.gpu_milli / MILLI:g} each)" for p in b.pods)
