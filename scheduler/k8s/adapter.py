@@ -338,8 +338,13 @@ class GpupoolScheduler:
         if placed:
             w = Workload(**base, pods=len(placed), state=State.RUNNING, placement=tuple(placed),
                          over_quota=any(self._over_quota(p) for p in pods))
-        elif any(p.deleting for p in pods) or len(pods) < first.gang_size:
-            w = None  # a gang still gathering its pods, or a pod on its way out
+        elif any(p.deleting for p in pods):
+            w = None  # on its way out
+        elif len(pods) < first.gang_size:
+            w = None  # a gang still gathering its pods
+            msg = f"gang waits for its pods: {len(pods)} of {first.gang_size} exist"
+            last = self.reported.get(wname)
+            self._report_workload(wname, "Unschedulable", msg, force=not last or last[0] != msg)
         else:
             w = Workload(**base, pods=first.gang_size)
         if w == old:

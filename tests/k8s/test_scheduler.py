@@ -228,6 +228,31 @@ def test_gang_is_bound_all_or_nothing(k8s_cluster: ClusterInfo, ns, sched):
             str(i) for i in range(GPUS_PER_NODE))
 
 
+def test_incomplete_gang_waits_for_its_pods(k8s_cluster: ClusterInfo, ns, sched):
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            await create_org(kc, "d-gang2", 32, {"p-gang2": {"gpus": 8}})
+            try:
+                gang = [make_pod(f"member-{i}").ns(ns).project("p-gang2").kind("training")
+                        .gpus(1).gang("g2", 3).obj() for i in range(3)]
+                await _create_all(kc, ns, gang[:2])
+
+                async def reported():
+                    pods = await list_pods(kc, ns)
+                    return len(pods) == 2 and all(scheduled_false(p) for p in pods) and pods
+
+                waiting = await wait_until(reported, "the incomplete gang reported waiting")
+                await kc.post(f"/api/v1/namespaces/{ns}/pods", gang[2])
+                return waiting, await wait_until(lambda: _bound_count(kc, ns, 3), "gang bound")
+            finally:
+                await delete_org(kc, "d-gang2", ["p-gang2"])
+
+    waiting, placed = run(go())
+    assert not bound(waiting)
+    assert "2 of 3" in scheduled_false(waiting[0])["message"]
+    assert len(bound(placed)) == 3
+
+
 @pytest.mark.parametrize(
     "case,annotations,names",
     [
