@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -33,7 +34,7 @@ from scheduler.model import (  # noqa: E402
     State,
     Workload,
 )
-from scheduler.snapshot import Snapshot  # noqa: E402
+from scheduler.snapshot import SchedulerConfig, Snapshot  # noqa: E402
 
 DEPTS, PROJECTS = 5, 50
 
@@ -99,9 +100,9 @@ def build(scale: float, seed: int = 7):
     return nodes, depts, projects, running, pending
 
 
-def measure(scale: float) -> dict:
+def measure(scale: float, policy: str = "gpupool") -> dict:
     nodes, depts, projects, running, pending = build(scale)
-    snap = Snapshot.build(nodes, depts, projects, running[: len(running) * 99 // 100])
+    snap = Snapshot.build(nodes, depts, projects, running[: len(running) * 99 // 100], SchedulerConfig(policy=policy))
     _ = snap.arrays  # the persistent capacity view exists before the measured cycle
     # Events since the last cycle: 1% of running pods end, 1% start, the pending set arrives.
     t0 = time.perf_counter()
@@ -132,11 +133,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the full size to build")
+    ap.add_argument("--policy", default="gpupool", help="placement policy (gpupool, tightpack, fgd, bestfit)")
     args = ap.parse_args()
-    full = measure(args.scale)
-    quarter = measure(args.scale / 4)
-    half = measure(args.scale / 2)
+    cpu0 = time.process_time()
+    full = measure(args.scale, args.policy)
+    full_cpu_s = time.process_time() - cpu0
+    quarter = measure(args.scale / 4, args.policy)
+    half = measure(args.scale / 2, args.policy)
     out = {
+        "policy": args.policy,
         "cycle_s": round(full["cycle_s"], 4),
         "snapshot_s": round(full["snapshot_s"], 4),
         "actions_s": round(full["actions_s"], 4),
@@ -149,6 +154,8 @@ def main() -> None:
         "pending_left": full["pending_left"],
         "running_pods": full["running_pods"],
         "nodes": full["nodes"],
+        "loadavg": round(os.getloadavg()[0], 2),
+        "build_and_cycle_cpu_s": round(full_cpu_s, 2),
     }
     if not args.json:
         for k, v in out.items():
