@@ -92,6 +92,10 @@ class GpupoolScheduler:
         self._bind_sem = asyncio.Semaphore(self.cfg.bind_concurrency)
         self._status_sem = asyncio.Semaphore(self.cfg.status_concurrency)
         self._tasks: set[asyncio.Task] = set()
+        # Pending reasons and Events wait while binds are in flight: binds go first.
+        self._binding = 0
+        self._binds_idle = asyncio.Event()
+        self._binds_idle.set()
         self.stats = defaultdict(int)
 
     # ------------------------------------------------------------------------ 1. sync
@@ -327,6 +331,8 @@ class GpupoolScheduler:
                 self.assumed[p.key] = (p.plan, p.over_quota)
             if rest:
                 placed += [p.plan for p in rest]
+                self._binding += 1
+                self._binds_idle.clear()
                 self._spawn(self._bind(wname, [(p, p.plan) for p in rest], first.over_quota))
         base = dict(
             name=wname, project=first.project, kind=first.kind, demand=first.demand,
@@ -411,6 +417,8 @@ class GpupoolScheduler:
             self.snap.upsert_workload(replace(w, pods=len(b.pods), state=State.RUNNING,
                                               placement=tuple(b.pods), over_quota=b.over_quota))
             self.reported.pop(b.workload, None)
+            self._binding += 1
+            self._binds_idle.clear()
             self._spawn(self._bind(b.workload, pairs, b.over_quota))
         # While evicted pods terminate they still hold their GPUs and the core, which
         # cannot tell them from running work, might pick further victims for the same
@@ -425,6 +433,16 @@ class GpupoolScheduler:
 
     async def _bind(self, wname: str, pairs: list[tuple[PodRequest, PodPlacement]],
                     over_quota: bool) -> None:
+        try:
+            await self._bind_all(wname, pairs, over_quota)
+        finally:
+            self._binding -= 1
+            if self._binding <= 0:
+                self._binding = 0
+                self._binds_idle.set()
+
+    async def _bind_all(self, wname: str, pairs: list[tuple[PodRequest, PodPlacement]],
+                        over_quota: bool) -> None:
         gang = len(pairs) > 1
         try:
             if gang:
@@ -506,6 +524,7 @@ class GpupoolScheduler:
     def _report(self, ns: str, name: str, uid: str, reason: str, message: str,
                 condition: bool = True) -> None:
         async def go() -> None:
+            await self._binds_idle.wait()
             async with self._status_sem:
                 try:
                     if condition:
