@@ -1,5 +1,5 @@
 """The placement simulator on a small synthetic openb-format trace (no shared data needed),
-plus a short slice of the real trace when ``../shared/traces`` is present."""
+plus a short slice of the real trace from ``data/openb-2023``."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_cli_json(small_trace, capsys):
 TRACES = cli.default_trace_dir()
 
 
-@pytest.mark.skipif(not (TRACES / "openb_pod_list_gpuspec20.csv").exists(), reason="no openb trace under ../shared")
+@pytest.mark.skipif(not (TRACES / "openb_pod_list_gpuspec20.csv").exists(), reason="no openb trace in data/openb-2023")
 def test_real_trace_slice_honours_gpu_spec():
     nodes = load_nodes(TRACES / "openb_node_list_gpu_node.csv")[:150]
     pods = [p for p in load_pods(TRACES / "openb_pod_list_gpuspec20.csv")][:400]

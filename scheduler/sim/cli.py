@@ -21,11 +21,11 @@ from .trace import load_nodes, load_pods
 
 
 def default_trace_dir() -> Path:
-    """``$GPUPOOL_TRACES``, else ``../shared/traces/openb-2023`` beside the repository."""
+    """``$GPUPOOL_TRACES``, else the copy in the repository's ``data/openb-2023``."""
     env = os.environ.get("GPUPOOL_TRACES")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "traces" / "openb-2023"
+    return Path(__file__).resolve().parents[2] / "data" / "openb-2023"
 
 
 def _policies(arg: str) -> list[str]:
