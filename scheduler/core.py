@@ -81,6 +81,7 @@ class _Cycle:
             self.dept_projects[p.department].append(p)
         self.pools = self.work.arrays.pools
         self.dept_quotas: dict[tuple[str, str], Quota] = {}
+        self.project_pools: dict[str, list[str]] = {}
         a = self.work.arrays
         self.pool_gpu_mem = {
             pool: int(a.gpu_mem[a.pool_id == i].max()) for i, pool in enumerate(self.pools) if (a.pool_id == i).any()
@@ -122,9 +123,12 @@ class _Cycle:
     def _pools_for(self, w: Workload) -> list[str]:
         if w.node_pool is not None:
             return [w.node_pool] if w.node_pool in self.pools else []
-        project = self.snap.projects.get(w.project)
-        quota = (lambda pool: project.quotas.get(pool, Quota()).gpus) if project else (lambda pool: 0)
-        return sorted(self.pools, key=lambda pool: (-quota(pool), pool))
+        pools = self.project_pools.get(w.project)
+        if pools is None:  # the project's pools, most quota first
+            project = self.snap.projects.get(w.project)
+            quota = (lambda pool: project.quotas.get(pool, Quota()).gpus) if project else (lambda pool: 0)
+            pools = self.project_pools[w.project] = sorted(self.pools, key=lambda pool: (-quota(pool), pool))
+        return pools
 
     def _milli(self, w: Workload, pool: str) -> int:
         """The gang's GPU need in ``pool``; memory requests count on its largest GPUs."""
@@ -277,9 +281,7 @@ class _Cycle:
 
     # -- 4. make room -----------------------------------------------------------------
     def _make_room(self, waiting: list[Workload]) -> None:
-        releasing = [
-            w for ws in self.snap.holding.values() for w in ws.values() if w.state == State.RELEASING
-        ]
+        releasing = sorted(self.snap.releasing.values(), key=lambda r: r.name)
         tried: set[tuple] = set()
         for w in waiting:
             if w.name in self.placed:

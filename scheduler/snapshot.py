@@ -61,6 +61,7 @@ class Snapshot:
         # What each workload was filed under when it came, so that removing it undoes exactly
         # that even if the adapter changed the object in place since.
         self._filed: dict[str, tuple[str, tuple[int, float, str] | None]] = {}
+        self.releasing: dict[str, Workload] = {}  # evicted, still holding GPUs until they exit
         # Pods per (demand, GPU models) over all known work: the workload mix placement
         # policies measure fragmentation against, kept without a pass over every pod.
         self.shape_counts: dict[tuple, int] = defaultdict(int)
@@ -168,6 +169,8 @@ class Snapshot:
             self.usage[(w.project, pool)] += milli
         if victim is not None:
             bisect.insort(self.victims[w.project], victim)
+        if w.state == State.RELEASING:
+            self.releasing[w.name] = w
         if self._arrays is not None:
             self._apply(self._arrays, w.placement, w.demand, take=True)
 
@@ -182,6 +185,7 @@ class Snapshot:
         if self.pending.pop(name, None) is not None:
             return
         self.holding[project].pop(name, None)
+        self.releasing.pop(name, None)
         for pool, milli in self._held.pop(name):
             self.usage[(project, pool)] -= milli
         if victim is not None:
