@@ -97,10 +97,11 @@ def _one(data: dict, key: str, default=None):
     return v
 
 
-def _number(data, key, default, lo, hi, integer=False, unit=""):
-    raw = _one(data, key, default)
+def check_number(raw, key: str, lo: float, hi: float, integer: bool = False, unit: str = ""):
+    """The one rule for numeric fields everywhere (forms, REST, CLI, trainings, inference
+    services): a finite number from ``lo`` to ``hi``, whole when ``integer``."""
     rng = f"from {lo:g} to {hi:g}{unit}"
-    if isinstance(raw, bool):
+    if isinstance(raw, bool) or raw is None:
         raise FieldError(key, f"must be a number {rng}, got {raw!r}")
     try:
         v = float(raw)
@@ -113,6 +114,10 @@ def _number(data, key, default, lo, hi, integer=False, unit=""):
             raise FieldError(key, f"must be a whole number {rng}, got {raw!r}")
         return int(v)
     return v
+
+
+def _number(data, key, default, lo, hi, integer=False, unit=""):
+    return check_number(_one(data, key, default), key, lo, hi, integer, unit)
 
 
 def _choice(data, key, default, allowed, what=""):

@@ -7,10 +7,9 @@ range. Nothing is clamped silently.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
-from hub_ext.requests import NAME_RE, FieldError
+from hub_ext.requests import NAME_RE, FieldError, check_number
 from scheduler.model import PodDemand
 
 METRICS = ("concurrency", "throughput")
@@ -70,21 +69,7 @@ _NUMBERS = {
 
 def _number(data: dict, key: str):
     default, lo, hi, integer, unit = _NUMBERS[key]
-    raw = data.get(key, default)
-    rng = f"from {lo:g} to {hi:g}{unit}"
-    if isinstance(raw, bool) or raw is None:
-        raise FieldError(key, f"must be a number {rng}, got {raw!r}")
-    try:
-        v = float(raw)
-    except (TypeError, ValueError):
-        raise FieldError(key, f"must be a number {rng}, got {raw!r}") from None
-    if not math.isfinite(v) or v < lo or v > hi:
-        raise FieldError(key, f"must be {rng}, got {raw!r}")
-    if integer:
-        if v != int(v):
-            raise FieldError(key, f"must be a whole number {rng}, got {raw!r}")
-        return int(v)
-    return v
+    return check_number(data.get(key, default), key, lo, hi, integer, unit)
 
 
 def parse_spec(data: dict, projects: tuple[str, ...] | None = None) -> ServiceSpec:

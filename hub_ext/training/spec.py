@@ -6,13 +6,12 @@ value raises ``FieldError`` naming the field and the allowed range.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import asdict, dataclass, field
 
 from scheduler.model import DEFAULT_PRIORITY, Kind, PodDemand
 
-from ..requests import NAME_RE, FieldError, Limits, WorkloadRequest
+from ..requests import NAME_RE, FieldError, Limits, WorkloadRequest, check_number
 
 RESTART_POLICIES = ("OnFailure", "Never")
 MAX_WORKERS = 64
@@ -88,21 +87,7 @@ def parse_gpu_memory(raw) -> float:
 
 def _number(data: dict, key: str, default, lo: float, hi: float, integer: bool = False,
             unit: str = ""):
-    raw = data.get(key, default)
-    rng = f"from {lo:g} to {hi:g}{unit}"
-    if isinstance(raw, bool) or raw is None:
-        raise FieldError(key, f"must be a number {rng}, got {raw!r}")
-    try:
-        v = float(raw)
-    except (TypeError, ValueError):
-        raise FieldError(key, f"must be a number {rng}, got {raw!r}") from None
-    if not math.isfinite(v) or v < lo or v > hi:
-        raise FieldError(key, f"must be {rng}, got {raw!r}")
-    if integer:
-        if v != int(v):
-            raise FieldError(key, f"must be a whole number {rng}, got {raw!r}")
-        return int(v)
-    return v
+    return check_number(data.get(key, default), key, lo, hi, integer, unit)
 
 
 def _bool(data: dict, key: str, default: bool) -> bool:
