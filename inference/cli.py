@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 
-ApiCall = Callable[..., dict]
+from hub_ext.cli_common import ApiCall, env_option
+
 OPTIONS = (("project", "project"), ("gpu", "gpu"), ("min_replicas", "min_replicas"),
            ("max_replicas", "max_replicas"), ("metric", "metric"), ("target", "target"),
            ("scale_to_zero_after", "scale_to_zero_after_s"), ("port", "port"),
@@ -43,13 +43,7 @@ def _submit(args, api: ApiCall, parser: argparse.ArgumentParser) -> int:
     if args.public:
         body["public"] = True
     if args.env:
-        env = {}
-        for item in args.env:
-            name, eq, value = item.partition("=")
-            if not eq:
-                sys.exit(f"gpupool: -e/--env: must be NAME=VALUE, got {item!r}")
-            env[name] = value
-        body["env"] = env
+        body["env"] = env_option(args.env)
     s = api(args, "POST", "/inferences", body)
     print(f"{s['name']}: created in project {s['project']}; URL {args.url.rstrip('/')}{s['url']}")
     return 0

@@ -17,9 +17,8 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 
-ApiCall = Callable[..., dict]
+from hub_ext.cli_common import ApiCall, env_option
 
 
 def _age(ts: float) -> str:
@@ -42,13 +41,7 @@ def _submit(args, api: ApiCall) -> int:
         if value is not None:
             body[key] = value
     if args.env:
-        env = {}
-        for item in args.env:
-            name, eq, value = item.partition("=")
-            if not eq:
-                sys.exit(f"gpupool: -e/--env: must be NAME=VALUE, got {item!r}")
-            env[name] = value
-        body["env"] = env
+        body["env"] = env_option(args.env)
     t = api(args, "POST", "/trainings", body)
     print(f"{t['name']}: {t['status']} in project {t['project']} ({t['gpu']})")
     return 0
