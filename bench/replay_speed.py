@@ -5,7 +5,7 @@ scenario's cluster, static + fifo-shared + gpupool one after another in this pro
 Target: under 120 s on the 2-core CI machine. CPU time is printed too: on a shared machine
 it is the steadier figure.
 
-    python bench/replay_speed.py [--json] [--scenario balanced] [--window LO,HI]
+    python bench/replay_speed.py [--json] [--scenario balanced] [--window LO,HI] [--doc OUT.json] [--plot OUT.png]
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ def main() -> int:
     ap.add_argument("--scenario", default="balanced")
     ap.add_argument("--window", default="", help="LO,HI share of the pods (default: the scenario's)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--doc", default="", help="also write the replay's JSON document (its metrics) here")
+    ap.add_argument("--plot", default="", help="also draw the chart here (after the timing)")
     args = ap.parse_args()
     d = default_trace_dir()
     if not (d / "openb_pod_list_default.csv").exists():
@@ -43,8 +45,16 @@ def main() -> int:
         scn.pods = scenarios.PodSpec(scn.pods.skip_never_scheduled, scn.pods.skip_cpu_only, (lo, hi))
     nodes = scn.select_nodes(load_nodes(d / "openb_node_list_gpu_node.csv"))
     pods = load_pods(d / "openb_pod_list_default.csv")
-    doc, _ = replay_all(nodes, pods, scn)
+    doc, results = replay_all(nodes, pods, scn)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    if args.doc:
+        Path(args.doc).write_text(json.dumps(doc))
+    if args.plot:
+        from scheduler.sim.replay_plot import plot
+
+        load = doc["load"]
+        title = f"{scn.name}: {load['pods']} openb pods on {load['nodes']} nodes ({load['capacity_gpus']} GPUs)"
+        plot(results, load["capacity_gpus"] * 1000, load["arrival_window_s"], title, args.plot)
     out = {
         "bench": "replay_speed",
         "scenario": scn.name,

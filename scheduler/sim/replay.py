@@ -61,6 +61,8 @@ class Setup:
 
 
 def _base(job: Job, grace: float, **kw) -> Workload:
+    if job.opt_in:  # an "interactive preemptible" workspace (scenario.workspace_over_quota)
+        kw = {"preemptible": True, "allow_over_quota": True, **kw}
     return Workload(
         name=job.name,
         project=kw.pop("project", job.project),
@@ -110,10 +112,10 @@ POLICY_NAMES = tuple(SETUPS)
 class Job:
     __slots__ = (
         "pod", "name", "project", "kind", "milli", "submit", "service", "remaining",
-        "start", "first_start", "finish", "gen", "preemptions", "in_quota",
+        "start", "first_start", "finish", "gen", "preemptions", "in_quota", "opt_in", "over_ok",
     )  # fmt: skip
 
-    def __init__(self, pod: TracePod, project: str, kind: Kind, submit: float):
+    def __init__(self, pod: TracePod, project: str, kind: Kind, submit: float, opt_in: bool = False):
         self.pod = pod
         self.name = pod.name
         self.project = project
@@ -128,6 +130,8 @@ class Job:
         self.gen = 0  # bumped on eviction so the old finish event is ignored
         self.preemptions = 0
         self.in_quota = False
+        self.opt_in = opt_in and kind == Kind.WORKSPACE  # a workspace that may go over quota
+        self.over_ok = kind == Kind.TRAINING or self.opt_in  # work that may run over quota
 
 
 def make_jobs(pods: list[TracePod], scn: Scenario) -> list[Job]:
@@ -137,16 +141,20 @@ def make_jobs(pods: list[TracePod], scn: Scenario) -> list[Job]:
         return []
     t0 = chosen[0].creation_time
     k = scn.time.arrival_compression
-    return [Job(p, scn.project_of(p.name), scn.kind_of(p), (p.creation_time - t0) / k) for p in chosen]
+    return [
+        Job(p, scn.project_of(p.name), scn.kind_of(p), (p.creation_time - t0) / k, scn.opts_over_quota(p.name))
+        for p in chosen
+    ]
 
 
 # -- metrics ----------------------------------------------------------------------------
-def jain(held: dict[str, int], pend_over: dict[str, int], quota: dict[str, int], weight: dict[str, float]) -> float | None:
-    """Jain's index of the projects' over-quota allocations, each divided by its weight
-    share: the over-quota GPUs in use divided among the projects that want to be over quota,
-    by weight, none above what it wants (water-filling). 1 = every such project holds
-    exactly its weighted share. None when fewer than two projects want over-quota GPUs or
-    none are in use."""
+def over_quota_shares(
+    held: dict[str, int], pend_over: dict[str, int], quota: dict[str, int], weight: dict[str, float]
+) -> tuple[list[str], list[float], list[float]] | None:
+    """The projects that want over-quota GPUs now (what they hold plus their pending work
+    that may go over quota exceeds their quota), the over-quota milli each holds, and its
+    weighted share of the over-quota milli in use (water-filling by weight, none above what
+    it wants). None when fewer than two projects want over-quota GPUs or none are in use."""
     names, want, alloc = [], [], []
     for p, q in quota.items():
         d = held.get(p, 0) + pend_over.get(p, 0) - q
@@ -158,10 +166,23 @@ def jain(held: dict[str, int], pend_over: dict[str, int], quota: dict[str, int],
     if len(names) < 2 or total <= 0:
         return None
     share = waterfill(total, [0.0] * len(names), want, [weight[p] for p in names])
-    x = [a / s for a, s in zip(alloc, share) if s > 0]
-    if len(x) < 2:
+    return names, alloc, share
+
+
+def jain_of(x: list[float]) -> float | None:
+    return sum(x) ** 2 / (len(x) * sum(v * v for v in x)) if len(x) >= 2 and any(x) else None
+
+
+def jain(held: dict[str, int], pend_over: dict[str, int], quota: dict[str, int], weight: dict[str, float]) -> float | None:
+    """Jain's index at one instant of the projects' over-quota allocations, each divided by
+    its weight share (``over_quota_shares``). 1 = every such project holds exactly its
+    weighted share. None when fewer than two projects want over-quota GPUs or none are in use."""
+    st = over_quota_shares(held, pend_over, quota, weight)
+    if st is None:
         return None
-    return sum(x) ** 2 / (len(x) * sum(v * v for v in x))
+    _, alloc, share = st
+    x = [a / s for a, s in zip(alloc, share) if s > 0]
+    return jain_of(x) if len(x) >= 2 else None
 
 
 class Meter:
@@ -188,6 +209,11 @@ class Meter:
         self.pending_time = [0.0, 0.0]
         self.jain_int = [0.0, 0.0]
         self.jain_time = [0.0, 0.0]
+        self.shares: tuple[list[str], list[float], list[float]] | None = None  # over_quota_shares now
+        self.over_int: list[dict[str, float]] = [{}, {}]  # per project: over-quota milli x s held
+        self.share_int: list[dict[str, float]] = [{}, {}]  # ... and deserved, while it wants them
+        self.over_total_int = [0.0, 0.0]  # over-quota milli in use x s, while the index is defined
+        self.wanting_int = [0.0, 0.0]  # projects wanting over-quota GPUs x s, likewise
         self.series_t: list[float] = []
         self.series_total: list[int] = []
         self.series_proj: list[tuple[int, ...]] = []
@@ -203,6 +229,13 @@ class Meter:
             if self.jain_now is not None:
                 self.jain_int[i] += self.jain_now * dt
                 self.jain_time[i] += dt
+            if self.shares is not None and dt > 0:
+                over, deserved = self.over_int[i], self.share_int[i]
+                self.over_total_int[i] += sum(self.shares[1]) * dt
+                self.wanting_int[i] += len(self.shares[0]) * dt
+                for p, a, sh in zip(*self.shares):
+                    over[p] = over.get(p, 0.0) + a * dt
+                    deserved[p] = deserved.get(p, 0.0) + sh * dt
         self.t = t
 
     def change(self, project: str, milli: int) -> None:
@@ -210,7 +243,11 @@ class Meter:
         self.held_total += milli
 
     def record(self) -> None:
-        self.jain_now = jain(self.held, self.pend_over, self.quota, self.weight)
+        self.shares = st = over_quota_shares(self.held, self.pend_over, self.quota, self.weight)
+        self.jain_now = None
+        if st is not None:
+            x = [a / s for a, s in zip(st[1], st[2]) if s > 0]
+            self.jain_now = jain_of(x) if len(x) >= 2 else None
         if self.series_t and self.series_t[-1] == self.t:
             self.series_t.pop(), self.series_total.pop(), self.series_proj.pop()
         self.series_t.append(self.t)
@@ -224,8 +261,23 @@ class Meter:
         return round(100 * self.busy_pending[i] / (capacity_milli * self.pending_time[i]), 2)
 
     def jain_mean(self, window: bool) -> float | None:
+        """The instantaneous index, averaged over the time it is defined."""
         i = 0 if window else 1
         return round(self.jain_int[i] / self.jain_time[i], 4) if self.jain_time[i] else None
+
+    def jain_over_time(self, window: bool) -> float | None:
+        """Jain's index over the projects of (over-quota GPU-seconds held) / (over-quota
+        GPU-seconds deserved by weight), both integrated over the times the project wanted
+        over-quota GPUs: whether each team got its weighted share of the over-quota capacity
+        over the replay, whichever moments it got it in."""
+        i = 0 if window else 1
+        x = [self.over_int[i][p] / d for p, d in self.share_int[i].items() if d > 0]
+        v = jain_of(x)
+        return None if v is None else round(v, 4)
+
+    def over_quota_ratios(self, window: bool) -> dict[str, float]:
+        i = 0 if window else 1
+        return {p: round(self.over_int[i][p] / d, 3) for p, d in self.share_int[i].items() if d > 0}
 
 
 @dataclass
@@ -241,24 +293,6 @@ class PolicyResult:
 
 def _pct(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 1) if xs else None
-
-
-def trace_mix(jobs: list[Job]) -> dict:
-    """Pod counts per (demand, GPU models) over every pod of the replay: the workload mix
-    the placement policy is told to keep room for, fixed for the whole replay (as the FGD
-    paper's simulator learns its "typical pods" from the trace).
-
-    Works around a cost in the core: ``FragPolicy.prepare_counts`` builds a ``Mix`` from the
-    live ``Snapshot.shape_counts`` every cycle, and the mix's key (probabilities to 1e-6)
-    changes with every arrival or departure, so the per-node score caches start empty each
-    cycle and every pod shape placed recomputes all nodes (about 12 ms a shape on the 1,213
-    openb nodes, most cycles). The replay hands ``decide`` these fixed counts instead.
-    """
-    counts: dict = {}
-    for j in jobs:
-        key = (j.pod.demand, ())
-        counts[key] = counts.get(key, 0) + 1
-    return counts
 
 
 # -- the replay -------------------------------------------------------------------------
@@ -334,7 +368,7 @@ class _Replay:
         window_end = max((j.submit for j in jobs), default=0.0)
         self.meter = Meter([t.name for t in scn.teams], self.quota, scn.weights(), window_end)
         self.pend_all: dict[str, int] = dict.fromkeys(self.quota, 0)  # pending milli
-        self.pend_train: dict[str, int] = dict.fromkeys(self.quota, 0)  # of it, training
+        self.pend_over: dict[str, int] = dict.fromkeys(self.quota, 0)  # of it, may go over quota
         self.period = scn.time.scheduling_period_s
         self.ckpt = scn.time.checkpoint_interval_s
         self.events: list[tuple[float, int, int, str, int]] = []
@@ -345,8 +379,8 @@ class _Replay:
         self.preemptions = 0
         self.by_reason: dict[str, int] = {}
         self.thrash = 0
+        self.thrash_by_reason: dict[str, int] = {}
         self.lost_gpu_s = 0.0
-        self.mix = trace_mix(jobs)
         for j in jobs:
             self._push(j.submit, _ARRIVE, j.name, 0)
 
@@ -389,8 +423,8 @@ class _Replay:
     # -- events ----------------------------------------------------------------------
     def _pending(self, job: Job, sign: int) -> None:
         self.pend_all[job.project] += sign * job.milli
-        if job.kind == Kind.TRAINING:
-            self.pend_train[job.project] += sign * job.milli
+        if job.over_ok:
+            self.pend_over[job.project] += sign * job.milli
 
     def _arrive(self, job: Job, t: float) -> None:
         p = job.project
@@ -418,20 +452,18 @@ class _Replay:
     def _cycle(self, t: float) -> None:
         self.dirty_since = None
         snap = self.snap
+        snap.now = t  # resume protection: the core compares it with each started_at
         t0 = time.perf_counter()
-        live = snap.shape_counts
-        snap.shape_counts = self.mix
-        try:
-            d = decide(snap)
-        finally:
-            snap.shape_counts = live
+        d = decide(snap)
         self.decide_s += time.perf_counter() - t0
         self.cycles += 1
         for b in d.binds:
             job = self.jobs[b.workload]
             w = snap.workloads[b.workload]
             self.queues.placed(w)
-            snap.upsert_workload(dataclasses.replace(w, state=State.RUNNING, placement=b.pods, over_quota=b.over_quota))
+            snap.upsert_workload(
+                dataclasses.replace(w, state=State.RUNNING, placement=b.pods, over_quota=b.over_quota, started_at=t)
+            )
             job.start = t
             if job.first_start is None:
                 job.first_start = t
@@ -442,7 +474,7 @@ class _Replay:
             self._evict(self.jobs[e.workload], t, e)
         if self.queues.refill():
             self._changed(t)  # the next pods of a queue get a cycle at once
-        self.meter.pend_over = dict(self.pend_train)
+        self.meter.pend_over = dict(self.pend_over)
         self.meter.pending_seen = self.queues.count > 0
         self.meter.record()
         if self.check:
@@ -455,12 +487,13 @@ class _Replay:
         saved = math.floor(ran / self.ckpt) * self.ckpt
         job.remaining -= saved
         self.lost_gpu_s += (ran - saved) * job.milli / MILLI
+        why = "preempt" if e.reason.startswith("preempted") else "fair share" if "fair share" in e.reason else "reclaim"
         if job.preemptions and ran < self.scn.time.thrash_window_s:
             self.thrash += 1
+            self.thrash_by_reason[why] = self.thrash_by_reason.get(why, 0) + 1
         job.preemptions += 1
         job.gen += 1
         self.preemptions += 1
-        why = "preempt" if e.reason.startswith("preempted") else "fair share" if "fair share" in e.reason else "reclaim"
         self.by_reason[why] = self.by_reason.get(why, 0) + 1
         self._push(t + e.grace_period_s, _RELEASED, job.name, job.gen)
 
@@ -482,8 +515,14 @@ class _Replay:
             "preemptions": self.preemptions,
             "lost_gpu_hours": round(self.lost_gpu_s / 3600, 2),
             "thrash_count": self.thrash,
-            "fairness_jain": m.jain_mean(window=True),
+            "fairness_jain": m.jain_over_time(window=True),
+            "fairness_jain_instant_mean": m.jain_mean(window=True),
+            "fairness_time_s": round(m.jain_time[0], 1),
+            "over_quota_in_use_mean_gpus": round(m.over_total_int[0] / m.jain_time[0] / MILLI, 2) if m.jain_time[0] else None,
+            "projects_wanting_over_quota_mean": round(m.wanting_int[0] / m.jain_time[0], 2) if m.jain_time[0] else None,
+            "over_quota_received_vs_deserved": m.over_quota_ratios(window=True),
             "preemptions_by_reason": dict(sorted(self.by_reason.items())),
+            "thrash_by_reason": dict(sorted(self.thrash_by_reason.items())),
             "pods": len(jobs),
             "in_quota_pods": len(in_quota),
             "finished_pods": len(finished),
@@ -492,7 +531,8 @@ class _Replay:
             "arrival_window_s": round(m.window_end, 1),
             "pending_time_in_window_s": round(m.pending_time[0], 1),
             "gpu_allocation_mean_pct_whole_replay": m.allocation_pct(self.capacity, window=False),
-            "fairness_jain_whole_replay": m.jain_mean(window=False),
+            "fairness_jain_whole_replay": m.jain_over_time(window=False),
+            "fairness_jain_instant_mean_whole_replay": m.jain_mean(window=False),
             "pending_time_s": round(m.pending_time[1], 1),
             "end_s": round(end, 1),
             "cycles": self.cycles,

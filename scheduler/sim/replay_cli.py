@@ -38,6 +38,17 @@ def _policies(arg: str) -> tuple[str, ...]:
     return names
 
 
+def _share(arg: str) -> float:
+    v = {"true": 1.0, "false": 0.0}.get(arg.lower())
+    try:
+        v = float(arg) if v is None else v
+    except ValueError:
+        v = -1.0
+    if not 0 <= v <= 1:
+        raise SystemExit(f"gpupool-sim replay: --workspace-over-quota must be true, false or a share in [0, 1], got {arg!r}")
+    return v
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from .cli import default_trace_dir
 
@@ -46,6 +57,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.window:
         lo, hi = (float(x) for x in args.window.split(","))
         scn.pods = scenarios.PodSpec(scn.pods.skip_never_scheduled, scn.pods.skip_cpu_only, (lo, hi))
+    if args.workspace_over_quota is not None:
+        scn.workspace_over_quota = _share(args.workspace_over_quota)
     nodes = scn.select_nodes(load_nodes(args.nodes or d / "openb_node_list_gpu_node.csv"))
     pods = load_pods(args.pods or d / "openb_pod_list_default.csv")
     doc, results = replay_all(nodes, pods, scn, _policies(args.policy), args.placement, args.check)
@@ -80,6 +93,10 @@ def add_replay(sub) -> None:
     p.add_argument("--policy", default="all", help=f"one of {', '.join(POLICY_NAMES)}; a comma list; or all")
     p.add_argument("--placement", default="gpupool", help="placement policy every policy uses (default gpupool)")
     p.add_argument("--window", default="", help="LO,HI: replay only this share of the pods (e.g. 0.4,0.5)")
+    p.add_argument(
+        "--workspace-over-quota", default=None, metavar="SHARE",
+        help="override the scenario's workspace_over_quota (true, false or a share in [0, 1])",
+    )
     p.add_argument("--check", action="store_true", help="check conservation after every cycle (slower)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", default="", help="write the chart to this PNG")

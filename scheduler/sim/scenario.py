@@ -18,6 +18,7 @@ A scenario is a YAML file (``scheduler/sim/scenarios/*.yaml``)::
       skip_cpu_only: true         # quotas are GPU quotas; CPU-only pods are left out
       window: [0.0, 1.0]          # share of the pods (in creation order) to replay
     kinds: {LS: workspace, Guaranteed: inference, BE: training, Burstable: training}
+    workspace_over_quota: 0.0     # share of workspaces that opt in to over quota (see below)
     departments:
       - name: research
         projects:
@@ -28,6 +29,13 @@ on every machine and Python), drawn against the projects' ``pod_share``. Quotas 
 ``quota_share`` of the cluster's GPUs, rounded to milli-GPUs so that they add up to the
 cluster exactly; a department's quota is the sum of its projects', its weight the sum of
 its projects' weights.
+
+``workspace_over_quota`` (a share in [0, 1], or true/false for 1/0): Run:ai's "interactive
+preemptible" workspaces. That share of the workspace pods (by a second stable hash of the
+name) is submitted as preemptible with over quota allowed, like training: it may use idle
+GPUs of other projects and is then reclaimed, preempted and loses the work since its last
+checkpoint as training does. The rest keep the kind's defaults (non-preemptible, in quota
+only). The same pods opt in under every policy; only gpupool lets work go over quota.
 
 Errors: a bad file raises ``ValidationError`` naming the field.
 """
@@ -84,6 +92,7 @@ class Scenario:
     seed: int = 1
     description: str = ""
     path: str = ""
+    workspace_over_quota: float = 0.0
 
     # -- the cluster -----------------------------------------------------------------
     def select_nodes(self, nodes: list[Node]) -> list[Node]:
@@ -116,6 +125,14 @@ class Scenario:
 
     def kind_of(self, pod: TracePod) -> Kind:
         return self.kinds.get(pod.qos, Kind.TRAINING)
+
+    def opts_over_quota(self, pod_name: str) -> bool:
+        """Whether a workspace pod is an "interactive preemptible" one (see the module)."""
+        share = self.workspace_over_quota
+        if share <= 0:
+            return False
+        h = hashlib.blake2b(f"{self.seed}:over-quota:{pod_name}".encode(), digest_size=8).digest()
+        return int.from_bytes(h, "big") / 2**64 < share
 
     def select(self, pods: list[TracePod]) -> list[TracePod]:
         """The trace pods this scenario replays, in creation order."""
@@ -165,6 +182,7 @@ class Scenario:
             "time": self.time.__dict__,
             "pods": {**self.pods.__dict__, "window": list(self.pods.window)},
             "kinds": {k: v.value for k, v in self.kinds.items()},
+            "workspace_over_quota": self.workspace_over_quota,
             "projects": [t.__dict__ for t in self.teams],
         }
 
@@ -222,6 +240,11 @@ def parse(data: dict, path: str = "") -> Scenario:
         raise ValidationError("departments", "project names must be unique")
     if sum(t.quota_share for t in teams) <= 0 or sum(t.pod_share for t in teams) <= 0:
         raise ValidationError("departments", "quota_share and pod_share must each add up to more than 0")
+    woq = data.get("workspace_over_quota", 0.0)
+    if isinstance(woq, bool):
+        woq = 1.0 if woq else 0.0
+    if not isinstance(woq, (int, float)) or not 0 <= woq <= 1:
+        raise ValidationError("workspace_over_quota", f"must be true, false or a share in [0, 1], got {woq!r}")
     c = data.get("cluster") or {}
     node_fraction = _num(c, "node_fraction", "cluster", 1.0, strict=True)
     if node_fraction > 1:
@@ -236,6 +259,7 @@ def parse(data: dict, path: str = "") -> Scenario:
         seed=int(data.get("seed", 1)),
         description=str(data.get("description", "")).strip(),
         path=str(path),
+        workspace_over_quota=float(woq),
     )
 
 
