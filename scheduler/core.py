@@ -35,7 +35,7 @@ from .model import (
     State,
     Workload,
 )
-from .placement import Choice, get_policy
+from .placement import Choice
 from .quota import admit, department_quota, fair_shares
 from .snapshot import Snapshot
 from .working import Working
@@ -72,7 +72,7 @@ class _Cycle:
         self.snap = snap
         self.cfg = snap.config
         self.work = Working(snap)
-        self.policy = get_policy(self.cfg.policy)
+        self.policy = snap.placement_policy()
         self.order = sorted(snap.pending.values(), key=queue_order)
         if hasattr(self.policy, "prepare_counts"):
             self.policy.prepare_counts(snap.shape_counts)
@@ -283,10 +283,11 @@ class _Cycle:
     def _make_room(self, waiting: list[Workload]) -> None:
         releasing = sorted(self.snap.releasing.values(), key=lambda r: r.name)
         tried: set[tuple] = set()
+        fits_cache: dict[tuple, bool] = {}
         for w in waiting:
             if w.name in self.placed:
                 continue
-            if releasing and self._fits_after_release(w, releasing):
+            if releasing and self._fits_after_release(w, releasing, fits_cache):
                 n = len(releasing)
                 self.why[w.name] = f"waiting for {n} evicted workload{'s' if n > 1 else ''} to release GPUs"
                 continue
@@ -301,13 +302,19 @@ class _Cycle:
                 if result == "no victims":
                     tried.add(shape)
 
-    def _fits_after_release(self, w: Workload, releasing: list[Workload]) -> bool:
-        cp = self.work.checkpoint()
-        for r in releasing:
-            self.work.give(r, self.work.choices_of(r))
-        ok = any(self._verdict(w, pool).allowed and self._place(w, pool) for pool in self._pools_for(w))
-        self.work.rollback(cp)
-        return ok
+    def _fits_after_release(self, w: Workload, releasing: list[Workload], cache: dict) -> bool:
+        """Would ``w`` fit once the evicted work has exited? (Then it waits; nothing more
+        is evicted for it.) Asked once per project and shape in a cycle."""
+        key = (w.project, w.demand, w.pods, w.gpu_models, w.node_pool)
+        if key not in cache:
+            cp = self.work.checkpoint()
+            for r in releasing:
+                self.work.give(r, self.work.choices_of(r))
+            cache[key] = any(
+                self._verdict(w, pool).allowed and self._place(w, pool) for pool in self._pools_for(w)
+            )
+            self.work.rollback(cp)
+        return cache[key]
 
     def _plan_for(self, w: Workload) -> bool | str:
         for pool in self._pools_for(w):
@@ -339,6 +346,7 @@ class _Cycle:
         else:
             others = [p for p in snap.projects if p != w.project and snap.victims.get(p)]
             projects = sorted(others, key=lambda p: (self.fair.get((p, pool), 0) - self.work.usage[(p, pool)], p))
+        deferred: list[tuple[Workload, int | None]] = []
         for p in projects:
             floor = None
             if strategy == "reclaim":
@@ -351,10 +359,13 @@ class _Cycle:
                 if strategy == "preempt" and prio >= w.effective_priority:
                     break
                 v = snap.workloads[name]
-                if name not in self.evicted and v.state == State.RUNNING and self._in_pool(v, pool):
-                    # A project's guarantee outranks the protection; nothing else does.
-                    if strategy == "reclaim" or not self._protected(v):
-                        yield v, floor
+                if name in self.evicted or v.state != State.RUNNING or not self._in_pool(v, pool):
+                    continue
+                if not self._protected(v):
+                    yield v, floor
+                elif strategy == "reclaim":  # a guarantee outranks the protection, but last
+                    deferred.append((v, floor))
+        yield from deferred
 
     def _protected(self, v: Workload) -> bool:
         """Just restarted after a preemption: evicting it again would be thrash."""

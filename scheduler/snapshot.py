@@ -21,6 +21,7 @@ from .model import (
     ValidationError,
     Workload,
 )
+from .placement import PlacementPolicy, get_policy
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Snapshot:
         self.shape_counts: dict[tuple, int] = defaultdict(int)
         self._arrays: ClusterArrays | None = None
         self._total_gpus = 0
+        self._policy: tuple[str, PlacementPolicy] | None = None
 
     @classmethod
     def build(
@@ -112,6 +114,13 @@ class Snapshot:
                     self._apply(arrays, w.placement, w.demand, take=True)
             self._arrays = arrays
         return self._arrays
+
+    def placement_policy(self) -> PlacementPolicy:
+        """The configured placement policy, kept across cycles: what it learnt (the
+        workload mix, per-node score caches) stays valid from one cycle to the next."""
+        if self._policy is None or self._policy[0] != self.config.policy:
+            self._policy = (self.config.policy, get_policy(self.config.policy))
+        return self._policy[1]
 
     def total_gpus(self) -> int:
         return self._total_gpus
