@@ -342,8 +342,11 @@ class GpupoolScheduler:
             submit_time=first.submit_time, grace_period_s=first.grace_period_s,
         )  # fmt: skip
         if placed:
-            w = Workload(**base, pods=len(placed), state=State.RUNNING, placement=tuple(placed),
-                         over_quota=any(self._over_quota(p) for p in pods))
+            # Evicted pods still hold their GPUs until they are gone: RELEASING tells the core
+            # to count them as soon free rather than pick more victims for the same room.
+            leaving = wname in self.evicting or any(p.deleting for p in pods)
+            w = Workload(**base, pods=len(placed), state=State.RELEASING if leaving else State.RUNNING,
+                         placement=tuple(placed), over_quota=any(self._over_quota(p) for p in pods))
         elif any(p.deleting for p in pods):
             w = None  # on its way out
         elif len(pods) < first.gang_size:
@@ -420,11 +423,9 @@ class GpupoolScheduler:
             self._binding += 1
             self._binds_idle.clear()
             self._spawn(self._bind(b.workload, pairs, b.over_quota))
-        # While evicted pods terminate they still hold their GPUs and the core, which
-        # cannot tell them from running work, might pick further victims for the same
-        # room: act on new evictions only once the earlier ones are gone.
-        for e in d.evictions if not self.evicting else ():
+        for e in d.evictions:
             self.evicting.add(e.workload)
+            self._refresh(e.workload)  # now RELEASING in the snapshot
             for key in sorted(self.members.get(e.workload, ())):
                 self._spawn(self._evict(self.pods[key], e.reason, e.grace_period_s))
         now = time.monotonic()
@@ -503,6 +504,7 @@ class GpupoolScheduler:
                 if e.status != 404:
                     log.warning("evicting %s: %s", pod.key, e)
                     self.evicting.discard(pod.workload)
+                    self._refresh(pod.workload)  # still running: a victim again
                 return
         self._report(pod.namespace, pod.name, pod.uid, "Preempted",
                      f"{reason} (grace period {grace}s)", condition=False)
