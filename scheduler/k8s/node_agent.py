@@ -1,0 +1,347 @@
+"""``gpupool-node-agent``: publishes a node's GPUs on its Node object (one per GPU node, a
+DaemonSet in a cluster).
+
+It reads the GPUs from an inventory source (NVML through pynvml, or an injected inventory:
+a JSON/YAML file or a Python callable, for tests and machines without GPUs) and writes:
+
+- labels ``nvidia.com/gpu.present``, ``nvidia.com/gpu.count``, ``nvidia.com/gpu.product``
+  (the model, as GPU feature discovery spells it: spaces become ``-``) and
+  ``nvidia.com/gpu.memory`` (MiB): what gpupool-scheduler's ``parse_node`` reads;
+- annotations ``gpupool.io/gpu-uuids`` (comma list by index, read by the scheduler for
+  ``NVIDIA_VISIBLE_DEVICES``), ``gpupool.io/gpus`` (JSON list: index, uuid, model, memory
+  MiB, NVLink peers) and ``gpupool.io/gpu-usage`` (JSON list: index, memory used MiB,
+  utilization %, refreshed every ``--period``);
+- optionally (``--advertise-capacity``, for nodes without the NVIDIA device plugin) the
+  ``nvidia.com/gpu`` capacity and allocatable in the node's status.
+
+It also copies the interception library (``--preload-src``, default
+``native/build/libgpupool-cuda.so`` when present) to ``--host-lib-dir``/``libgpupool.so``
+(write then rename, only when the content changed) for workloads to mount; the workspace
+spawner mounts that directory at ``/usr/local/lib/gpupool`` (gpupool-scheduler's default
+``--preload-path`` is ``/usr/local/lib/gpupool/libgpupool.so``).
+
+Inventory file format (JSON or YAML)::
+
+    gpus:  [{index: 0, uuid: GPU-..., model: NVIDIA H100 80GB HBM3, memory_mib: 81559,
+             nvlink_peers: [1]}, ...]
+    usage: [{index: 0, memory_used_mib: 1024, utilization: 37}, ...]   # optional
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import importlib
+import json
+import logging
+import os
+import re
+import signal
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "GpuInfo",
+    "GpuUsage",
+    "NodeAgent",
+    "copy_preload",
+    "inventory_from",
+    "main",
+    "node_patch",
+]
+
+log = logging.getLogger("gpupool.node_agent")
+
+LABEL_PRESENT = "nvidia.com/gpu.present"
+LABEL_COUNT = "nvidia.com/gpu.count"
+LABEL_PRODUCT = "nvidia.com/gpu.product"
+LABEL_MEMORY = "nvidia.com/gpu.memory"
+ANN_UUIDS = "gpupool.io/gpu-uuids"
+ANN_GPUS = "gpupool.io/gpus"
+ANN_USAGE = "gpupool.io/gpu-usage"
+GPU_RESOURCE = "nvidia.com/gpu"
+PRELOAD_NAME = "libgpupool.so"
+DEFAULT_HOST_LIB_DIR = "/var/lib/gpupool/lib"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class GpuInfo:
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    nvlink_peers: list[int] = field(default_factory=list)
+
+
+@dataclass
+class GpuUsage:
+    index: int
+    memory_used_mib: int
+    utilization: int  # percent
+
+
+@dataclass
+class Inventory:
+    gpus: list[GpuInfo]
+    usage: list[GpuUsage] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- inventories
+def inventory_from_dict(doc: dict) -> Inventory:
+    gpus = [GpuInfo(index=int(g.get("index", i)), uuid=str(g.get("uuid", "")),
+                    model=str(g.get("model", "unknown")), memory_mib=int(g.get("memory_mib", 0)),
+                    nvlink_peers=[int(p) for p in g.get("nvlink_peers") or []])
+            for i, g in enumerate(doc.get("gpus") or [])]
+    usage = [GpuUsage(index=int(u["index"]), memory_used_mib=int(u.get("memory_used_mib", 0)),
+                      utilization=int(u.get("utilization", 0)))
+             for u in doc.get("usage") or []]
+    return Inventory(sorted(gpus, key=lambda g: g.index), usage)
+
+
+def file_inventory(path: str | Path) -> Callable[[], Inventory]:
+    """Re-read on every call, so a test (or an operator) can change the usage."""
+    import yaml
+
+    def read() -> Inventory:
+        return inventory_from_dict(yaml.safe_load(Path(path).read_text()) or {})
+
+    return read
+
+
+def nvml_inventory() -> Inventory:
+    import pynvml as nv
+
+    nv.nvmlInit()
+    try:
+        n = nv.nvmlDeviceGetCount()
+        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        uuids = [_s(nv.nvmlDeviceGetUUID(h)) for h in handles]
+        bus = {}
+        for i, h in enumerate(handles):
+            try:
+                bus[_s(nv.nvmlDeviceGetPciInfo(h).busId).lower()] = i
+            except nv.NVMLError:
+                pass
+        gpus, usage = [], []
+        for i, h in enumerate(handles):
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            gpus.append(GpuInfo(i, uuids[i], _s(nv.nvmlDeviceGetName(h)), mem.total // 2**20,
+                                _nvlink_peers(nv, h, bus, i)))
+            try:
+                util = nv.nvmlDeviceGetUtilizationRates(h).gpu
+            except nv.NVMLError:
+                util = 0
+            usage.append(GpuUsage(i, mem.used // 2**20, int(util)))
+        return Inventory(gpus, usage)
+    finally:
+        nv.nvmlShutdown()
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _nvlink_peers(nv: Any, h: Any, bus: dict[str, int], me: int) -> list[int]:
+    peers: set[int] = set()
+    for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            if nv.nvmlDeviceGetNvLinkState(h, link) != nv.NVML_FEATURE_ENABLED:
+                continue
+            remote = _s(nv.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId).lower()
+        except nv.NVMLError:
+            continue  # no NVLink on this GPU (or this link): not an error
+        if remote in bus and bus[remote] != me:
+            peers.add(bus[remote])
+    return sorted(peers)
+
+
+def inventory_from(spec: str | None) -> Callable[[], Inventory]:
+    """``None``/``nvml``: NVML; a ``.json``/``.yaml``/``.yml`` path: that file;
+    ``module:function``: a callable returning an ``Inventory`` or a dict in the file format."""
+    if not spec or spec == "nvml":
+        return nvml_inventory
+    if re.search(r"\.(json|ya?ml)$", spec) or Path(spec).exists():
+        return file_inventory(spec)
+    mod, _, fn = spec.partition(":")
+    obj = getattr(importlib.import_module(mod), fn)
+
+    def call() -> Inventory:
+        v = obj()
+        return v if isinstance(v, Inventory) else inventory_from_dict(v)
+
+    return call
+
+
+# ---------------------------------------------------------------------- inventory -> node
+def product_label(model: str) -> str:
+    """GPU feature discovery's spelling: ``NVIDIA H100 80GB HBM3`` -> ``NVIDIA-H100-80GB-HBM3``
+    (a valid label value: 63 characters at most, alphanumerics and ``-_.``)."""
+    v = re.sub(r"[^A-Za-z0-9_.-]", "", re.sub(r"\s+", "-", model.strip()))[:63]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", v) or "unknown"
+
+
+def node_patch(inv: Inventory) -> dict:
+    """The merge patch (labels and annotations) that publishes ``inv`` on a Node."""
+    gpus = inv.gpus
+    if gpus:
+        model = Counter(g.model for g in gpus).most_common(1)[0][0]
+        labels: dict[str, str | None] = {
+            LABEL_PRESENT: "true", LABEL_COUNT: str(len(gpus)),
+            LABEL_PRODUCT: product_label(model),
+            # The scheduler gives each GPU of a node this memory: the smallest is safe.
+            LABEL_MEMORY: str(min(g.memory_mib for g in gpus)),
+        }  # fmt: skip
+    else:
+        labels = {LABEL_PRESENT: "false", LABEL_COUNT: "0", LABEL_PRODUCT: None,
+                  LABEL_MEMORY: None}
+    return {"metadata": {"labels": labels, "annotations": {
+        ANN_UUIDS: ",".join(g.uuid for g in gpus),
+        ANN_GPUS: json.dumps([asdict(g) for g in gpus], separators=(",", ":")),
+        ANN_USAGE: usage_json(inv),
+    }}}
+
+
+def usage_json(inv: Inventory) -> str:
+    return json.dumps([asdict(u) for u in inv.usage], separators=(",", ":"))
+
+
+def capacity_patch(inv: Inventory) -> dict:
+    n = str(len(inv.gpus))
+    return {"status": {"capacity": {GPU_RESOURCE: n}, "allocatable": {GPU_RESOURCE: n}}}
+
+
+# ------------------------------------------------------------------------------- preload
+def copy_preload(src: str | Path, host_dir: str | Path, name: str = PRELOAD_NAME) -> bool:
+    """Copy ``src`` to ``host_dir/name`` atomically (temporary file in the same directory,
+    fsync, rename); nothing is written when the content is already there. True if copied."""
+    src, dst = Path(src), Path(host_dir) / name
+    data = src.read_bytes()
+    if dst.exists() and hashlib.sha256(dst.read_bytes()).digest() == hashlib.sha256(data).digest():
+        return False
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=dst.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def default_preload_src() -> Path | None:
+    p = REPO / "native" / "build" / "libgpupool-cuda.so"
+    return p if p.exists() else None
+
+
+# --------------------------------------------------------------------------------- agent
+@dataclass
+class NodeAgent:
+    """``await agent.sync()`` publishes the whole inventory; ``await agent.run(stop)``
+    does so, then refreshes the usage every ``period_s`` (and the rest when it changed)."""
+
+    kc: Any  # scheduler.k8s.client.KubeClient
+    node: str
+    inventory: Callable[[], Inventory]
+    period_s: float = 10.0
+    advertise_capacity: bool = False
+    preload_src: Path | None = None
+    host_lib_dir: Path | None = None
+    _published: dict | None = None
+
+    @property
+    def path(self) -> str:
+        return f"/api/v1/nodes/{self.node}"
+
+    async def sync(self) -> Inventory:
+        inv = await asyncio.to_thread(self.inventory)
+        patch = node_patch(inv)
+        static = {k: v for k, v in patch["metadata"]["annotations"].items() if k != ANN_USAGE}
+        key = {"labels": patch["metadata"]["labels"], "ann": static}
+        if key != self._published:
+            await self.kc.patch(self.path, patch)
+            if self.advertise_capacity:
+                await self.kc.patch(f"{self.path}/status", capacity_patch(inv))
+            self._published = key
+            log.info("node %s: %d GPUs published", self.node, len(inv.gpus))
+        else:
+            await self.kc.patch(self.path, {"metadata": {"annotations": {ANN_USAGE: usage_json(inv)}}})
+        if self.preload_src is not None and self.host_lib_dir is not None:
+            if await asyncio.to_thread(copy_preload, self.preload_src, self.host_lib_dir):
+                log.info("interception library copied to %s", self.host_lib_dir)
+        return inv
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.sync()
+            except Exception:  # keep going: the next period tries again
+                log.exception("node %s: sync failed", self.node)
+            try:
+                await asyncio.wait_for(stop.wait(), self.period_s)
+            except asyncio.TimeoutError:
+                pass
+
+
+# ----------------------------------------------------------------------------------- CLI
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="gpupool-node-agent", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                    help="kubeconfig file; in-cluster configuration when unset")
+    ap.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
+                    help="the Node to write (default $NODE_NAME, from the downward API)")
+    ap.add_argument("--inventory", default=os.environ.get("GPUPOOL_INVENTORY", "nvml"),
+                    help="nvml (default), a JSON/YAML file, or module:function")
+    ap.add_argument("--period", type=float, default=10.0, help="seconds between usage updates")
+    ap.add_argument("--advertise-capacity", action="store_true",
+                    help=f"also set {GPU_RESOURCE} capacity in the node status (no device plugin)")
+    ap.add_argument("--preload-src", default=None,
+                    help="interception library to copy (default native/build/libgpupool-cuda.so "
+                         "when present)")
+    ap.add_argument("--host-lib-dir", default=DEFAULT_HOST_LIB_DIR,
+                    help=f"host directory the library is copied to as {PRELOAD_NAME}")
+    ap.add_argument("--once", action="store_true", help="publish once and exit")
+    ap.add_argument("-v", "--verbose", action="count", default=0)
+    return ap.parse_args(argv)
+
+
+async def _amain(args: argparse.Namespace) -> int:
+    from .client import KubeClient
+
+    if not args.node_name:
+        raise SystemExit("gpupool-node-agent: --node-name (or $NODE_NAME) is required")
+    src = Path(args.preload_src) if args.preload_src else default_preload_src()
+    kc = await KubeClient.from_kubeconfig(args.kubeconfig)
+    agent = NodeAgent(kc, args.node_name, inventory_from(args.inventory), args.period,
+                      args.advertise_capacity, src, Path(args.host_lib_dir))
+    async with kc:
+        if args.once:
+            await agent.sync()
+            return 0
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await agent.run(stop)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose > 1 else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(_amain(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""gpupool-node-agent: inventory -> Node labels/annotations (unit), and against the local
+cluster: the agent publishes an injected inventory on a fresh kwok node of its own pool and
+gpupool-scheduler places a pod there by those labels."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+
+from scheduler.k8s.client import ApiError
+from scheduler.k8s.node_agent import (
+    ANN_GPUS,
+    ANN_USAGE,
+    GpuInfo,
+    GpuUsage,
+    Inventory,
+    NodeAgent,
+    copy_preload,
+    file_inventory,
+    node_patch,
+    product_label,
+)
+from scheduler.k8s.objects import parse_node
+from scheduler.k8s.testcluster import ClusterInfo
+
+from .helpers import bound, create_org, delete_org, kube, list_pods, make_pod, run, wait_until
+
+INV = Inventory(
+    gpus=[GpuInfo(0, "GPU-aaaa", "NVIDIA A100-SXM4-40GB", 40960, [1]),
+          GpuInfo(1, "GPU-bbbb", "NVIDIA A100-SXM4-40GB", 40960, [0])],
+    usage=[GpuUsage(0, 1024, 37), GpuUsage(1, 0, 0)],
+)
+
+
+def test_inventory_to_labels_and_annotations():
+    patch = node_patch(INV)
+    assert patch["metadata"]["labels"] == {
+        "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "2",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.memory": "40960",
+    }  # fmt: skip
+    ann = patch["metadata"]["annotations"]
+    assert ann["gpupool.io/gpu-uuids"] == "GPU-aaaa,GPU-bbbb"
+    assert json.loads(ann[ANN_GPUS]) == [
+        {"index": 0, "uuid": "GPU-aaaa", "model": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960,
+         "nvlink_peers": [1]},
+        {"index": 1, "uuid": "GPU-bbbb", "model": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960,
+         "nvlink_peers": [0]},
+    ]
+    assert json.loads(ann[ANN_USAGE]) == [
+        {"index": 0, "memory_used_mib": 1024, "utilization": 37},
+        {"index": 1, "memory_used_mib": 0, "utilization": 0},
+    ]
+    # What the scheduler reads back from a node carrying the patch (+ the GPU capacity).
+    node = {"metadata": {"name": "n", **patch["metadata"]},
+            "status": {"allocatable": {"nvidia.com/gpu": "2", "cpu": "8", "memory": "64Gi"}}}
+    parsed = parse_node(node)
+    assert [(g.index, g.model, g.memory_mib, g.uuid) for g in parsed.gpus] == [
+        (0, "NVIDIA-A100-SXM4-40GB", 40960, "GPU-aaaa"), (1, "NVIDIA-A100-SXM4-40GB", 40960, "GPU-bbbb")]
+    assert product_label("  Tesla T4 (PCIe) ") == "Tesla-T4-PCIe"
+    assert node_patch(Inventory([]))["metadata"]["labels"]["nvidia.com/gpu.count"] == "0"
+
+
+def test_copy_preload_atomic(tmp_path):
+    src = tmp_path / "libgpupool-cuda.so"
+    src.write_bytes(b"\x7fELF v1")
+    host = tmp_path / "host" / "lib"
+    assert copy_preload(src, host) is True
+    assert (host / "libgpupool.so").read_bytes() == b"\x7fELF v1"
+    assert copy_preload(src, host) is False  # unchanged: not rewritten
+    src.write_bytes(b"\x7fELF v2")
+    assert copy_preload(src, host) is True
+    assert (host / "libgpupool.so").read_bytes() == b"\x7fELF v2"
+    assert os.listdir(host) == ["libgpupool.so"]  # no temporary files left
+
+
+def _node(name: str, pool: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name,
+                         "annotations": {"kwok.x-k8s.io/node": "fake",
+                                         "node.alpha.kubernetes.io/ttl": "0"},
+                         "labels": {"type": "kwok-agent", "kubernetes.io/hostname": name,
+                                    "gpupool.io/node-pool": pool}},
+            "spec": {},
+            "status": {"allocatable": {"cpu": "16", "memory": "64Gi", "pods": "110"},
+                       "capacity": {"cpu": "16", "memory": "64Gi", "pods": "110"}}}
+
+
+@pytest.mark.slow
+def test_agent_publishes_and_scheduler_places(k8s_cluster: ClusterInfo, ns, sched, tmp_path):
+    node, pool = f"agent-{ns[-8:]}", f"agent-{ns[-8:]}"
+    inv_file = tmp_path / "inventory.yaml"
+    doc = {"gpus": [{"index": i, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib,
+                     "nvlink_peers": g.nvlink_peers} for i, g in enumerate(INV.gpus)],
+           "usage": [{"index": 0, "memory_used_mib": 10, "utilization": 5}]}
+    inv_file.write_text(yaml.safe_dump(doc))
+    lib = tmp_path / "libgpupool-cuda.so"
+    lib.write_bytes(b"\x7fELF test")
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            await kc.post("/api/v1/nodes", _node(node, pool))
+            await create_org(kc, "d-agent", 2, {"p-agent": {"gpus": 2}}, pool=pool)
+            try:
+                agent = NodeAgent(kc, node, file_inventory(inv_file), advertise_capacity=True,
+                                  preload_src=lib, host_lib_dir=tmp_path / "host")
+                await agent.sync()
+                n = await kc.get(f"/api/v1/nodes/{node}")
+                # usage refresh: only the usage annotation changes
+                doc["usage"] = [{"index": 0, "memory_used_mib": 2048, "utilization": 90}]
+                inv_file.write_text(yaml.safe_dump(doc))
+                await agent.sync()
+                n2 = await kc.get(f"/api/v1/nodes/{node}")
+
+                pod = (make_pod("ws").ns(ns).project("p-agent").fraction(0.5).kind("workspace")
+                       .pool(pool).annotate("gpupool.io/gpu-model", "NVIDIA-A100-SXM4-40GB"))
+                await kc.post(f"/api/v1/namespaces/{ns}/pods", pod.obj())
+
+                async def placed():
+                    return bound(await list_pods(kc, ns))
+
+                (p,) = await wait_until(placed, "the pod bound on the agent's node")
+                cm = await kc.get(f"/api/v1/namespaces/{ns}/configmaps/ws-gpupool")
+                return n, n2, p, cm
+            finally:
+                await delete_org(kc, "d-agent", ["p-agent"])
+                try:
+                    await kc.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
+                                     {"apiVersion": "v1", "kind": "DeleteOptions",
+                                      "gracePeriodSeconds": 0})
+                    await kc.delete(f"/api/v1/nodes/{node}")
+                except ApiError:
+                    pass
+
+    n, n2, p, cm = run(go())
+    labels, ann = n["metadata"]["labels"], n["metadata"]["annotations"]
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
+    assert labels["nvidia.com/gpu.memory"] == "40960"
+    assert labels["nvidia.com/gpu.count"] == "2"
+    assert ann["gpupool.io/gpu-uuids"] == "GPU-aaaa,GPU-bbbb"
+    assert [g["uuid"] for g in json.loads(ann[ANN_GPUS])] == ["GPU-aaaa", "GPU-bbbb"]
+    assert n["status"]["allocatable"]["nvidia.com/gpu"] == "2"
+    assert json.loads(ann[ANN_USAGE])[0]["utilization"] == 5
+    assert json.loads(n2["metadata"]["annotations"][ANN_USAGE])[0] == {
+        "index": 0, "memory_used_mib": 2048, "utilization": 90}
+    assert (tmp_path / "host" / "libgpupool.so").read_bytes() == b"\x7fELF test"
+    assert p["spec"]["nodeName"] == node
+    idx = int(p["metadata"]["annotations"]["gpupool.io/gpu-indices"])
+    assert cm["data"]["NVIDIA_VISIBLE_DEVICES"] == ["GPU-aaaa", "GPU-bbbb"][idx]
