@@ -1,0 +1,147 @@
+"""``GpupoolKubeSpawner``: gpupool's spawner for JupyterHub on Kubernetes.
+
+The mixin's form, request rules and remembered choices are reused as they are; what
+differs from embedded mode is who places the workspace. On Kubernetes gpupool-scheduler
+does (scheduler/k8s/README.md), so ``start`` does not submit to the hub's embedded loop
+nor wait for its Bind: it turns the checked request into KubeSpawner settings
+(``apply_request``) and lets KubeSpawner create the pod and wait for it. KubeSpawner's
+progress then shows the pod's events, among them gpupool-scheduler's ``FailedScheduling``
+(the reason it waits) and ``Scheduled``.
+
+The pod:
+
+- ``schedulerName: gpupool``; annotations ``gpupool.io/project``, ``gpupool.io/kind:
+  workspace``, the GPU ask (``gpupool.io/gpu-fraction`` or ``gpupool.io/gpu-memory``;
+  whole GPUs as ``nvidia.com/gpu`` limits), ``gpupool.io/preemptible`` and
+  ``gpupool.io/allow-over-quota`` (the form's over-quota opt-in), and for a share of a GPU
+  ``gpupool.io/config-map``;
+- for a share of a GPU: ``envFrom`` that ConfigMap (written by the scheduler before it
+  binds: ``NVIDIA_VISIBLE_DEVICES``, ``GPUPOOL_MEMORY_LIMIT``, ...), the interception
+  library's host directory (copied there by gpupool-node-agent) mounted read-only at
+  ``preload_mount_dir``, and ``LD_PRELOAD`` pointing into it;
+- CPU and memory as guarantee and limit; home on a PVC (KubeSpawner's storage options,
+  ``storage_pvc_ensure`` on by default); ``/lab`` or ``/vscode/`` (jupyter-vscode-proxy
+  in the image) as the default URL; the image from ``environment_images``.
+"""
+
+from __future__ import annotations
+
+from kubespawner import KubeSpawner
+from traitlets import Dict, Unicode, default
+
+from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest
+from .spawner import GpupoolSpawnerMixin
+
+__all__ = ["GpupoolKubeSpawner"]
+
+HOME_VOLUME = "home"
+PRELOAD_VOLUME = "gpupool-preload"
+
+
+class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
+    """``c.JupyterHub.spawner_class = "hub_ext.k8s_spawner.GpupoolKubeSpawner"``."""
+
+    gpupool_scheduler_name = Unicode(
+        "gpupool", config=True, help="schedulerName of workspace pods (gpupool-scheduler's)"
+    )
+    preload_host_dir = Unicode(
+        "/var/lib/gpupool/lib", config=True,
+        help="host directory gpupool-node-agent copies the interception library to",
+    )
+    preload_mount_dir = Unicode(
+        "/usr/local/lib/gpupool", config=True,
+        help="where that directory is mounted in the pod (gpupool-scheduler --preload-path's)",
+    )
+    preload_name = Unicode("libgpupool.so", config=True, help="the library's file name")
+    environment_images = Dict(
+        {}, config=True, help="form environment -> image; others use KubeSpawner.image"
+    )
+    home_mount_path = Unicode("/home/jovyan", config=True, help="where the home PVC is mounted")
+
+    @default("scheduler_name")
+    def _default_scheduler_name(self):
+        return self.gpupool_scheduler_name
+
+    @default("storage_pvc_ensure")
+    def _default_pvc_ensure(self):
+        return True
+
+    @default("storage_capacity")
+    def _default_storage_capacity(self):
+        return "10Gi"
+
+    # -- request -> KubeSpawner settings ---------------------------------------------------
+    @property
+    def config_map_name(self) -> str:
+        return f"{self.pod_name}-gpupool"
+
+    def apply_request(self, req: WorkloadRequest) -> None:
+        """Set this spawner's pod settings from a checked request (no I/O)."""
+        demand = req.demand()
+        ann = {
+            "gpupool.io/project": req.project,
+            "gpupool.io/kind": "workspace",
+            "gpupool.io/preemptible": "true" if req.preemptible else "false",
+            "gpupool.io/allow-over-quota": "true" if req.preemptible else "false",
+        }
+        limits: dict[str, str] = {}
+        share = False
+        if demand.gpus:
+            limits["nvidia.com/gpu"] = str(demand.gpus)
+        elif demand.gpu_fraction:
+            ann["gpupool.io/gpu-fraction"] = f"{demand.gpu_fraction:g}"
+            share = True
+        elif demand.gpu_memory_mib:
+            ann["gpupool.io/gpu-memory"] = f"{demand.gpu_memory_mib}Mi"
+            share = True
+        volumes = [{"name": HOME_VOLUME, "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
+        mounts = [{"name": HOME_VOLUME, "mountPath": self.home_mount_path}]
+        env: dict[str, str] = {}
+        container: dict = {}
+        if share:
+            ann["gpupool.io/config-map"] = self.config_map_name
+            container["envFrom"] = [{"configMapRef": {"name": self.config_map_name}}]
+            volumes.append({"name": PRELOAD_VOLUME, "hostPath": {
+                "path": self.preload_host_dir, "type": "DirectoryOrCreate"}})
+            mounts.append({"name": PRELOAD_VOLUME, "mountPath": self.preload_mount_dir,
+                           "readOnly": True})
+            env["LD_PRELOAD"] = f"{self.preload_mount_dir.rstrip('/')}/{self.preload_name}"
+        self.extra_annotations = {**self.extra_annotations, **ann}
+        self.extra_resource_limits = {**self.extra_resource_limits, **limits}
+        self.extra_resource_guarantees = {**self.extra_resource_guarantees, **limits}
+        self.extra_container_config = {**self.extra_container_config, **container}
+        self.volumes = volumes
+        self.volume_mounts = mounts
+        self.environment = {**self.environment, **env}
+        self.cpu_limit = self.cpu_guarantee = float(req.cpu)
+        self.mem_limit = self.mem_guarantee = int(req.memory_gib * 1024**3)
+        self.default_url = "/vscode/" if req.workspace_kind == "vscode" else "/lab"
+        if req.environment in self.environment_images:
+            self.image = self.environment_images[req.environment]
+
+    # -- start / stop / progress -------------------------------------------------------------
+    def start(self):
+        """Check the request, set the pod up, then KubeSpawner's start (creates the pod; the
+        scheduler places it). Returns KubeSpawner's future, as KubeSpawner.start does."""
+        try:
+            req = self.request()
+        except FieldError as e:
+            raise RuntimeError(f"Invalid request: {e}") from None
+        self.gpupool.store.save_options(self.user.name, req.to_dict())
+        self.apply_request(req)
+        kind = WORKSPACE_KINDS[req.workspace_kind]
+        self._gp_submitted = (f"Submitted {kind} to project {req.project}: {req.gpu_label()}, "
+                              f"{req.cpu:g} CPU, {req.memory_gib:g} GiB memory; "
+                              f"waiting for gpupool-scheduler")
+        return KubeSpawner.start(self)
+
+    async def progress(self):
+        msg = getattr(self, "_gp_submitted", None)
+        if msg:
+            yield {"progress": 5, "message": msg}
+        async for event in KubeSpawner.progress(self):
+            yield event
+
+    async def stop(self, now=False):
+        # Deleting the pod is what frees its GPUs: gpupool-scheduler watches it go.
+        return await KubeSpawner.stop(self, now=now)

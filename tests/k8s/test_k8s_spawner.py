@@ -1,0 +1,151 @@
+"""GpupoolKubeSpawner: the pod manifest it builds from a gpupool request (unit, KubeSpawner's
+own ``get_pod_manifest`` with mock user/hub objects as KubeSpawner's tests do), and that
+manifest created on the local cluster and bound by gpupool-scheduler with its ConfigMap."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hub_ext.requests import WorkloadRequest
+from scheduler.k8s.objects import parse_pod
+from scheduler.k8s.testcluster import ClusterInfo
+
+from .helpers import bound, create_org, delete_org, kube, list_pods, run, wait_until
+
+pytest.importorskip("kubespawner")
+
+FAKE_KUBECONFIG = """apiVersion: v1
+kind: Config
+current-context: fake
+clusters: [{name: fake, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
+users: [{name: fake, user: {token: fake}}]
+contexts: [{name: fake, context: {cluster: fake, user: fake}}]
+"""
+
+
+@pytest.fixture
+def manifest(tmp_path, monkeypatch):
+    """``manifest(req, namespace=..., **GpupoolKubeSpawner config) -> (spawner, pod dict)``.
+    KubeSpawner loads a kubeconfig and makes its client when constructed (in a running
+    loop); building the manifest needs no server."""
+    from kubernetes_asyncio.client import ApiClient
+    from kubernetes_asyncio.config import kube_config
+    from traitlets.config import Config
+
+    from hub_ext.k8s_spawner import GpupoolKubeSpawner
+
+    (tmp_path / "kubeconfig").write_text(FAKE_KUBECONFIG)
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "kubeconfig"))
+
+    def build(req: WorkloadRequest, namespace: str = "hub", **cfg):
+        c = Config()
+        c.KubeSpawner.image = "quay.io/jupyter/base-notebook:2025-01-01"
+        c.KubeSpawner.namespace = namespace
+        for k, v in cfg.items():
+            setattr(c.GpupoolKubeSpawner, k, v)
+
+        async def go():
+            sp = GpupoolKubeSpawner(config=c, _mock=True)
+            sp.apply_request(req)
+            pod = await sp.get_pod_manifest()
+            return sp, ApiClient().sanitize_for_serialization(pod)
+
+        return asyncio.run(go())
+
+    return build
+
+
+def _env(container: dict) -> dict:
+    return {e["name"]: e.get("value") for e in container.get("env") or []}
+
+
+def test_manifest_fraction_jupyterlab(manifest):
+    sp, m = manifest(WorkloadRequest(project="nlp", gpu_mode="fraction", gpu_fraction=0.25,
+                                     cpu=2, memory_gib=8))
+    pod_name = m["metadata"]["name"]
+    cm = f"{pod_name}-gpupool"
+    ann = {k: v for k, v in m["metadata"]["annotations"].items() if k.startswith("gpupool.io/")}
+    assert ann == {
+        "gpupool.io/project": "nlp", "gpupool.io/kind": "workspace",
+        "gpupool.io/preemptible": "false", "gpupool.io/allow-over-quota": "false",
+        "gpupool.io/gpu-fraction": "0.25", "gpupool.io/config-map": cm,
+    }  # fmt: skip
+    spec = m["spec"]
+    assert spec["schedulerName"] == "gpupool"
+    assert spec["volumes"] == [
+        {"name": "home", "persistentVolumeClaim": {"claimName": sp.pvc_name}},
+        {"name": "gpupool-preload",
+         "hostPath": {"path": "/var/lib/gpupool/lib", "type": "DirectoryOrCreate"}},
+    ]
+    (c,) = spec["containers"]
+    assert c["envFrom"] == [{"configMapRef": {"name": cm}}]
+    assert c["volumeMounts"] == [
+        {"name": "home", "mountPath": "/home/jovyan"},
+        {"name": "gpupool-preload", "mountPath": "/usr/local/lib/gpupool", "readOnly": True},
+    ]
+    assert c["resources"] == {"limits": {"cpu": 2.0, "memory": 8 * 2**30},
+                              "requests": {"cpu": 2.0, "memory": 8 * 2**30}}
+    env = _env(c)
+    assert env["LD_PRELOAD"] == "/usr/local/lib/gpupool/libgpupool.so"
+    assert env["JUPYTERHUB_DEFAULT_URL"] == "/lab"
+    assert sp.storage_pvc_ensure is True
+    # gpupool-scheduler reads it as asked
+    r = parse_pod(m)
+    assert (r.project, r.kind.value, r.demand.gpu_fraction, r.demand.gpus, r.config_map) == (
+        "nlp", "workspace", 0.25, 0, cm)
+    assert (r.demand.cpu_milli, r.demand.memory_mib) == (2000, 8192)
+
+
+def test_manifest_whole_gpus_vscode_over_quota(manifest):
+    _, m = manifest(WorkloadRequest(project="vision", gpu_mode="whole", gpus=2,
+                                    workspace_kind="vscode", environment="pytorch",
+                                    preemptible=True),
+                    environment_images={"pytorch": "example.org/pytorch:1"})
+    ann = m["metadata"]["annotations"]
+    assert ann["gpupool.io/allow-over-quota"] == ann["gpupool.io/preemptible"] == "true"
+    assert "gpupool.io/gpu-fraction" not in ann and "gpupool.io/config-map" not in ann
+    (c,) = m["spec"]["containers"]
+    assert c["image"] == "example.org/pytorch:1"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert "envFrom" not in c and "LD_PRELOAD" not in _env(c)
+    assert _env(c)["JUPYTERHUB_DEFAULT_URL"] == "/vscode/"
+    assert [v["name"] for v in m["spec"]["volumes"]] == ["home"]
+    assert parse_pod(m).demand.gpus == 2
+
+
+def test_manifest_gpu_memory(manifest):
+    _, m = manifest(WorkloadRequest(project="nlp", gpu_mode="memory", gpu_memory_gib=20))
+    assert m["metadata"]["annotations"]["gpupool.io/gpu-memory"] == "20480Mi"
+    assert parse_pod(m).demand.gpu_memory_mib == 20480
+
+
+@pytest.mark.slow
+def test_spawner_pod_bound_by_scheduler(k8s_cluster: ClusterInfo, ns, sched, manifest):
+    """The subclass's manifest, created as KubeSpawner would create it, is placed by
+    gpupool-scheduler, which writes the ConfigMap the pod's envFrom names."""
+    _, m = manifest(WorkloadRequest(project="p-kspawn", gpu_fraction=0.5, cpu=1, memory_gib=2),
+                    namespace=ns)
+    cm_name = m["metadata"]["annotations"]["gpupool.io/config-map"]
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            await create_org(kc, "d-kspawn", 8, {"p-kspawn": {"gpus": 1}})
+            try:
+                await kc.post(f"/api/v1/namespaces/{ns}/pods", m)
+
+                async def placed():
+                    return bound(await list_pods(kc, ns))
+
+                (p,) = await wait_until(placed, "the workspace pod bound")
+                cm = await kc.get(f"/api/v1/namespaces/{ns}/configmaps/{cm_name}")
+                return p, cm
+            finally:
+                await delete_org(kc, "d-kspawn", ["p-kspawn"])
+
+    p, cm = run(go())
+    assert p["metadata"]["annotations"]["gpupool.io/gpu-milli"] == "500"
+    assert cm["data"]["GPUPOOL_GPU_MILLI"] == "500"
+    assert cm["data"]["LD_PRELOAD"] == "/usr/local/lib/gpupool/libgpupool.so"
+    assert cm["metadata"]["ownerReferences"][0]["name"] == p["metadata"]["name"]
