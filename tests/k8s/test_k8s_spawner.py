@@ -149,3 +149,82 @@ def test_spawner_pod_bound_by_scheduler(k8s_cluster: ClusterInfo, ns, sched, man
     assert cm["data"]["GPUPOOL_GPU_MILLI"] == "500"
     assert cm["data"]["LD_PRELOAD"] == "/usr/local/lib/gpupool/libgpupool.so"
     assert cm["metadata"]["ownerReferences"][0]["name"] == p["metadata"]["name"]
+
+
+class _Store:
+    def __init__(self):
+        self.saved: dict = {}
+
+    def last_options(self, user: str) -> dict:
+        return {}
+
+    def save_options(self, user: str, options: dict) -> None:
+        self.saved[user] = options
+
+
+class _Runtime:
+    """What the mixin asks the hub's Runtime for: the user's limits and remembered options."""
+
+    def __init__(self, project: str):
+        from hub_ext.requests import Limits
+
+        self.store = _Store()
+        self._limits = Limits(projects=(project,), max_gpus=8, vscode=True)
+
+    def limits(self, user: str):
+        return self._limits
+
+
+@pytest.mark.slow
+def test_spawner_start_through_kubespawner(k8s_cluster: ClusterInfo, ns, sched, tmp_path,
+                                           monkeypatch):
+    """The whole start: the mixin's rules, KubeSpawner creates the PVC and the pod, the
+    scheduler binds it (kwok runs it), start returns the pod's URL; stop deletes it."""
+    from kubernetes_asyncio.config import kube_config
+    from traitlets.config import Config
+
+    from hub_ext.k8s_spawner import GpupoolKubeSpawner
+
+    rt = _Runtime("p-kstart")
+
+    class Spawner(GpupoolKubeSpawner):
+        gpupool = property(lambda self: rt)
+
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(k8s_cluster.kubeconfig))
+    c = Config()
+    c.KubeSpawner.image = "busybox"
+    c.KubeSpawner.namespace = ns
+    c.KubeSpawner.k8s_api_host = k8s_cluster.host
+    c.KubeSpawner.k8s_api_ssl_ca_cert = str(k8s_cluster.ca_file)
+    c.KubeSpawner.start_timeout = 240
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            await create_org(kc, "d-kstart", 8, {"p-kstart": {"gpus": 1}})
+            sp = Spawner(config=c, _mock=True)
+            try:
+                sp.user_options = {"project": "p-kstart", "gpu_mode": "fraction",
+                                   "gpu_fraction": 0.25, "cpu": 1, "memory_gib": 2}
+                url = await asyncio.wait_for(sp.start(), 300)
+                pod = await kc.get(f"/api/v1/namespaces/{ns}/pods/{sp.pod_name}")
+                cm = await kc.get(f"/api/v1/namespaces/{ns}/configmaps/{sp.pod_name}-gpupool")
+                pvc = await kc.get(f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{sp.pvc_name}")
+                await sp.stop(now=True)
+                gone = not [p for p in await list_pods(kc, ns)
+                            if p["metadata"]["name"] == sp.pod_name]
+                return url, pod, cm, pvc, gone
+            finally:
+                await delete_org(kc, "d-kstart", ["p-kstart"])
+                for r in list(GpupoolKubeSpawner.reflectors.values()):
+                    await r.stop()
+                GpupoolKubeSpawner.reflectors.clear()
+
+    url, pod, cm, pvc, gone = run(go())
+    assert pod["spec"]["schedulerName"] == "gpupool"
+    assert pod["spec"]["nodeName"]
+    assert pod["metadata"]["annotations"]["gpupool.io/gpu-milli"] == "250"
+    assert cm["data"]["GPUPOOL_GPU_MILLI"] == "250"
+    assert pvc["metadata"]["name"]
+    assert url.startswith("http://")
+    assert gone
+    assert rt.store.saved["mock@name"]["gpu_fraction"] == 0.25
