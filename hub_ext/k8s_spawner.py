@@ -75,8 +75,16 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
     def config_map_name(self) -> str:
         return f"{self.pod_name}-gpupool"
 
+    _BASE = ("extra_annotations", "extra_resource_limits", "extra_resource_guarantees",
+             "extra_container_config", "environment", "image")
+
     def apply_request(self, req: WorkloadRequest) -> None:
-        """Set this spawner's pod settings from a checked request (no I/O)."""
+        """Set this spawner's pod settings from a checked request (no I/O). Each call starts
+        from the configured values, so a restart with another request keeps nothing of the
+        previous one."""
+        if not hasattr(self, "_gp_base"):
+            self._gp_base = {k: getattr(self, k) for k in self._BASE}
+        base = self._gp_base
         demand = req.demand()
         ann = {
             "gpupool.io/project": req.project,
@@ -106,18 +114,17 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
             mounts.append({"name": PRELOAD_VOLUME, "mountPath": self.preload_mount_dir,
                            "readOnly": True})
             env["LD_PRELOAD"] = f"{self.preload_mount_dir.rstrip('/')}/{self.preload_name}"
-        self.extra_annotations = {**self.extra_annotations, **ann}
-        self.extra_resource_limits = {**self.extra_resource_limits, **limits}
-        self.extra_resource_guarantees = {**self.extra_resource_guarantees, **limits}
-        self.extra_container_config = {**self.extra_container_config, **container}
+        self.extra_annotations = {**base["extra_annotations"], **ann}
+        self.extra_resource_limits = {**base["extra_resource_limits"], **limits}
+        self.extra_resource_guarantees = {**base["extra_resource_guarantees"], **limits}
+        self.extra_container_config = {**base["extra_container_config"], **container}
         self.volumes = volumes
         self.volume_mounts = mounts
-        self.environment = {**self.environment, **env}
+        self.environment = {**base["environment"], **env}
         self.cpu_limit = self.cpu_guarantee = float(req.cpu)
         self.mem_limit = self.mem_guarantee = int(req.memory_gib * 1024**3)
         self.default_url = "/vscode/" if req.workspace_kind == "vscode" else "/lab"
-        if req.environment in self.environment_images:
-            self.image = self.environment_images[req.environment]
+        self.image = self.environment_images.get(req.environment, base["image"])
 
     # -- start / stop / progress -------------------------------------------------------------
     def start(self):

@@ -39,7 +39,7 @@ def manifest(tmp_path, monkeypatch):
     (tmp_path / "kubeconfig").write_text(FAKE_KUBECONFIG)
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "kubeconfig"))
 
-    def build(req: WorkloadRequest, namespace: str = "hub", **cfg):
+    def build(req: WorkloadRequest, namespace: str = "hub", before=(), **cfg):
         c = Config()
         c.KubeSpawner.image = "quay.io/jupyter/base-notebook:2025-01-01"
         c.KubeSpawner.namespace = namespace
@@ -48,6 +48,8 @@ def manifest(tmp_path, monkeypatch):
 
         async def go():
             sp = GpupoolKubeSpawner(config=c, _mock=True)
+            for r in before:  # earlier starts of the same server
+                sp.apply_request(r)
             sp.apply_request(req)
             pod = await sp.get_pod_manifest()
             return sp, ApiClient().sanitize_for_serialization(pod)
@@ -99,9 +101,11 @@ def test_manifest_fraction_jupyterlab(manifest):
 
 
 def test_manifest_whole_gpus_vscode_over_quota(manifest):
+    # the same server started before with a fraction: nothing of that request stays
     _, m = manifest(WorkloadRequest(project="vision", gpu_mode="whole", gpus=2,
                                     workspace_kind="vscode", environment="pytorch",
                                     preemptible=True),
+                    before=[WorkloadRequest(project="nlp", gpu_fraction=0.5)],
                     environment_images={"pytorch": "example.org/pytorch:1"})
     ann = m["metadata"]["annotations"]
     assert ann["gpupool.io/allow-over-quota"] == ann["gpupool.io/preemptible"] == "true"
