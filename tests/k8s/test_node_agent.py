@@ -149,3 +149,57 @@ def test_agent_publishes_and_scheduler_places(k8s_cluster: ClusterInfo, ns, sche
     assert p["spec"]["nodeName"] == node
     idx = int(p["metadata"]["annotations"]["gpupool.io/gpu-indices"])
     assert cm["data"]["NVIDIA_VISIBLE_DEVICES"] == ["GPU-aaaa", "GPU-bbbb"][idx]
+
+
+def test_nvml_inventory_with_fake_nvml(monkeypatch):
+    """The NVML path without a GPU: a stand-in pynvml with two GPUs joined by NVLink."""
+    import sys
+    import types
+
+    nv = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    bus = ["00000000:18:00.0", "00000000:2A:00.0"]
+    nv.NVMLError, nv.NVML_FEATURE_ENABLED, nv.NVML_NVLINK_MAX_LINKS = NVMLError, 1, 4
+    nv.nvmlInit = nv.nvmlShutdown = lambda: None
+    nv.nvmlDeviceGetCount = lambda: 2
+    nv.nvmlDeviceGetHandleByIndex = lambda i: i
+    nv.nvmlDeviceGetUUID = lambda h: f"GPU-{h}"
+    nv.nvmlDeviceGetName = lambda h: b"NVIDIA H200"
+    nv.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=bus[h].encode())
+    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=143771 * 2**20,
+                                                                 used=(h + 1) * 512 * 2**20)
+    nv.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=10 * (h + 1))
+
+    def link_state(h, link):
+        if link >= 2:
+            raise NVMLError("not supported")
+        return 1
+
+    nv.nvmlDeviceGetNvLinkState = link_state
+    nv.nvmlDeviceGetNvLinkRemotePciInfo = lambda h, link: types.SimpleNamespace(
+        busId=bus[1 - h].lower())
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    from scheduler.k8s.node_agent import inventory_from
+
+    inv = inventory_from("nvml")()
+    assert inv.gpus == [GpuInfo(0, "GPU-0", "NVIDIA H200", 143771, [1]),
+                        GpuInfo(1, "GPU-1", "NVIDIA H200", 143771, [0])]
+    assert inv.usage == [GpuUsage(0, 512, 10), GpuUsage(1, 1024, 20)]
+    assert node_patch(inv)["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-H200"
+
+
+def callable_inventory() -> dict:
+    return {"gpus": [{"index": 0, "uuid": "GPU-c", "model": "Tesla T4", "memory_mib": 15360}]}
+
+
+def test_inventory_from_callable_and_file(tmp_path):
+    from scheduler.k8s.node_agent import inventory_from
+
+    inv = inventory_from("tests.k8s.test_node_agent:callable_inventory")()
+    assert inv.gpus == [GpuInfo(0, "GPU-c", "Tesla T4", 15360, [])] and inv.usage == []
+    f = tmp_path / "inv.json"
+    f.write_text(json.dumps(callable_inventory()))
+    assert inventory_from(str(f))().gpus == inv.gpus
