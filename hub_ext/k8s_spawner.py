@@ -38,6 +38,13 @@ HOME_VOLUME = "home"
 PRELOAD_VOLUME = "gpupool-preload"
 
 
+def _merged(configured, ours: list[dict]):
+    """Configured volumes (KubeSpawner takes a list or a dict keyed for sorting) plus ours."""
+    if isinstance(configured, dict):
+        return {**configured, **{f"zz-gpupool-{v['name']}": v for v in ours}}
+    return [*(configured or []), *ours]
+
+
 class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
     """``c.JupyterHub.spawner_class = "hub_ext.k8s_spawner.GpupoolKubeSpawner"``."""
 
@@ -76,7 +83,7 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
         return f"{self.pod_name}-gpupool"
 
     _BASE = ("extra_annotations", "extra_resource_limits", "extra_resource_guarantees",
-             "extra_container_config", "environment", "image")
+             "extra_container_config", "environment", "image", "volumes", "volume_mounts")
 
     def apply_request(self, req: WorkloadRequest) -> None:
         """Set this spawner's pod settings from a checked request (no I/O). Each call starts
@@ -118,8 +125,8 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
         self.extra_resource_limits = {**base["extra_resource_limits"], **limits}
         self.extra_resource_guarantees = {**base["extra_resource_guarantees"], **limits}
         self.extra_container_config = {**base["extra_container_config"], **container}
-        self.volumes = volumes
-        self.volume_mounts = mounts
+        self.volumes = _merged(base["volumes"], volumes)
+        self.volume_mounts = _merged(base["volume_mounts"], mounts)
         self.environment = {**base["environment"], **env}
         self.cpu_limit = self.cpu_guarantee = float(req.cpu)
         self.mem_limit = self.mem_guarantee = int(req.memory_gib * 1024**3)

@@ -120,7 +120,10 @@ def test_manifest_whole_gpus_vscode_over_quota(manifest):
 
 
 def test_manifest_gpu_memory(manifest):
-    _, m = manifest(WorkloadRequest(project="nlp", gpu_mode="memory", gpu_memory_gib=20))
+    extra = {"name": "data", "emptyDir": {}}
+    _, m = manifest(WorkloadRequest(project="nlp", gpu_mode="memory", gpu_memory_gib=20),
+                    volumes=[extra])
+    assert [v["name"] for v in m["spec"]["volumes"]] == ["data", "home", "gpupool-preload"]
     assert m["metadata"]["annotations"]["gpupool.io/gpu-memory"] == "20480Mi"
     assert parse_pod(m).demand.gpu_memory_mib == 20480
 
