@@ -97,6 +97,23 @@ def _one(data: dict, key: str, default=None):
     return v
 
 
+def check_fields(data, known: set[str]) -> None:
+    """A request body must be a JSON object naming only ``known`` fields."""
+    if not isinstance(data, dict):
+        raise FieldError("body", "must be a JSON object")
+    unknown = sorted(k for k in data if k not in known)
+    if unknown:
+        raise FieldError(unknown[0], f"unknown field; allowed: {', '.join(sorted(known))}")
+
+
+def check_name(name) -> str:
+    """Workload and service names: DNS labels, so they work as pod and URL names too."""
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise FieldError("name", "must be 1-63 lowercase letters, digits or '-', starting and "
+                         f"ending with a letter or digit, got {name!r}")
+    return name
+
+
 def check_number(raw, key: str, lo: float, hi: float, integer: bool = False, unit: str = ""):
     """The one rule for numeric fields everywhere (forms, REST, CLI, trainings, inference
     services): a finite number from ``lo`` to ``hi``, whole when ``integer``."""

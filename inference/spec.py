@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from hub_ext.requests import NAME_RE, FieldError, check_number
+from hub_ext.requests import FieldError, check_fields, check_name, check_number
 from scheduler.model import PodDemand
 
 METRICS = ("concurrency", "throughput")
@@ -75,16 +75,8 @@ def _number(data: dict, key: str):
 def parse_spec(data: dict, projects: tuple[str, ...] | None = None) -> ServiceSpec:
     """Check a service description (JSON) and return it typed. ``projects``: the ones
     the caller may use (None: any)."""
-    if not isinstance(data, dict):
-        raise FieldError("body", "must be a JSON object")
-    known = set(ServiceSpec.__dataclass_fields__)
-    unknown = sorted(k for k in data if k not in known)
-    if unknown:
-        raise FieldError(unknown[0], f"unknown field; allowed: {', '.join(sorted(known))}")
-    name = data.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise FieldError("name", "must be 1-63 lowercase letters, digits or '-', starting and "
-                         f"ending with a letter or digit, got {name!r}")
+    check_fields(data, set(ServiceSpec.__dataclass_fields__))
+    name = check_name(data.get("name"))
     project = data.get("project")
     if not isinstance(project, str) or not project:
         raise FieldError("project", "must name a project")

@@ -11,7 +11,15 @@ from dataclasses import asdict, dataclass, field
 
 from scheduler.model import DEFAULT_PRIORITY, Kind, PodDemand
 
-from ..requests import NAME_RE, FieldError, Limits, WorkloadRequest, check_number
+from ..requests import (
+    NAME_RE,
+    FieldError,
+    Limits,
+    WorkloadRequest,
+    check_fields,
+    check_name,
+    check_number,
+)
 
 RESTART_POLICIES = ("OnFailure", "Never")
 MAX_WORKERS = 64
@@ -101,16 +109,8 @@ def _bool(data: dict, key: str, default: bool) -> bool:
 
 def parse_training(data: dict, limits: Limits) -> TrainingSpec:
     """Check a training request (JSON) against the user's limits; return it typed."""
-    if not isinstance(data, dict):
-        raise FieldError("body", "must be a JSON object")
-    known = set(TrainingSpec.__dataclass_fields__) | {"gpu_memory"}
-    unknown = sorted(k for k in data if k not in known)
-    if unknown:
-        raise FieldError(unknown[0], f"unknown field; allowed: {', '.join(sorted(known))}")
-    name = data.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise FieldError("name", "must be 1-63 lowercase letters, digits or '-', starting and "
-                         f"ending with a letter or digit, got {name!r}")
+    check_fields(data, set(TrainingSpec.__dataclass_fields__) | {"gpu_memory"})
+    name = check_name(data.get("name"))
     if not limits.projects:
         raise FieldError("project", "you are not a member of any project; ask an admin")
     project = data.get("project", limits.projects[0])
