@@ -17,11 +17,12 @@ from sqlalchemy import delete, select
 from inference import api as inference_api
 
 from .. import org
-from ..db import EventRow, NodeRow, SampleRow, WorkloadRow, add_event, bump_version
+from ..db import EventRow, SampleRow, WorkloadRow, add_event, bump_version
 from ..limits import limits_for
 from ..requests import FieldError, parse_request, workload_name
 from . import training_api
 from .base import ApiHandler
+from .sharing import gpu_sharing
 
 SPEC = Path(__file__).parent / "openapi.yaml"
 
@@ -233,24 +234,13 @@ class WorkloadHandler(ApiHandler):
 class NodesHandler(ApiHandler):
     def get(self):
         with self.Session() as s:
-            nodes = s.scalars(select(NodeRow).order_by(NodeRow.name)).all()
-            running = s.scalars(select(WorkloadRow).where(
-                WorkloadRow.state.in_(("running", "releasing", "stopping")))).all()
-            mine = None if self.is_admin else set(org.projects_of(s, self.username))
-        share: dict[tuple[str, int], list] = {}
-        for w in running:
-            for p in w.placement:
-                for i in p["gpu_indices"]:
-                    share.setdefault((p["node"], i), []).append({
-                        "workload": w.name if mine is None or w.project in mine else "(other project)",
-                        "project": w.project if mine is None or w.project in mine else "",
-                        "gpu": p["gpu_milli"] / 1000,
-                    })
+            nodes, share = gpu_sharing(s, self.username, self.is_admin)
         items = []
         for n in nodes:
             gpus = []
             for g in n.gpus:
                 users = share.get((n.name, g["index"]), [])
+                users = [{k: u[k] for k in ("workload", "project", "gpu")} for u in users]
                 gpus.append({**g, "allocated": round(sum(u["gpu"] for u in users), 3), "workloads": users})
             items.append({"name": n.name, "pool": n.pool, "source": n.source, "cpu_milli": n.cpu_milli,
                           "memory_mib": n.memory_mib, "gpus": gpus})
