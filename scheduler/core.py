@@ -16,6 +16,7 @@ Every step works on the cycle's copy inside checkpoints; nothing outside changes
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -389,6 +390,30 @@ class _Cycle:
             return bool((a.gpu_free[node] >= need).any())
         return True
 
+    def _admissible_after(self, w: Workload, pool: str, strategy: str, candidates: list) -> bool:
+        """Would ``w`` pass its quota rule if all ``candidates`` went? Only preemption frees
+        the waiting workload's own project; reclaim frees others', so its verdict stands."""
+        if strategy != "preempt":
+            return self._verdict(w, pool).allowed and (
+                strategy != "fair share" or self._fits_fair_share(w, pool)
+            )
+        freed = sum(c.milli * len(c.gpus) for v, _ in candidates for c in self.work.choices_of(v))
+        project = self.snap.projects[w.project]
+        q = project.quotas.get(pool, Quota()).quota_milli
+        used = self.work.usage[(w.project, pool)]
+        dept = (project.department, pool)
+        return admit(
+            project,
+            self._dept_quota(project.department, pool),
+            pool,
+            w.kind,
+            w.may_go_over_quota,
+            self._milli(w, pool),
+            used - freed,
+            self.work.dept_in_quota[dept] - (min(used, q) - min(used - freed, q)),
+            self.work.dept_usage[dept] - freed,
+        ).allowed
+
     def _evict_to_fit(self, w: Workload, pool: str, strategy: str) -> bool | str:
         """Evict candidates in order until ``w`` fits, then keep only the evictions it needs.
         Leaves ``w`` holding its room (it binds once the victims are gone)."""
@@ -401,12 +426,16 @@ class _Cycle:
                 return False
             return strategy != "fair share" or self._fits_fair_share(w, pool)
 
+        candidates = list(itertools.islice(self._candidates(w, pool, strategy), self.cfg.max_victim_scan))
+        if not candidates:
+            return "no victims"
+        gpu_work = w.demand.gpu_count > 0
+        if not self._admissible_after(w, pool, strategy, candidates):
+            # Even evicting every candidate would not let it in: skip the trials.
+            return False if any(v.demand.gpu_count or not gpu_work for v, _ in candidates) else "no victims"
         victims: list[tuple[Workload, list[Choice]]] = []
         placed = None
-        gpu_work = w.demand.gpu_count > 0
-        for scanned, (v, floor) in enumerate(self._candidates(w, pool, strategy)):
-            if scanned >= self.cfg.max_victim_scan:
-                break
+        for v, floor in candidates:
             if gpu_work and not v.demand.gpu_count:
                 continue  # CPU-only work never makes room for GPUs
             choices = work.choices_of(v)
