@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from ..model import ValidationError
 from ..placement import POLICIES
 from . import placement as placement_sim
 from .replay_cli import add_replay
@@ -47,6 +48,8 @@ def _table(results: list[placement_sim.PlacementResult]) -> str:
 
 
 def cmd_placement(args: argparse.Namespace) -> int:
+    args.nodes = args.nodes or default_trace_dir() / "openb_node_list_gpu_node.csv"
+    args.pods = args.pods or default_trace_dir() / "openb_pod_list_default.csv"
     nodes = load_nodes(args.nodes)
     pods = load_pods(args.pods)
     if args.max_nodes:
@@ -70,8 +73,8 @@ def cmd_placement(args: argparse.Namespace) -> int:
 
 def add_placement(sub) -> None:
     p = sub.add_parser("placement", help="the FGD paper's placement experiment on a trace")
-    p.add_argument("--nodes", required=True, help="node list CSV (openb_node_list_gpu_node.csv)")
-    p.add_argument("--pods", required=True, help="pod list CSV (openb_pod_list_*.csv)")
+    p.add_argument("--nodes", help="node list CSV (default: data/openb-2023/openb_node_list_gpu_node.csv)")
+    p.add_argument("--pods", help="pod list CSV (default: data/openb-2023/openb_pod_list_default.csv)")
     p.add_argument("--policy", default="gpupool", help=f"one of {', '.join(POLICIES)}; a comma list; or all")
     p.add_argument("--seeds", type=int, default=10, help="number of seeds (default 10, the paper's)")
     p.add_argument("--first-seed", type=int, default=42, help="first seed (default 42, the paper's)")
@@ -120,7 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     for add in SUBCOMMANDS:
         add(sub)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except FileNotFoundError as e:
+        raise SystemExit(f"gpupool-sim {args.command}: no such file: {e.filename}") from None
+    except ValidationError as e:  # a malformed trace or scenario names its field
+        raise SystemExit(f"gpupool-sim {args.command}: {e}") from None
 
 
 if __name__ == "__main__":

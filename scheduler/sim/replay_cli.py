@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..model import ValidationError
 from . import scenario as scenarios
 from .replay import POLICY_NAMES, replay_all
 from .trace import load_nodes, load_pods
@@ -53,9 +54,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from .cli import default_trace_dir
 
     d = default_trace_dir()
-    scn = scenarios.load(args.scenario)
+    try:
+        scn = scenarios.load(args.scenario)
+    except ValidationError as e:
+        raise SystemExit(f"gpupool-sim replay: {e}") from None
     if args.window:
-        lo, hi = (float(x) for x in args.window.split(","))
+        try:
+            lo, hi = (float(x) for x in args.window.split(","))
+        except ValueError:
+            raise SystemExit(f"gpupool-sim replay: --window must be LO,HI (shares of the pods), got {args.window!r}") from None
+        if not 0 <= lo < hi <= 1:
+            raise SystemExit(f"gpupool-sim replay: --window must have 0 <= LO < HI <= 1, got {args.window!r}")
         scn.pods = scenarios.PodSpec(scn.pods.skip_never_scheduled, scn.pods.skip_cpu_only, (lo, hi))
     if args.workspace_over_quota is not None:
         scn.workspace_over_quota = _share(args.workspace_over_quota)

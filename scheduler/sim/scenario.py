@@ -268,5 +268,8 @@ def load(path: str | Path) -> Scenario:
     p = Path(path)
     if not p.exists() and (SCENARIO_DIR / f"{path}.yaml").exists():
         p = SCENARIO_DIR / f"{path}.yaml"
+    if not p.is_file():
+        shipped = ", ".join(sorted(x.stem for x in SCENARIO_DIR.glob("*.yaml")))
+        raise ValidationError("scenario", f"no file {str(path)!r} and no shipped scenario of that name ({shipped})")
     with open(p) as f:
         return parse(yaml.safe_load(f), str(p))
