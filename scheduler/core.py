@@ -141,21 +141,24 @@ class _Cycle:
             self.dept_quotas[key] = department_quota(self.snap.departments[dept], self.dept_projects[dept], pool)
         return self.dept_quotas[key]
 
-    def _verdict(self, w: Workload, pool: str):
+    def _verdict(self, w: Workload, pool: str, freed: int = 0):
+        """The quota rule's answer for ``w``, as things are or with ``freed`` milli-GPU of
+        its own project's work gone."""
         project = self.snap.projects[w.project]
-        dq = self._dept_quota(project.department, pool)
-        usage = self.work.usage
         return admit(
             project,
-            dq,
+            self._dept_quota(project.department, pool),
             pool,
             w.kind,
             w.may_go_over_quota,
             self._milli(w, pool),
-            usage[(w.project, pool)],
-            self.work.dept_in_quota[(project.department, pool)],
-            self.work.dept_usage[(project.department, pool)],
+            *self.work.usage_after(w.project, pool, -freed),
         )
+
+    def _admitted(self, w: Workload, pool: str, strategy: str) -> bool:
+        """May ``w`` take room made by ``strategy``? Fair-share reclaim also needs it to stay
+        within its fair share."""
+        return self._verdict(w, pool).allowed and (strategy != "fair share" or self._fits_fair_share(w, pool))
 
     def _place(self, w: Workload, pool: str) -> list[Choice] | None:
         """Place the whole gang in ``pool`` (taking its capacity), or nothing."""
@@ -227,7 +230,7 @@ class _Cycle:
         self._fair_share(waiting)
         self._leftovers(waiting)
         self._make_room(waiting)
-        self._reasons(waiting)
+        self._reasons()
         self.decisions.timings["actions_s"] = time.perf_counter() - t0
         return self.decisions
 
@@ -394,25 +397,9 @@ class _Cycle:
         """Would ``w`` pass its quota rule if all ``candidates`` went? Only preemption frees
         the waiting workload's own project; reclaim frees others', so its verdict stands."""
         if strategy != "preempt":
-            return self._verdict(w, pool).allowed and (
-                strategy != "fair share" or self._fits_fair_share(w, pool)
-            )
+            return self._admitted(w, pool, strategy)
         freed = sum(c.milli * len(c.gpus) for v, _ in candidates for c in self.work.choices_of(v))
-        project = self.snap.projects[w.project]
-        q = project.quotas.get(pool, Quota()).quota_milli
-        used = self.work.usage[(w.project, pool)]
-        dept = (project.department, pool)
-        return admit(
-            project,
-            self._dept_quota(project.department, pool),
-            pool,
-            w.kind,
-            w.may_go_over_quota,
-            self._milli(w, pool),
-            used - freed,
-            self.work.dept_in_quota[dept] - (min(used, q) - min(used - freed, q)),
-            self.work.dept_usage[dept] - freed,
-        ).allowed
+        return self._verdict(w, pool, freed).allowed
 
     def _evict_to_fit(self, w: Workload, pool: str, strategy: str) -> bool | str:
         """Evict candidates in order until ``w`` fits, then keep only the evictions it needs.
@@ -420,11 +407,6 @@ class _Cycle:
         work = self.work
         cp = work.checkpoint()
         static = work.arrays.eligible(pool, w.gpu_models, PodDemand(gpus=w.demand.gpus))
-
-        def admitted() -> bool:
-            if not self._verdict(w, pool).allowed:
-                return False
-            return strategy != "fair share" or self._fits_fair_share(w, pool)
 
         candidates = list(itertools.islice(self._candidates(w, pool, strategy), self.cfg.max_victim_scan))
         if not candidates:
@@ -444,7 +426,7 @@ class _Cycle:
                 continue
             work.give(v, choices)
             victims.append((v, choices))
-            if (w.pods > 1 or any(self._room_on(c.node, w, static) for c in choices)) and admitted():
+            if (w.pods > 1 or any(self._room_on(c.node, w, static) for c in choices)) and self._admitted(w, pool, strategy):
                 cp_try = work.checkpoint()
                 placed = self._place(w, pool)
                 if placed is not None:
@@ -464,12 +446,12 @@ class _Cycle:
             cp_spare = work.checkpoint()
             work.take(*x)
             cp_try = work.checkpoint()
-            if admitted() and self._place(w, pool) is not None:
+            if self._admitted(w, pool, strategy) and self._place(w, pool) is not None:
                 work.rollback(cp_try)
                 needed.remove(x)
             else:
                 work.rollback(cp_spare)
-        if not (admitted() and self._place(w, pool)):  # pragma: no cover - seen to fit above
+        if not (self._admitted(w, pool, strategy) and self._place(w, pool)):  # pragma: no cover - seen to fit above
             work.rollback(cp)
             return False
         for v, _ in needed:
@@ -493,7 +475,7 @@ class _Cycle:
         return f"reclaimed for fair share: project {w.project} is below its fair share and needs the GPUs for {w.name}"
 
     # -- 5. reasons -------------------------------------------------------------------
-    def _reasons(self, waiting: list[Workload]) -> None:
+    def _reasons(self) -> None:
         position = 0
         for w in self.order:
             if w.name in self.placed and w.name not in self.reserved:

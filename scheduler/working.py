@@ -57,6 +57,19 @@ class Working:
         self._apply(w, choices, False)
         self._log.append((False, w, choices))
 
+    def usage_after(self, project: str, pool: str, delta: int = 0) -> tuple[int, int, int]:
+        """(the project's usage, its department's in-quota usage, the department's usage)
+        in ``pool`` as they would be with ``delta`` more milli-GPU (negative: freed)."""
+        key, dept = (project, pool), (self.dept_of.get(project, ""), pool)
+        before = self.usage[key]
+        after = before + delta
+        q = self.quota.get(key, 0)
+        return (
+            after,
+            self.dept_in_quota[dept] + min(after, q) - min(before, q),
+            self.dept_usage[dept] + delta,
+        )
+
     def _apply(self, w: Workload, choices: list[Choice], take: bool) -> None:
         sign = 1 if take else -1
         dept = self.dept_of.get(w.project, "")
@@ -64,11 +77,7 @@ class Working:
         for c in choices:
             op(c.node, c.gpus, c.milli, w.demand.cpu_milli, w.demand.memory_mib)
             pool = self.pool_of(c.node)
-            key = (w.project, pool)
-            before = self.usage[key]
-            after = self.usage[key] = before + sign * c.milli * len(c.gpus)
-            self.dept_usage[(dept, pool)] += after - before
-            q = self.quota.get(key, 0)
-            self.dept_in_quota[(dept, pool)] += min(after, q) - min(before, q)
+            after = self.usage_after(w.project, pool, sign * c.milli * len(c.gpus))
+            self.usage[(w.project, pool)], self.dept_in_quota[(dept, pool)], self.dept_usage[(dept, pool)] = after
         if not take:
             self.epoch += 1
