@@ -54,6 +54,21 @@ static uint64_t cap_for(nvmlDevice_t device, int *ord)
 
 static uint64_t used_for(int ord) { return gp_cfg.mode == GP_MODE_REFUSE ? 0 : gp_account_used(ord); }
 
+/* Both memory queries report the share: total = min(cap, physical), used as counted (for
+ * _v2 plus the driver's reserved memory, which is part of its used), free never below 0. */
+static void report(uint64_t cap, int ord, unsigned long long *total, unsigned long long *used,
+                   unsigned long long *free_, unsigned long long *reserved)
+{
+    uint64_t t = cap < *total ? cap : *total;
+    uint64_t res = reserved ? (*reserved < t ? *reserved : t) : 0;
+    uint64_t u = used_for(ord) + res;
+    *total = t;
+    if (reserved)
+        *reserved = res;
+    *used = u;
+    *free_ = u >= t ? 0 : t - u;
+}
+
 nvmlReturn_t gp_w_nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
     GP_REAL_OR_RETURN(real, nvmlDeviceGetMemoryInfo, NVML_ERROR_FUNCTION_NOT_FOUND);
@@ -62,11 +77,7 @@ nvmlReturn_t gp_w_nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *mem
     uint64_t cap;
     if (r != NVML_SUCCESS || !memory || (cap = cap_for(device, &ord)) == GP_UNLIMITED)
         return r;
-    uint64_t total = cap < memory->total ? cap : memory->total;
-    uint64_t used = used_for(ord);
-    memory->total = total;
-    memory->used = used;
-    memory->free = used >= total ? 0 : total - used;
+    report(cap, ord, &memory->total, &memory->used, &memory->free, NULL);
     return r;
 }
 
@@ -78,12 +89,6 @@ nvmlReturn_t gp_w_nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_
     uint64_t cap;
     if (r != NVML_SUCCESS || !memory || (cap = cap_for(device, &ord)) == GP_UNLIMITED)
         return r;
-    uint64_t total = cap < memory->total ? cap : memory->total;
-    uint64_t reserved = memory->reserved < total ? memory->reserved : total;
-    uint64_t used = used_for(ord) + reserved; /* _v2's used includes the reserved memory */
-    memory->total = total;
-    memory->reserved = reserved;
-    memory->used = used;
-    memory->free = used >= total ? 0 : total - used;
+    report(cap, ord, &memory->total, &memory->used, &memory->free, &memory->reserved);
     return r;
 }
