@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    inspect,
     select,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
@@ -93,6 +94,12 @@ class EventRow(Base):
     workload: Mapped[str] = mapped_column(String(255), default="", index=True)
     project: Mapped[str] = mapped_column(String(63), default="", index=True)
     message: Mapped[str] = mapped_column(Text, default="")
+    # Who and what, for accounting (hub_ext/accounting.py): the workload's owner and its
+    # project's department when the event was written, and on "placed" the GPUs it took.
+    user: Mapped[str | None] = mapped_column(String(255), nullable=True, index=True)
+    department: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    gpus: Mapped[float | None] = mapped_column(Float, nullable=True)
+    placement: Mapped[list | None] = mapped_column(JSON, nullable=True)  # [{node, gpu_indices, gpu_milli}]
 
 
 class SampleRow(Base):
@@ -101,6 +108,16 @@ class SampleRow(Base):
     capacity_milli: Mapped[int] = mapped_column(Integer)
     allocated_milli: Mapped[int] = mapped_column(Integer)
     utilization_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class GpuSampleRow(Base):
+    """Per-GPU utilization (NVML), so accounting can put use beside each allocation."""
+
+    __tablename__ = "gpu_samples"
+    ts: Mapped[float] = mapped_column(Float, primary_key=True)
+    node: Mapped[str] = mapped_column(String(255), primary_key=True)
+    gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    utilization_pct: Mapped[float] = mapped_column(Float)
 
 
 class MetaRow(Base):
@@ -124,7 +141,23 @@ def make_sessionmaker(url: str) -> sessionmaker:
             cur.close()
 
     Base.metadata.create_all(engine)
+    _add_new_columns(engine)
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def _add_new_columns(engine) -> None:
+    """create_all makes missing tables only: add the nullable columns that later versions
+    added to existing tables (a database from before keeps all its rows)."""
+    have = inspect(engine)
+    with engine.begin() as conn:
+        for table in Base.metadata.sorted_tables:
+            if not have.has_table(table.name):
+                continue
+            present = {c["name"] for c in have.get_columns(table.name)}
+            for col in table.columns:
+                if col.name not in present and col.nullable and not col.primary_key:
+                    kind = col.type.compile(dialect=engine.dialect)
+                    conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}')
 
 
 def get_meta(session, key: str, default: str = "") -> str:
@@ -150,14 +183,22 @@ def version(session) -> int:
     return int(get_meta(session, "version", "0"))
 
 
-def add_event(session, kind: str, message: str, workload: str = "", project: str = "") -> None:
-    session.add(EventRow(kind=kind, message=message, workload=workload, project=project))
+def add_event(session, kind: str, message: str, workload: str = "", project: str = "",
+              **fields) -> None:
+    """Append an event; ``user`` (the workload's owner) and ``department`` (the project's)
+    are filled in from the tables unless given, so every writer records them the same way."""
+    if "user" not in fields and workload:
+        fields["user"] = session.scalar(select(WorkloadRow.owner).where(WorkloadRow.name == workload))
+    if "department" not in fields and project:
+        fields["department"] = session.scalar(select(ProjectRow.department).where(ProjectRow.name == project))
+    session.add(EventRow(kind=kind, message=message, workload=workload, project=project, **fields))
 
 
 __all__ = [
     "Base",
     "DepartmentRow",
     "EventRow",
+    "GpuSampleRow",
     "MemberRow",
     "MetaRow",
     "NodeRow",

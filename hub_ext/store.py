@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import time
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 
-from scheduler.model import Kind, PodPlacement, State, Workload
+from scheduler.model import MILLI, Kind, PodPlacement, State, Workload
 
 from . import org
-from .db import NodeRow, WorkloadRow, add_event, bump_version, get_meta, set_meta, version
+from .db import EventRow, NodeRow, WorkloadRow, add_event, bump_version, get_meta, set_meta, version
 from .requests import WorkloadRequest
 
 ACTIVE = ("pending", "running", "releasing")
@@ -70,6 +70,7 @@ class DbStore:
                         reason="", queue_position=0, start_time=now,
                     )
                 )
+                self._record_allocation(s, b)
             if decisions.pending:
                 names = [p.workload for p in decisions.pending]
                 current = dict(
@@ -85,6 +86,16 @@ class DbStore:
                             )
                         )
             s.commit()
+
+    @staticmethod
+    def _record_allocation(s, b) -> None:
+        """Put the GPUs a bind took on its "placed" event (the loop wrote it just before):
+        the event log is what GPU-hours are computed from (hub_ext/accounting.py)."""
+        latest = (select(func.max(EventRow.id))
+                  .where(EventRow.workload == b.workload, EventRow.kind == "placed").scalar_subquery())
+        s.execute(update(EventRow).where(EventRow.id == latest).values(
+            gpus=sum(p.gpu_milli * len(p.gpu_indices) for p in b.pods) / MILLI,
+            placement=placement_json(b.pods)))
 
     def set_state(self, name: str, state: str, **fields) -> None:
         with self.Session() as s:

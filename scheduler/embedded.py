@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from . import metrics
 from .core import decide
 from .model import (
     MILLI,
@@ -108,6 +109,8 @@ class EmbeddedScheduler:
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
         if self._task is None:
+            metrics.SNAPSHOT.watch(lambda: (self.snapshot, self.last))
+            metrics.LEADER.set(1)
             self._task = asyncio.ensure_future(self._loop())
 
     async def stop(self) -> None:
@@ -155,6 +158,7 @@ class EmbeddedScheduler:
     # -- one cycle -----------------------------------------------------------------------
     async def cycle(self) -> Decisions:
         async with self._lock:
+            t0 = time.perf_counter()
             self._sync()
             self.snapshot.now = time.time()
             decisions = decide(self.snapshot)
@@ -164,6 +168,7 @@ class EmbeddedScheduler:
             for e in decisions.evictions:
                 self._evict(e)
             self.store.record(decisions, self.snapshot)
+            metrics.observe_cycle(self.snapshot, decisions, time.perf_counter() - t0)
             for p in decisions.pending:
                 waiter = self.waiters.get(p.workload)
                 if waiter is not None:
@@ -249,6 +254,8 @@ class EmbeddedScheduler:
         w.state, w.placement, w.over_quota = State.PENDING, (), False
         self.snapshot.upsert_workload(w)
         self.store.set_state(name, "pending", placement=[], pid=None)
+        self.store.event("requeued", f"{name} gave back its GPUs and waits to be placed again",
+                         name, w.project)
         self.poke()
 
 
