@@ -70,9 +70,9 @@ class SnapshotCollector:
     """Gauges computed from the watched adapter's snapshot at scrape time."""
 
     def __init__(self) -> None:
-        self._source: Callable[[], tuple[Snapshot, Decisions]] | None = None
+        self._source: Callable[[], tuple[Snapshot, Decisions | None]] | None = None
 
-    def watch(self, source: Callable[[], tuple[Snapshot, Decisions]]) -> None:
+    def watch(self, source: Callable[[], tuple[Snapshot, Decisions | None]]) -> None:
         """The adapter whose state to export (the latest one to call this)."""
         self._source = source
 
@@ -109,7 +109,7 @@ class SnapshotCollector:
         for project, n in sorted(n_queue.items()):
             queue.add_metric([project], n)
         reasons: dict[tuple[str, str], int] = defaultdict(int)
-        for p in last.pending:
+        for p in last.pending if last is not None else ():
             w = snap.pending.get(p.workload)
             if w is not None:  # still waiting (a quiet adapter may not have cycled since)
                 reasons[(w.project, pending_reason(p.reason))] += 1

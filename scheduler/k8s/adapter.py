@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 
 import aiohttp
 
+from .. import metrics
 from ..core import decide
 from ..model import MILLI, Decisions, PodPlacement, State, ValidationError, Workload
 from ..snapshot import SchedulerConfig, Snapshot
@@ -389,6 +390,7 @@ class GpupoolScheduler:
                 self.last = decisions
                 self.stats["cycles"] += 1
                 self._apply(decisions)
+                metrics.observe_cycle(self.snap, decisions, time.perf_counter() - t0)
             except Exception:  # a bug must not stop scheduling for good: log, back off, retry
                 log.exception("scheduling cycle failed")
                 self.stats["cycle_errors"] += 1

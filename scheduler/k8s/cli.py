@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 
+from .. import metrics
 from ..snapshot import SchedulerConfig
 from .adapter import AdapterConfig, GpupoolScheduler
 from .client import KubeClient
@@ -38,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--policy", default="gpupool", help="placement policy of the core")
     ap.add_argument("--topology-key", default=None,
                     help="node label gangs prefer to share when they name none (e.g. gpupool.io/rack)")
+    ap.add_argument("--metrics-port", type=int, default=0,
+                    help="serve Prometheus metrics at :PORT/metrics (0: off); standbys serve too")
+    ap.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics server listens on")
     ap.add_argument("-v", "--verbose", action="count", default=0)
     return ap.parse_args(argv)
 
@@ -48,6 +52,8 @@ async def _amain(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if args.metrics_port:
+        await metrics.serve(args.metrics_port, args.metrics_host)
     async with kc:
         elector = LeaderElector(kc, args.lease_namespace, args.lease_name, args.identity,
                                 duration_s=args.lease_duration, renew_s=args.lease_renew,
@@ -64,6 +70,8 @@ async def _amain(args: argparse.Namespace) -> int:
             core=SchedulerConfig(policy=args.policy, default_topology_key=args.topology_key),
         )  # fmt: skip
         sched = GpupoolScheduler(kc, cfg)
+        metrics.SNAPSHOT.watch(lambda: (sched.snap, sched.last))
+        metrics.LEADER.set(1)
         lost = asyncio.create_task(elector.lost.wait())
         run = asyncio.create_task(sched.run(stop))
         await asyncio.wait([run, lost], return_when=asyncio.FIRST_COMPLETED)
