@@ -23,6 +23,7 @@ from scheduler.embedded import terminate
 from scheduler.model import MILLI, Bind, ValidationError
 
 from .form import render_form
+from .metrics import SPAWN_QUEUE_SECONDS, SPAWN_SECONDS
 from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest, parse_request, workload_name
 from .runtime import Runtime
 from .store import to_workload
@@ -78,6 +79,7 @@ class GpupoolSpawnerMixin(Spawner):
     # -- start / stop --------------------------------------------------------------------
     async def start(self):
         self._gp_events, self._gp_new = [], asyncio.Event()
+        t0 = time.monotonic()
         rt = self.gpupool
         try:
             req = self.request()
@@ -95,6 +97,7 @@ class GpupoolSpawnerMixin(Spawner):
             rt.store.remove_workload(self.workload)
             raise RuntimeError(f"Cannot schedule: {e}") from None
         bind = await self._wait_for_bind(waiter)
+        SPAWN_QUEUE_SECONDS.labels(req.project).observe(time.monotonic() - t0)
         pod = bind.pods[0]
         where = f"{pod.node}, GPU {','.join(map(str, pod.gpu_indices))}" if pod.gpu_indices else pod.node
         share = f" ({pod.gpu_milli / MILLI:g} of each)" if pod.gpu_indices else ""
@@ -102,11 +105,14 @@ class GpupoolSpawnerMixin(Spawner):
         self.gpupool_env = rt.env_for(w, bind)
         self._emit(70, f"Starting {kind}")
         try:
-            return await self.launch_workspace(req, bind)
+            started = await self.launch_workspace(req, bind)
         except BaseException:
+            SPAWN_SECONDS.labels(req.project, "failed").observe(time.monotonic() - t0)
             rt.scheduler.release(self.workload, "failed to start")
             rt.store.remove_workload(self.workload)
             raise
+        SPAWN_SECONDS.labels(req.project, "started").observe(time.monotonic() - t0)
+        return started
 
     async def _wait_for_bind(self, waiter) -> Bind:
         last = None
