@@ -15,9 +15,9 @@ from sqlalchemy import delete, func, select
 from scheduler.embedded import EmbeddedScheduler, gpu_env, terminate
 from scheduler.model import MILLI, Bind, Workload
 
-from . import org
+from . import accounting, org
 from .config import Gpupool
-from .db import SampleRow, WorkloadRow, make_sessionmaker
+from .db import GpuSampleRow, SampleRow, WorkloadRow, make_sessionmaker
 from .inventory import discover, gpu_utilization
 from .limits import limits_for
 from .requests import Limits
@@ -39,6 +39,9 @@ class Runtime:
             self.org_file = org.load_starter(s, cfg.org_file)
         self.nodes, self.inventory_source = discover(cfg.declared_gpus, cfg.use_nvml)
         self.store.set_nodes(self.nodes, self.inventory_source)
+        with self.Session() as s:
+            accounting.close_open_allocations(s)
+            s.commit()
         self.store.reset_after_restart()
         self.scheduler = EmbeddedScheduler(self.store, self.nodes, cfg.schedule_period_s)
         self.scheduler.launch = self._launch_process
@@ -155,13 +158,18 @@ class Runtime:
         util = gpu_utilization()
         pct = sum(util.values()) / len(util) if util else None
         with self.Session() as s:
-            s.add(SampleRow(ts=time.time(), capacity_milli=capacity, allocated_milli=allocated,
+            now = time.time()
+            s.add(SampleRow(ts=now, capacity_milli=capacity, allocated_milli=allocated,
                             utilization_pct=pct))
+            if util and self.inventory_source == "nvml":  # one local node (inventory.discover)
+                for i, u in util.items():
+                    s.add(GpuSampleRow(ts=now, node=self.nodes[0].name, gpu_index=i, utilization_pct=u))
             # keep about a week at the default period
             n = s.scalar(select(func.count()).select_from(SampleRow))
             if n and n > 60_000:
                 oldest = s.scalar(select(SampleRow.ts).order_by(SampleRow.ts).offset(n - 60_000).limit(1))
                 s.execute(delete(SampleRow).where(SampleRow.ts < oldest))
+                s.execute(delete(GpuSampleRow).where(GpuSampleRow.ts < oldest))
             s.commit()
 
     def workload_row(self, name: str) -> WorkloadRow | None:

@@ -1,0 +1,173 @@
+"""GPU-hours accounting (hub_ext/accounting.py): unit tests on hand-built event logs, and
+a real hub (tests/hub/hubproc.py) where workspaces start and stop and /usage, /usage.csv
+and the Usage page must agree with the events' own timestamps."""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hub_ext import accounting
+from hub_ext.accounting import Allocation, Utilization, allocations, parse_range, usage
+from hub_ext.db import EventRow, GpuSampleRow, NodeRow, make_sessionmaker
+from hub_ext.requests import FieldError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hub"))
+
+H = 3600.0
+
+
+def ev(ts, kind, workload, gpus=None, user="u1", project="p1", department="d1", placement=None):
+    return SimpleNamespace(ts=ts, kind=kind, workload=workload, gpus=gpus, user=user, project=project,
+                           department=department, placement=placement)
+
+
+def hours(rows, name):
+    return next(r["gpu_hours"] for r in rows if r["name"] == name)
+
+
+# -- unit: hand-built event logs ----------------------------------------------------------
+def test_fraction_counts_as_fraction():
+    log = [ev(0, "submitted", "w"), ev(0, "placed", "w", 0.25), ev(2 * H, "released", "w")]
+    rows = usage(allocations(log), 0, 10 * H, "user", now=10 * H)
+    assert rows == [{"name": "u1", "gpu_hours": 0.5, "used_gpu_hours": None, "utilization_pct": None,
+                     "workloads": 1}]
+
+
+@pytest.mark.parametrize("start, end, expected", [
+    pytest.param(0, 10 * H, 4.0, id="whole-range"),
+    pytest.param(2 * H, 10 * H, 3.0, id="clipped-at-start"),
+    pytest.param(0, 3 * H, 2.0, id="clipped-at-end"),
+    pytest.param(1.5 * H, 2.5 * H, 1.0, id="inside"),
+    pytest.param(5 * H, 6 * H, 0.0, id="after"),
+])
+def test_clipped_to_range(start, end, expected):
+    log = [ev(H, "placed", "w", 1.0), ev(5 * H, "released", "w")]  # 4 hours of 1 GPU
+    rows = usage(allocations(log), start, end, "project", now=100 * H)
+    assert (hours(rows, "p1") if rows else 0.0) == pytest.approx(expected)
+
+
+def test_running_workload_counts_up_to_range_end_or_now():
+    log = [ev(0, "placed", "w", 2.0)]
+    assert hours(usage(allocations(log), 0, 3 * H, "user", now=100 * H), "u1") == pytest.approx(6.0)
+    # a range reaching into the future stops at now
+    assert hours(usage(allocations(log), 0, 100 * H, "user", now=H), "u1") == pytest.approx(2.0)
+
+
+def test_preempt_then_resume():
+    log = [
+        ev(0, "placed", "t", 1.0),
+        ev(H, "preempted", "t"),  # still holds the GPU until the process exits ...
+        ev(1.5 * H, "requeued", "t"),  # ... here
+        ev(3 * H, "placed", "t", 0.5),  # resumed on half a GPU
+        ev(5 * H, "released", "t"),
+    ]
+    allocs = allocations(log)
+    assert [(a.start, a.end, a.gpus) for a in allocs] == [(0, 1.5 * H, 1.0), (3 * H, 5 * H, 0.5)]
+    assert hours(usage(allocs, 0, 10 * H, "user", now=10 * H), "u1") == pytest.approx(1.5 + 1.0)
+
+
+def test_grouping_by_user_project_department():
+    log = [
+        ev(0, "placed", "a", 1.0, user="ann", project="nlp", department="research"),
+        ev(0, "placed", "b", 0.5, user="bob", project="vision", department="research"),
+        ev(0, "placed", "c", 0.25, user="ann", project="serving", department="ops"),
+        ev(H, "released", "a"), ev(H, "released", "b"), ev(H, "released", "c"),
+    ]
+    allocs = allocations(log)
+    by_user = usage(allocs, 0, H, "user", now=H)
+    assert [(r["name"], r["gpu_hours"], r["workloads"]) for r in by_user] == [("ann", 1.25, 2), ("bob", 0.5, 1)]
+    assert {r["name"]: r["gpu_hours"] for r in usage(allocs, 0, H, "department", now=H)} == {
+        "research": 1.5, "ops": 0.25}
+    assert {r["name"]: r["gpu_hours"] for r in usage(allocs, 0, H, "project", now=H)} == {
+        "nlp": 1.0, "vision": 0.5, "serving": 0.25}
+
+
+def test_a_second_placed_closes_the_open_allocation():
+    log = [ev(0, "placed", "w", 1.0), ev(H, "placed", "w", 1.0), ev(2 * H, "released", "w")]
+    assert [(a.start, a.end) for a in allocations(log)] == [(0, H), (H, 2 * H)]
+
+
+def test_utilization_beside_allocation():
+    pl = [{"node": "n", "gpu_indices": [0], "gpu_milli": 1000}]
+    log = [ev(0, "placed", "busy", 1.0, user="ann", placement=pl),
+           ev(0, "placed", "idle", 1.0, user="bob", placement=[{**pl[0], "gpu_indices": [1]}]),
+           ev(2 * H, "released", "busy"), ev(2 * H, "released", "idle")]
+    samples = [SimpleNamespace(ts=t * 600.0, node="n", gpu_index=g, utilization_pct=u)
+               for t in range(13) for g, u in ((0, 90.0), (1, 0.0))]
+    rows = usage(allocations(log), 0, 2 * H, "user", now=3 * H, util=Utilization(samples))
+    assert {r["name"]: (r["gpu_hours"], r["used_gpu_hours"], r["utilization_pct"]) for r in rows} == {
+        "ann": (2.0, 1.8, 90.0), "bob": (2.0, 0.0, 0.0)}
+
+
+@pytest.mark.parametrize("args, field", [
+    ({"from": "yesterday"}, "from"),
+    ({"to": "2026-13-01"}, "to"),
+    ({"from": "2026-11-02", "to": "2026-11-01"}, "to"),
+    ({"from": "2020-01-01", "to": "2026-01-01"}, "to"),
+    ({"by": "team"}, "by"),
+])
+def test_bad_ranges_name_the_field(args, field):
+    with pytest.raises(FieldError) as e:
+        parse_range(args)
+    assert e.value.field == field
+
+
+def test_range_dates_are_utc_days_and_to_includes_its_day():
+    start, end, by = parse_range({"from": "2026-11-01", "to": "2026-11-30", "by": "user"})
+    assert (end - start) / 86400 == 30 and by == "user"
+    start, end, _ = parse_range({"from": "2026-11-01T10:00:00Z", "to": "2026-11-01T14:00:00+02:00"})
+    assert end - start == 2 * H
+    assert start == parse_range({"from": "2026-11-01T10:00:00"})[0]  # no zone: UTC
+
+
+def test_restart_closes_open_allocations_at_the_last_sample(tmp_path):
+    from hub_ext.db import SampleRow
+
+    Session = make_sessionmaker(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    with Session() as s:
+        s.add(EventRow(ts=100.0, kind="placed", workload="w", project="p", user="u", department="d", gpus=1.0))
+        s.add(EventRow(ts=100.0, kind="placed", workload="done", project="p", user="u", department="d", gpus=1.0))
+        s.add(EventRow(ts=150.0, kind="released", workload="done", project="p"))
+        s.add(SampleRow(ts=460.0, capacity_milli=1000, allocated_milli=1000))
+        s.commit()
+        assert accounting.close_open_allocations(s) == 1
+        s.commit()
+        rep = accounting.report(s, 0, 10_000, "user", now=10_000)
+    assert rep["items"][0]["gpu_hours"] == pytest.approx((360 + 50) / H)
+    assert rep["utilization_measured"] is False
+
+
+def test_report_reads_nvml_samples(tmp_path):
+    Session = make_sessionmaker(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    pl = [{"node": "gpu-node", "gpu_indices": [0, 1], "gpu_milli": 1000}]
+    with Session() as s:
+        s.add(NodeRow(name="gpu-node", source="nvml", gpus=[]))
+        s.add(EventRow(ts=0.0, kind="placed", workload="w", project="p", user="u", department="d",
+                       gpus=2.0, placement=pl))
+        for t in range(0, 3600, 60):
+            s.add(GpuSampleRow(ts=float(t), node="gpu-node", gpu_index=0, utilization_pct=50.0))
+            s.add(GpuSampleRow(ts=float(t), node="gpu-node", gpu_index=1, utilization_pct=10.0))
+        s.commit()
+        rep = accounting.report(s, 0, H, "project", now=H)
+    (row,) = rep["items"]
+    assert rep["utilization_measured"] is True
+    assert (row["gpu_hours"], row["utilization_pct"], row["used_gpu_hours"]) == (2.0, 30.0, 0.6)
+
+
+def test_csv_has_a_row_per_item():
+    rep = {"by": "user", "from": "a", "to": "b", "items": [
+        {"name": "ann", "gpu_hours": 1.5, "used_gpu_hours": None, "utilization_pct": None, "workloads": 2}]}
+    rows = list(csv.DictReader(io.StringIO(accounting.to_csv(rep))))
+    assert rows == [{"user": "ann", "gpu_hours": "1.5", "used_gpu_hours": "", "utilization_pct": "",
+                     "workloads": "2", "from": "a", "to": "b"}]
+
+
+def test_allocation_overlap_of_open_allocation():
+    a = Allocation("w", "u", "p", "d", 1.0, 10.0, None)
+    assert a.overlap_s(0, 100, now=50) == 40
