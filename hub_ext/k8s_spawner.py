@@ -22,9 +22,17 @@ The pod:
 - CPU and memory as guarantee and limit; home on a PVC (KubeSpawner's storage options,
   ``storage_pvc_ensure`` on by default); ``/lab`` or ``/vscode/`` (jupyter-vscode-proxy
   in the image) as the default URL; the image from ``environment_images``.
+
+While the pod waits, progress repeats gpupool-scheduler's reason (the pod's
+``PodScheduled=False`` message) whenever it changes. A pod that cannot start
+(``pod_failure``: image pull errors, a crash loop, a failed pod, a request the scheduler
+rejects) ends the spawn at once with that message instead of waiting for
+``start_timeout``: KubeSpawner polls ``is_pod_running`` while it waits, and ours raises.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from kubespawner import KubeSpawner
 from traitlets import Dict, Unicode, default
@@ -32,10 +40,64 @@ from traitlets import Dict, Unicode, default
 from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest
 from .spawner import GpupoolSpawnerMixin
 
-__all__ = ["GpupoolKubeSpawner"]
+__all__ = ["GpupoolKubeSpawner", "PodFailed", "pending_reason", "pod_failure"]
 
 HOME_VOLUME = "home"
 PRELOAD_VOLUME = "gpupool-preload"
+
+# Container states the kubelet keeps retrying but that no retry fixes by itself.
+FATAL_WAITING = frozenset({
+    "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+    "CrashLoopBackOff", "CreateContainerConfigError", "CreateContainerError",
+    "RunContainerError",
+})
+
+
+class PodFailed(RuntimeError):
+    """The workspace pod cannot start; the message says why (shown to the user)."""
+
+
+def _condition(pod: dict, kind: str) -> dict | None:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return c
+    return None
+
+
+def pod_failure(pod: dict | None) -> str | None:
+    """Why ``pod`` (API JSON) will not start, or None while it may still."""
+    if not pod:
+        return None
+    status = pod.get("status") or {}
+    sched = _condition(pod, "PodScheduled")
+    if sched and sched.get("status") == "False" and sched.get("reason") == "InvalidRequest":
+        return f"gpupool-scheduler rejected the request: {sched.get('message', '')}"
+    statuses = [*(status.get("initContainerStatuses") or []),
+                *(status.get("containerStatuses") or [])]
+    for cs in statuses:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in FATAL_WAITING:
+            msg = waiting.get("message") or ""
+            if waiting["reason"] == "CrashLoopBackOff":
+                last = (cs.get("lastState") or {}).get("terminated") or {}
+                msg = (f"exited with code {last.get('exitCode', '?')}"
+                       f"{' (' + last['reason'] + ')' if last.get('reason') else ''}"
+                       f", restarted {cs.get('restartCount', 0)} times")
+            return f"container {cs.get('name')}: {waiting['reason']}{': ' + msg if msg else ''}"
+    if status.get("phase") in ("Failed", "Succeeded"):
+        why = status.get("message") or status.get("reason") or "its containers exited"
+        return f"pod {status['phase'].lower()}: {why}"
+    return None
+
+
+def pending_reason(pod: dict | None) -> str | None:
+    """gpupool-scheduler's reason while the pod waits for a placement."""
+    if not pod or (pod.get("spec") or {}).get("nodeName"):
+        return None
+    sched = _condition(pod, "PodScheduled")
+    if sched and sched.get("status") == "False":
+        return sched.get("message") or sched.get("reason")
+    return None
 
 
 def _merged(configured, ours: list[dict]):
@@ -149,12 +211,53 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
                               f"waiting for gpupool-scheduler")
         return KubeSpawner.start(self)
 
+    def is_pod_running(self, pod):
+        """KubeSpawner's check while it waits for the pod; a pod that cannot start raises
+        (which ends ``start`` with the message; JupyterHub then stops the server)."""
+        why = pod_failure(pod)
+        if why:
+            raise PodFailed(f"Workspace {self.pod_name} cannot start: {why}")
+        return KubeSpawner.is_pod_running(self, pod)
+
+    def _reflected_pod(self) -> dict | None:
+        try:
+            return self.pod_reflector.pods.get(f"{self.namespace}/{self.pod_name}")
+        except Exception:  # no reflector yet
+            return None
+
     async def progress(self):
+        """KubeSpawner's progress (the pod's events), and gpupool-scheduler's reason each
+        time it changes while the pod waits."""
         msg = getattr(self, "_gp_submitted", None)
         if msg:
             yield {"progress": 5, "message": msg}
-        async for event in KubeSpawner.progress(self):
-            yield event
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def events():
+            try:
+                async for event in KubeSpawner.progress(self):
+                    await queue.put(event)
+            finally:
+                await queue.put(None)
+
+        task = asyncio.ensure_future(events())
+        last = None
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(queue.get(), 1.0)
+                except asyncio.TimeoutError:
+                    event = {}
+                if event is None:
+                    break
+                if event:
+                    yield event
+                reason = pending_reason(self._reflected_pod())
+                if reason and reason != last:
+                    last = reason
+                    yield {"message": f"Waiting for gpupool-scheduler: {reason}"}
+        finally:
+            task.cancel()
 
     async def stop(self, now=False):
         # Deleting the pod is what frees its GPUs: gpupool-scheduler watches it go.

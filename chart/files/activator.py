@@ -1,0 +1,62 @@
+"""The chart's inference activator: inference.activator's HTTP front, with replicas as pods
+that gpupool-scheduler places (inference.backends.k8s.K8sBackend) in $GPUPOOL_NAMESPACE.
+The services are the chart's values (activator.services), mounted as services.json.
+
+    python activator.py --services services.json --port 9000 [--kubeconfig FILE]
+"""
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+
+from tornado.httpserver import HTTPServer
+
+from hub_ext.requests import FieldError
+from inference import activator
+from inference.backends.k8s import K8sBackend
+from inference.controller import Controller
+from inference.spec import parse_spec
+from scheduler.k8s.client import KubeClient
+
+
+async def serve(args) -> None:
+    with open(args.services) as f:
+        docs = json.load(f)
+    specs = []
+    for i, doc in enumerate(docs):
+        try:
+            specs.append(parse_spec(doc))
+        except FieldError as e:  # a clear message naming the service and the field
+            raise SystemExit(f"activator.services[{i}]: {e}") from None
+    kc = await KubeClient.from_kubeconfig(args.kubeconfig)
+    async with kc:
+        controller = Controller(K8sBackend(kc, args.namespace))
+        for spec in specs:
+            controller.put(spec)
+        HTTPServer(activator.make_app(controller, "/"), xheaders=True).listen(args.port)
+        controller.start()
+        logging.info("activator on :%d, %d services in %s", args.port, len(specs), args.namespace)
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await controller.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--services", required=True)
+    ap.add_argument("--port", type=int, default=9000)
+    ap.add_argument("--namespace", default=os.environ.get("GPUPOOL_NAMESPACE", "default"))
+    ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(ap.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
