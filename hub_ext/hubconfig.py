@@ -10,20 +10,13 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from . import roles
 from .config import ROOT, Gpupool
 from .db import MemberRow
 from .org import org_users
 from .runtime import Runtime
 
-SCOPES = {
-    "custom:gpupool:admin": {
-        "description": "Manage gpupool's organisation: departments, projects, quotas, members; "
-        "see and stop every workload.",
-    },
-    "custom:gpupool:use": {
-        "description": "See your own projects and run workloads in them.",
-    },
-}
+SCOPES = roles.SCOPES  # custom:gpupool:admin, :department-admin, :use, :view
 
 
 def configure(c) -> Runtime:
@@ -39,6 +32,8 @@ def configure(c) -> Runtime:
     users, admins = org_users(rt.org_file)
     with rt.Session() as s:
         users |= set(s.scalars(select(MemberRow.user)))
+        assigned = roles.assignments(s)
+    users |= {a["user"] for a in assigned}
 
     c.JupyterHub.ip = cfg.ip
     c.JupyterHub.port = cfg.port
@@ -68,7 +63,9 @@ def configure(c) -> Runtime:
     c.JupyterHub.custom_scopes = SCOPES
     c.JupyterHub.load_roles = [
         {"name": "user", "scopes": ["self", "access:services!service=gpupool", "custom:gpupool:use"]},
-        {"name": "gpupool-admin", "scopes": list(SCOPES), "users": sorted(admins)},
+        {**roles.HUB_ROLES[roles.PLATFORM_ADMIN], "users": sorted(admins)},
+        *({**roles.HUB_ROLES[kind], "users": sorted({a["user"] for a in assigned if a["role"] == kind})}
+          for kind in roles.ASSIGNABLE),
         {"name": "gpupool-service", "scopes": ["admin:servers", "read:users", "list:users"],
          "services": ["gpupool"]},
     ]

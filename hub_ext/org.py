@@ -16,6 +16,7 @@ from sqlalchemy import delete, func, select
 
 from scheduler.model import DEFAULT_POOL, Department, Project, Quota
 
+from . import audit
 from .db import DepartmentRow, MemberRow, NodeRow, ProjectRow, WorkloadRow, add_event, bump_version
 from .requests import NAME_RE, FieldError
 
@@ -182,19 +183,21 @@ def _projects_sum(s, dept: str, skip: str | None = None) -> float:
     return float(s.scalar(q))
 
 
-def create_department(s, data: dict) -> dict:
+def create_department(s, data: dict, actor: str = audit.SYSTEM) -> dict:
     _check_unknown(data, ("name", *QUOTA_FIELDS))
     name = _check_name(data, "department")
     if s.get(DepartmentRow, name) is not None:
         raise Conflict("name", f"department {name!r} already exists")
-    s.add(DepartmentRow(name=name, **_quota_fields(data)))
+    q = _quota_fields(data)
+    s.add(DepartmentRow(name=name, **q))
     add_event(s, "org", f"department {name} created")
+    audit.record(s, actor, "department.created", name, q)
     bump_version(s)
     s.flush()
     return get_department(s, name)
 
 
-def update_department(s, name: str, data: dict) -> dict:
+def update_department(s, name: str, data: dict, actor: str = audit.SYSTEM) -> dict:
     _check_unknown(data, QUOTA_FIELDS)
     d = s.get(DepartmentRow, name)
     if d is None:
@@ -203,20 +206,24 @@ def update_department(s, name: str, data: dict) -> dict:
     used = _projects_sum(s, name)
     if q["gpus"] + 1e-9 < used:
         raise FieldError("gpus", f"must be >= {used:g}, the sum of the department's project quotas")
+    before = dept_dict(d)
     for k, v in q.items():
         setattr(d, k, v)
     add_event(s, "org", f"department {name} quota {q['gpus']:g} GPUs")
+    audit.record(s, actor, "department.updated", name,
+                 {k: [before[k], v] for k, v in q.items() if before[k] != v})
     bump_version(s)
     return get_department(s, name)
 
 
-def delete_department(s, name: str) -> None:
+def delete_department(s, name: str, actor: str = audit.SYSTEM) -> None:
     if s.get(DepartmentRow, name) is None:
         raise NotFound(f"department {name!r} does not exist")
     if s.scalar(select(func.count()).select_from(ProjectRow).where(ProjectRow.department == name)):
         raise Conflict("name", f"department {name!r} still has projects; delete them first")
     s.execute(delete(DepartmentRow).where(DepartmentRow.name == name))
     add_event(s, "org", f"department {name} deleted")
+    audit.record(s, actor, "department.deleted", name)
     bump_version(s)
 
 
@@ -238,7 +245,7 @@ def _set_members(s, project: str, members: list[str]) -> None:
     s.add_all(MemberRow(project=project, user=u) for u in members)
 
 
-def create_project(s, data: dict) -> dict:
+def create_project(s, data: dict, actor: str = audit.SYSTEM) -> dict:
     _check_unknown(data, ("name", "department", "members", *QUOTA_FIELDS))
     name = _check_name(data, "project")
     if s.get(ProjectRow, name) is not None:
@@ -253,12 +260,13 @@ def create_project(s, data: dict) -> dict:
     s.flush()
     _set_members(s, name, members)
     add_event(s, "org", f"project {name} created with {q['gpus']:g} GPUs", project=name)
+    audit.record(s, actor, "project.created", name, {"department": dept, **q, "members": members}, name)
     bump_version(s)
     s.flush()
     return get_project(s, name)
 
 
-def update_project(s, name: str, data: dict) -> dict:
+def update_project(s, name: str, data: dict, actor: str = audit.SYSTEM) -> dict:
     _check_unknown(data, ("department", "members", *QUOTA_FIELDS))
     p = s.get(ProjectRow, name)
     if p is None:
@@ -269,11 +277,19 @@ def update_project(s, name: str, data: dict) -> dict:
         raise FieldError("department", "must name an existing department")
     _check_dept_room(s, dept, q["gpus"], skip=name)
     old = p.gpus
+    before = {"department": p.department, **{k: getattr(p, k) for k in QUOTA_FIELDS}}
     p.department = dept
     for k, v in q.items():
         setattr(p, k, v)
+    changed = {k: [before[k], v] for k, v in {"department": dept, **q}.items() if before[k] != v}
+    if changed:
+        audit.record(s, actor, "project.quota", name, changed, name)
     members = _members(data)
     if members is not None:
+        had = set(s.scalars(select(MemberRow.user).where(MemberRow.project == name)))
+        if had != set(members):
+            audit.record(s, actor, "project.members", name, {
+                "added": sorted(set(members) - had), "removed": sorted(had - set(members))}, name)
         _set_members(s, name, members)
     if old != q["gpus"]:
         add_event(s, "quota", f"project {name} quota {old:g} -> {q['gpus']:g} GPUs", project=name)
@@ -282,7 +298,7 @@ def update_project(s, name: str, data: dict) -> dict:
     return get_project(s, name)
 
 
-def delete_project(s, name: str) -> None:
+def delete_project(s, name: str, actor: str = audit.SYSTEM) -> None:
     if s.get(ProjectRow, name) is None:
         raise NotFound(f"project {name!r} does not exist")
     active = s.scalar(
@@ -295,6 +311,7 @@ def delete_project(s, name: str) -> None:
     s.execute(delete(MemberRow).where(MemberRow.project == name))
     s.execute(delete(ProjectRow).where(ProjectRow.name == name))
     add_event(s, "org", f"project {name} deleted", project=name)
+    audit.record(s, actor, "project.deleted", name, project=name)
     bump_version(s)
 
 
@@ -320,12 +337,21 @@ def load_starter(s, path: str | Path) -> dict:
     data = yaml.safe_load(Path(path).read_text()) or {}
     if s.scalar(select(func.count()).select_from(DepartmentRow)):
         return data
+    from . import roles
+
     for d in data.get("departments", []):
         d = dict(d)
         projects = d.pop("projects", [])
+        people = {roles.DEPARTMENT_ADMIN: d.pop("admins", []), roles.VIEWER: d.pop("viewers", [])}
         create_department(s, d)
         for p in projects:
             create_project(s, {**p, "department": d["name"]})
+        for role, users in people.items():
+            for u in users:
+                roles.set_assignments(s, u, [(role, d["name"])], "org", only_departments={d["name"]})
+    for u in data.get("viewers", []):  # viewers of every department
+        roles.set_assignments(s, u, [(roles.VIEWER, roles.ALL_DEPARTMENTS)], "org",
+                              only_departments={roles.ALL_DEPARTMENTS})
     s.commit()
     return data
 
@@ -333,8 +359,9 @@ def load_starter(s, path: str | Path) -> dict:
 def org_users(data: dict) -> tuple[set[str], set[str]]:
     """(all users, admins) named in a starter organisation file."""
     admins = set(data.get("admins", []))
-    users = set(admins) | set(data.get("users", []))
+    users = set(admins) | set(data.get("users", [])) | set(data.get("viewers", []))
     for d in data.get("departments", []):
+        users |= set(d.get("admins", [])) | set(d.get("viewers", []))
         for p in d.get("projects", []):
             users |= set(p.get("members", []))
     return users, admins

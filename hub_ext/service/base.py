@@ -12,6 +12,7 @@ import traceback
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
+from .. import roles
 from ..org import Conflict, NotFound
 from ..requests import FieldError
 
@@ -45,6 +46,19 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
     def username(self) -> str:
         return (self.current_user or {}).get("name", "")
 
+    @property
+    def who(self) -> roles.Who:
+        """The caller for hub_ext.roles (memberships and role assignments), once per request."""
+        if getattr(self, "_who", None) is None:
+            with self.Session() as s:
+                self._who = roles.who_for(s, self.current_user)
+        return self._who
+
+    def require(self, action: str, project: str | None = None, department: str | None = None,
+                owner: str | None = None) -> None:
+        """403 with the rule's reason unless hub_ext.roles allows ``action``."""
+        roles.check(self.who, action, project, department, owner)
+
     def require_admin(self) -> None:
         if not self.is_admin:
             raise web.HTTPError(403, f"this needs the {ADMIN} scope (gpupool admins only)")
@@ -56,7 +70,7 @@ class ApiHandler(BaseHandler):
     def prepare(self):
         if self.current_user is None:
             raise web.HTTPError(401, "authenticate with a JupyterHub token (Authorization: token ...)")
-        if not (self.scopes & {ADMIN, USE}):
+        if not (self.scopes & set(roles.SCOPES)):
             raise web.HTTPError(403, f"this needs the {USE} scope")
 
     def body(self) -> dict:
@@ -82,6 +96,8 @@ class ApiHandler(BaseHandler):
             return self.send_error(409, field=e.field, message=e.message)
         if isinstance(e, NotFound):
             return self.send_error(404, message=str(e))
+        if isinstance(e, roles.Forbidden):
+            return self.send_error(403, message=e.reason)
         return super()._handle_request_exception(e)
 
     def write_error(self, status_code, **kwargs):
