@@ -20,7 +20,7 @@ from .. import org
 from ..db import EventRow, SampleRow, WorkloadRow, add_event, bump_version
 from ..limits import limits_for
 from ..requests import FieldError, parse_request, workload_name
-from . import training_api
+from . import training_api, usage_api
 from .base import ApiHandler
 from .sharing import gpu_sharing
 
@@ -300,6 +300,7 @@ def routes(prefix: str) -> list:
         url(a + "/events", EventsHandler),
         url(a + "/samples", SamplesHandler),
         *training_api.routes(a),
+        *usage_api.routes(a),
         *inference_api.routes(a),
     ]
 

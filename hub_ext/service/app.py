@@ -11,18 +11,16 @@ from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
-from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
-from sqlalchemy import func, select
 from tornado import web
 from tornado.httpserver import HTTPServer
 
 from ..config import Gpupool, load_config
-from ..db import WorkloadRow, make_sessionmaker
+from ..db import make_sessionmaker
 from . import api, culler, pages
 from .hubapi import HubAPI
+from .metrics import DATABASE, MetricsHandler
 
 log = logging.getLogger("gpupool.service")
-WORKLOADS = Gauge("gpupool_workloads", "Workloads by state", ["state"])
 
 
 @dataclass
@@ -32,18 +30,10 @@ class Context:
     hub: HubAPI
 
 
-class MetricsHandler(web.RequestHandler):
-    def get(self):
-        with self.settings["gpupool"].Session() as s:
-            for state, n in s.execute(select(WorkloadRow.state, func.count()).group_by(WorkloadRow.state)):
-                WORKLOADS.labels(state).set(n)
-        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(generate_latest())
-
-
 def make_app(cfg: Gpupool, prefix: str, session_factory=None, hub: HubAPI | None = None,
              user_for_tests: dict | None = None) -> web.Application:
     ctx = Context(cfg, session_factory or make_sessionmaker(cfg.db_url), hub or HubAPI())
+    DATABASE.watch(ctx.Session)
     prefix = prefix if prefix.endswith("/") else prefix + "/"
     handlers = [
         (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),

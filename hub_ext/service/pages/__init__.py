@@ -14,7 +14,7 @@ _env = Environment(
     autoescape=select_autoescape(["html"]),
 )
 NAV = [("", "Overview"), ("org", "Organisation"), ("nodes", "Nodes & GPUs"),
-       ("queue", "Queue"), ("events", "Events")]
+       ("queue", "Queue"), ("events", "Events"), ("usage", "Usage")]
 
 
 class PageHandler(BaseHandler):
@@ -33,9 +33,9 @@ class PageHandler(BaseHandler):
 
 
 def routes(prefix: str) -> list:
-    from . import events, nodes, org, overview, queue
+    from . import events, nodes, org, overview, queue, usage
 
     out = []
-    for mod in (overview, org, nodes, queue, events):
+    for mod in (overview, org, nodes, queue, events, usage):
         out += mod.routes(prefix)
     return out
