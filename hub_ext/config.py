@@ -139,6 +139,16 @@ class Gpupool(Configurable):
         local = ROOT / ".tools" / "bin" / "code-server"
         return found or (str(local) if local.exists() else "")
 
+    credentials_key_file = Unicode(
+        help="File holding the Fernet key that encrypts project credentials at rest; created "
+        "with mode 0600 when missing. Back it up: credentials cannot be read without it. "
+        "Default: STATE_DIR/credentials.key",
+    ).tag(config=True)
+
+    @default("credentials_key_file")
+    def _credentials_key_file(self):
+        return str(Path(self.state_dir) / "credentials.key")
+
     admin_page_size = Integer(
         200, help="Rows per table page in the admin panel (workloads, events)."
     ).tag(config=True)

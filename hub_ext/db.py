@@ -140,6 +140,8 @@ def make_sessionmaker(url: str) -> sessionmaker:
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
 
+    from . import attach  # noqa: F401  (registers the audit, credential and data source tables)
+
     Base.metadata.create_all(engine)
     _add_new_columns(engine)
     return sessionmaker(engine, expire_on_commit=False)
@@ -191,7 +193,11 @@ def add_event(session, kind: str, message: str, workload: str = "", project: str
         fields["user"] = session.scalar(select(WorkloadRow.owner).where(WorkloadRow.name == workload))
     if "department" not in fields and project:
         fields["department"] = session.scalar(select(ProjectRow.department).where(ProjectRow.name == project))
+    actor = fields.pop("actor", "")  # who asked (audit log); the event row does not keep it
     session.add(EventRow(kind=kind, message=message, workload=workload, project=project, **fields))
+    from .audit import record_event  # workload start / stop / preempt are audited too
+
+    record_event(session, kind, workload, project, message, actor)
 
 
 __all__ = [

@@ -31,6 +31,7 @@ def form_context(rt, user: str) -> dict:
         "environments": rt.cfg.environments,
         "fraction": {"min": FRACTION_MIN, "max": FRACTION_MAX, "step": FRACTION_STEP},
         "gpu_model": gpu.model if gpu else "none",
+        "attachables": rt.attachables(limits.projects),  # credentials, data sources by project
         "status_json": json.dumps(
             {**rt.project_status(limits.projects),
              "gpu_memory_gib": limits.gpu_memory_gib, "max_gpus": limits.max_gpus}

@@ -56,6 +56,8 @@ class WorkloadRequest:
     preemptible: bool = False
     name: str = ""
     command: list[str] = field(default_factory=list)
+    credentials: list[str] = field(default_factory=list)  # the project's, by name (attach.py)
+    datasources: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -133,6 +135,25 @@ def check_number(raw, key: str, lo: float, hi: float, integer: bool = False, uni
     return v
 
 
+def check_names(raw, key: str, most: int = 16) -> list[str]:
+    """A list of names (credentials, data sources): JSON list, form list or 'a,b'."""
+    if raw in (None, ""):
+        return []
+    if isinstance(raw, str):
+        raw = [n.strip() for n in raw.split(",") if n.strip()]
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(n, str) for n in raw):
+        raise FieldError(key, f"must be a list of names, got {raw!r}")
+    raw = [n.decode() if isinstance(n, bytes) else n for n in raw]
+    bad = [n for n in raw if not NAME_RE.match(n)]
+    if bad:
+        raise FieldError(key, f"{bad[0]!r} is not a name (lowercase letters, digits, '-')")
+    if len(set(raw)) != len(raw):
+        raise FieldError(key, "names a credential or data source twice")
+    if len(raw) > most:
+        raise FieldError(key, f"must name at most {most}, got {len(raw)}")
+    return list(raw)
+
+
 def _number(data, key, default, lo, hi, integer=False, unit=""):
     return check_number(_one(data, key, default), key, lo, hi, integer, unit)
 
@@ -207,6 +228,8 @@ def parse_request(data: dict, limits: Limits) -> WorkloadRequest:
     if kind != "workspace" and not command:
         raise FieldError("command", f"a {kind} needs a command to run")
     req.command = command
+    req.credentials = check_names(data.get("credentials"), "credentials")
+    req.datasources = check_names(data.get("datasources"), "datasources")
     return req
 
 

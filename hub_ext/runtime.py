@@ -15,12 +15,12 @@ from sqlalchemy import delete, func, select
 from scheduler.embedded import EmbeddedScheduler, gpu_env, terminate
 from scheduler.model import MILLI, Bind, Workload
 
-from . import accounting, org
+from . import accounting, attach, credentials, datasources, org
 from .config import Gpupool
 from .db import GpuSampleRow, SampleRow, WorkloadRow, make_sessionmaker
 from .inventory import discover, gpu_utilization
 from .limits import limits_for
-from .requests import Limits
+from .requests import FieldError, Limits
 from .store import DbStore
 from .training.runner import JobRunner
 
@@ -45,7 +45,10 @@ class Runtime:
         self.store.reset_after_restart()
         self.scheduler = EmbeddedScheduler(self.store, self.nodes, cfg.schedule_period_s)
         self.scheduler.launch = self._launch_process
-        self.trainings = JobRunner(self.scheduler, self.Session, self.nodes, cfg.state_dir, cfg.preload_library)
+        # credentials and data sources reach workloads through this one object (attach.py)
+        self.delivery = attach.Delivery(self.Session, credentials.vault_for(cfg), cfg.state_dir)
+        self.trainings = JobRunner(self.scheduler, self.Session, self.nodes, cfg.state_dir, cfg.preload_library,
+                                   delivery=self.delivery)
         self._started = False
 
     @classmethod
@@ -95,6 +98,22 @@ class Runtime:
                     free[(p.node, i)] = free.get((p.node, i), MILLI) - p.gpu_milli
         return list(free.values())
 
+    def attachables(self, projects) -> dict[str, dict[str, list[str]]]:
+        """Per project: the names of its credentials and data sources (the spawn form)."""
+        with self.Session() as s:
+            creds = credentials.names_by_project(s, projects)
+            sources = datasources.names_by_project(s, projects)
+        return {p: {"credentials": creds[p], "datasources": sources[p]} for p in projects}
+
+    def attach_check(self, actor: str, workload: str, req) -> None:
+        """Check a submitted request's credentials and data sources; audit the attach."""
+        if not req.credentials and not req.datasources:
+            return
+        with self.Session() as s:
+            att = attach.check(s, req.project, req.credentials, req.datasources)
+            attach.record_use(s, actor, workload, att, "attach")
+            s.commit()
+
     def env_for(self, w: Workload, b: Bind) -> dict:
         pod = b.pods[0]
         node = next(n for n in self.nodes if n.name == pod.node)
@@ -108,8 +127,15 @@ class Runtime:
         cmd = row.spec.get("command") or []
         workdir = Path(self.cfg.state_dir) / "workloads" / w.name
         workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            attached = self.delivery.env(w.name, row.owner, w.project, row.spec.get("credentials") or [],
+                                         row.spec.get("datasources") or [], workdir)
+        except FieldError as e:
+            self.store.set_state(w.name, "failed", reason=f"could not start: {e}", placement=[])
+            self.scheduler.release(w.name, "failed to start")
+            return None
         env = {**os.environ, **self.env_for(w, b), "GPUPOOL_WORKLOAD": w.name,
-               "GPUPOOL_PROJECT": w.project, "GPUPOOL_CHECKPOINT_DIR": str(workdir)}
+               "GPUPOOL_PROJECT": w.project, "GPUPOOL_CHECKPOINT_DIR": str(workdir), **attached}
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
         logf = open(workdir / "output.log", "ab")  # noqa: SIM115 (closed when the process exits)
         try:
@@ -118,6 +144,7 @@ class Runtime:
             )
         except OSError as e:
             logf.close()
+            self.delivery.cleanup(w.name)
             self.store.set_state(w.name, "failed", reason=f"could not start: {e}", placement=[])
             self.scheduler.release(w.name, "failed to start")
             return None
@@ -126,6 +153,7 @@ class Runtime:
         async def watch():
             code = await proc.wait()
             logf.close()
+            self.delivery.cleanup(w.name)
             current = self.store.get(w.name)
             if current is not None and current.state == "releasing":
                 self.scheduler.requeue(w.name)  # preempted: back in the queue

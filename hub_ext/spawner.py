@@ -85,6 +85,10 @@ class GpupoolSpawnerMixin(Spawner):
             req = self.request()
         except FieldError as e:
             raise RuntimeError(f"Invalid request: {e}") from None
+        try:
+            rt.attach_check(self.user.name, self.workload, req)
+        except FieldError as e:
+            raise RuntimeError(f"Invalid request: {e}") from None
         rt.store.save_options(self.user.name, req.to_dict())
         kind = WORKSPACE_KINDS[req.workspace_kind]
         self._emit(5, f"Submitted {kind} to project {req.project}: {req.gpu_label()}, "
@@ -102,12 +106,18 @@ class GpupoolSpawnerMixin(Spawner):
         where = f"{pod.node}, GPU {','.join(map(str, pod.gpu_indices))}" if pod.gpu_indices else pod.node
         share = f" ({pod.gpu_milli / MILLI:g} of each)" if pod.gpu_indices else ""
         self._emit(50, f"Placed on {where}{share}{' over quota: may be reclaimed' if bind.over_quota else ''}")
-        self.gpupool_env = rt.env_for(w, bind)
         self._emit(70, f"Starting {kind}")
         try:
+            self.gpupool_env = {**rt.env_for(w, bind), **rt.delivery.env(
+                self.workload, self.user.name, req.project, req.credentials, req.datasources,
+                getattr(self, "home_dir", None))}
+            if req.credentials or req.datasources:
+                self._emit(75, f"Attached credentials: {', '.join(req.credentials) or '(none)'}; "
+                               f"data sources: {', '.join(req.datasources) or '(none)'}")
             started = await self.launch_workspace(req, bind)
         except BaseException:
             SPAWN_SECONDS.labels(req.project, "failed").observe(time.monotonic() - t0)
+            rt.delivery.cleanup(self.workload)
             rt.scheduler.release(self.workload, "failed to start")
             rt.store.remove_workload(self.workload)
             raise
@@ -135,6 +145,7 @@ class GpupoolSpawnerMixin(Spawner):
             await terminate(pid, grace_s, lambda: _alive(pid))
         self.gpupool.scheduler.release(self.workload, "evicted")
         self.gpupool.store.remove_workload(self.workload)
+        self.gpupool.delivery.cleanup(self.workload)
 
     async def stop(self, now=False):
         try:
@@ -142,6 +153,7 @@ class GpupoolSpawnerMixin(Spawner):
         finally:
             self.gpupool.scheduler.release(self.workload, "stopped")
             self.gpupool.store.remove_workload(self.workload)
+            self.gpupool.delivery.cleanup(self.workload)
 
     async def poll(self):
         return await super().poll()

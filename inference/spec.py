@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from hub_ext.requests import FieldError, check_fields, check_name, check_number
+from hub_ext.requests import FieldError, check_fields, check_name, check_names, check_number
 from scheduler.model import PodDemand
 
 METRICS = ("concurrency", "throughput")
@@ -38,10 +38,13 @@ class ServiceSpec:
     owner: str = ""
     image: str = ""  # Kubernetes backend only
     env: dict = field(default_factory=dict)
+    credentials: tuple[str, ...] = ()  # the project's, by name (hub_ext/attach.py)
+    datasources: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["command"] = list(self.command)
+        d["credentials"], d["datasources"] = list(self.credentials), list(self.datasources)
         return d
 
     def demand(self) -> PodDemand:
@@ -111,8 +114,9 @@ def parse_spec(data: dict, projects: tuple[str, ...] | None = None) -> ServiceSp
     for key in ("owner", "image"):
         if not isinstance(data.get(key, ""), str):
             raise FieldError(key, "must be a string")
+    attached = {k: tuple(check_names(data.get(k), k)) for k in ("credentials", "datasources")}
     return ServiceSpec(name=name, project=project, command=tuple(command), metric=metric,
-                       ready_path=ready_path, public=public, env=dict(env),
+                       ready_path=ready_path, public=public, env=dict(env), **attached,
                        owner=data.get("owner", ""), image=data.get("image", ""), **nums)
 
 

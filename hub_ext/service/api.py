@@ -16,11 +16,11 @@ from sqlalchemy import delete, select
 
 from inference import api as inference_api
 
-from .. import org
+from .. import attach, org, roles
 from ..db import EventRow, SampleRow, WorkloadRow, add_event, bump_version
 from ..limits import limits_for
 from ..requests import FieldError, parse_request, workload_name
-from . import training_api, usage_api
+from . import governance_api, training_api, usage_api
 from .base import ApiHandler
 from .sharing import gpu_sharing
 
@@ -60,40 +60,37 @@ class MeHandler(ApiHandler):
 
 class DepartmentsHandler(ApiHandler):
     def get(self):
+        seen = roles.visible_departments(self.who)
         with self.Session() as s:
-            depts = org.list_departments(s)
-            if not self.is_admin:
-                mine = {p["department"] for p in org.list_projects(s, set(org.projects_of(s, self.username)))}
-                depts = [d for d in depts if d["name"] in mine]
+            depts = [d for d in org.list_departments(s) if seen is None or d["name"] in seen]
         self.send({"items": depts})
 
     def post(self):
-        self.require_admin()
+        self.require("manage_department")
         with self.Session() as s:
-            d = org.create_department(s, self.body())
+            d = org.create_department(s, self.body(), actor=self.username)
             s.commit()
         self.send(d, 201)
 
 
 class DepartmentHandler(ApiHandler):
     def get(self, name):
+        self.require("view", department=name)
         with self.Session() as s:
             d = org.get_department(s, name)
-            if not self.is_admin and not set(d["projects"]) & set(org.projects_of(s, self.username)):
-                raise org.NotFound(f"department {name!r} does not exist")
         self.send(d)
 
     def patch(self, name):
-        self.require_admin()
+        self.require("manage_department", department=name)
         with self.Session() as s:
-            d = org.update_department(s, name, self.body())
+            d = org.update_department(s, name, self.body(), actor=self.username)
             s.commit()
         self.send(d)
 
     def delete(self, name):
-        self.require_admin()
+        self.require("manage_department", department=name)
         with self.Session() as s:
-            org.delete_department(s, name)
+            org.delete_department(s, name, actor=self.username)
             s.commit()
         self.set_status(204)
         self.finish()
@@ -102,35 +99,38 @@ class DepartmentHandler(ApiHandler):
 class ProjectsHandler(ApiHandler):
     def get(self):
         with self.Session() as s:
-            only = None if self.is_admin else set(org.projects_of(s, self.username))
-            self.send({"items": org.list_projects(s, only)})
+            self.send({"items": org.list_projects(s, roles.visible_projects(self.who))})
 
     def post(self):
-        self.require_admin()
+        data = self.body()
+        dept = data.get("department")
+        self.require("manage_project", department=dept if isinstance(dept, str) else "")
         with self.Session() as s:
-            p = org.create_project(s, self.body())
+            p = org.create_project(s, data, actor=self.username)
             s.commit()
         self.send(p, 201)
 
 
 class ProjectHandler(ApiHandler):
     def get(self, name):
+        self.require("view", project=name)
         with self.Session() as s:
-            if not self.is_admin and name not in org.projects_of(s, self.username):
-                raise org.NotFound(f"project {name!r} does not exist")
             self.send(org.get_project(s, name))
 
     def patch(self, name):
-        self.require_admin()
+        data = self.body()
+        self.require("manage_project", project=name)
+        if isinstance(data.get("department"), str):  # moving it: the new department's admin too
+            self.require("manage_project", department=data["department"])
         with self.Session() as s:
-            p = org.update_project(s, name, self.body())
+            p = org.update_project(s, name, data, actor=self.username)
             s.commit()
         self.send(p)
 
     def delete(self, name):
-        self.require_admin()
+        self.require("manage_project", project=name)
         with self.Session() as s:
-            org.delete_project(s, name)
+            org.delete_project(s, name, actor=self.username)
             s.commit()
         self.set_status(204)
         self.finish()
@@ -143,9 +143,10 @@ class WorkloadsHandler(ApiHandler):
             v = self.get_argument(key, None)
             if v:
                 q = q.where(getattr(WorkloadRow, key) == v)
+        seen = roles.visible_projects(self.who)
+        if seen is not None:
+            q = q.where(WorkloadRow.project.in_(seen))
         with self.Session() as s:
-            if not self.is_admin:
-                q = q.where(WorkloadRow.project.in_(org.projects_of(s, self.username)))
             rows = s.scalars(q).all()
         self.send({"items": [workload_dict(w) for w in rows]})
 
@@ -154,9 +155,13 @@ class WorkloadsHandler(ApiHandler):
         server = data.pop("server_name", "") if data.get("kind", "workspace") == "workspace" else ""
         owner = data.pop("owner", self.username)
         if owner != self.username:
-            self.require_admin()
+            self.require("submit_for_others", project=data.get("project"))
+        if isinstance(data.get("project"), str):
+            self.require("submit", project=data["project"])
+        mine = tuple(roles.submit_projects(self.who)) if owner == self.username else None
         with self.Session() as s:
-            req = parse_request(data, limits_for(s, self.ctx.cfg, owner))
+            req = parse_request(data, limits_for(s, self.ctx.cfg, owner, projects=mine))
+            attached = attach.check(s, req.project, req.credentials, req.datasources)
         if req.kind == "workspace":
             if not isinstance(server, str) or (server and not server.replace("-", "").isalnum()):
                 raise FieldError("server_name", "must be letters, digits or '-'")
@@ -179,6 +184,7 @@ class WorkloadsHandler(ApiHandler):
             s.add(WorkloadRow(name=name, owner=owner, project=req.project, kind=req.kind,
                               spec=req.to_dict(), state="pending", submit_time=time.time()))
             add_event(s, "submitted", f"{owner} asked for {req.gpu_label()} ({req.kind})", name, req.project)
+            attach.record_use(s, self.username, name, attached, "attach")
             bump_version(s)
             s.commit()
             self.send(workload_dict(s.get(WorkloadRow, name)), 201)
@@ -199,8 +205,9 @@ class WorkloadsHandler(ApiHandler):
 class WorkloadHandler(ApiHandler):
     def _get(self, s, name) -> WorkloadRow:
         w = s.get(WorkloadRow, name)
-        if w is None or (not self.is_admin and w.project not in org.projects_of(s, self.username)):
+        if w is None:
             raise org.NotFound(f"workload {name!r} does not exist")
+        self.require("view", project=w.project)
         return w
 
     def get(self, name):
@@ -210,16 +217,15 @@ class WorkloadHandler(ApiHandler):
     async def delete(self, name):
         with self.Session() as s:
             w = self._get(s, name)
-            if w.owner != self.username and not self.is_admin:
-                self.send_error(403, message="only the owner or an admin can stop a workload")
-                return
+            self.require("manage_workload", project=w.project, owner=w.owner)
             kind, owner, server, state = w.kind, w.owner, w.server, w.state
             if kind != "workspace":
                 if state in ("running", "releasing"):
                     w.state = "stopping"
                 else:
                     s.delete(w)
-                add_event(s, "stopped", f"{self.username} stopped {name}", name, w.project)
+                add_event(s, "stopped", f"{self.username} stopped {name}", name, w.project,
+                          actor=self.username)
                 bump_version(s)
                 s.commit()
         if kind == "workspace":
@@ -233,8 +239,9 @@ class WorkloadHandler(ApiHandler):
 
 class NodesHandler(ApiHandler):
     def get(self):
+        self.require("view_cluster")
         with self.Session() as s:
-            nodes, share = gpu_sharing(s, self.username, self.is_admin)
+            nodes, share = gpu_sharing(s, roles.visible_projects(self.who))
         items = []
         for n in nodes:
             gpus = []
@@ -260,9 +267,10 @@ class EventsHandler(ApiHandler):
             v = self.get_argument(key, None)
             if v:
                 q = q.where(getattr(EventRow, key) == v)
+        seen = roles.visible_projects(self.who)
+        if seen is not None:
+            q = q.where(EventRow.project.in_(seen))
         with self.Session() as s:
-            if not self.is_admin:
-                q = q.where(EventRow.project.in_(org.projects_of(s, self.username)))
             rows = s.scalars(q).all()
         self.send({"items": [{"id": e.id, "ts": e.ts, "kind": e.kind, "workload": e.workload,
                               "project": e.project, "message": e.message} for e in rows]})
@@ -270,6 +278,7 @@ class EventsHandler(ApiHandler):
 
 class SamplesHandler(ApiHandler):
     def get(self):
+        self.require("view_cluster")
         try:
             since = float(self.get_argument("since", str(time.time() - 86400)))
         except ValueError:
@@ -301,6 +310,7 @@ def routes(prefix: str) -> list:
         url(a + "/samples", SamplesHandler),
         *training_api.routes(a),
         *usage_api.routes(a),
+        *governance_api.routes(a),
         *inference_api.routes(a),
     ]
 

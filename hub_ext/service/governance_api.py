@@ -7,30 +7,32 @@
     /audit                                   GET entries (actor, action, project, since,
                                              until, limit, offset), newest first
 
-Every permission check of this module goes through ``_require`` (hub_ext.roles' actions:
-manage_credentials, use_credentials, view_audit).
+Every permission check of this module goes through hub_ext.roles (``_require`` and
+``audit_scope``: manage_credentials, use_credentials, view_audit).
 """
 
 from __future__ import annotations
 
-from tornado import web
-
-from .. import audit, credentials, datasources, org
-from .base import ADMIN, ApiHandler
+from .. import audit, credentials, datasources, org, roles
+from .base import ApiHandler
 
 
 def _require(h: ApiHandler, action: str, project: str | None = None) -> None:
-    """403 unless the caller may ``action`` on ``project``. Until hub_ext.roles lands:
-    platform admins may do everything, project members may use (list and attach) their
-    project's credentials and data sources."""
-    if h.is_admin:
-        return
-    if action == "use_credentials" and project is not None:
-        with h.Session() as s:
-            if project in org.projects_of(s, h.username):
-                return
-        raise web.HTTPError(403, f"{h.username} is not a member of project {project!r}")
-    raise web.HTTPError(403, f"this needs a platform admin ({ADMIN})")
+    """403 (with the rule's reason) unless hub_ext.roles allows ``action`` on ``project``:
+    manage_credentials (platform admins, the project's department admins), use_credentials
+    (also the project's members)."""
+    h.require(action, project=project)
+
+
+def audit_scope(who: roles.Who) -> set[str] | None:
+    """Projects whose audit entries ``who`` may read: None = all (platform admins); a
+    department admin reads their departments' projects; anyone else gets 403."""
+    if who.platform_admin:
+        return None
+    if who.admin_of:
+        return {p for p, d in who.departments.items() if d in who.admin_of}
+    roles.check(who, "view_audit")  # raises Forbidden with the reason
+    return set()
 
 
 def _project_exists(h: ApiHandler, s, project: str) -> None:
@@ -89,13 +91,13 @@ class DataSourcesHandler(_ProjectItems):
 
 class AuditHandler(ApiHandler):
     def get(self):
-        _require(self, "view_audit")
+        scope = audit_scope(self.who)
         arg = self.get_argument
         with self.Session() as s:
             out = audit.query(s, actor=arg("actor", None), action=arg("action", None),
                               project=arg("project", None), since=arg("since", None),
                               until=arg("until", None), limit=arg("limit", None),
-                              offset=arg("offset", None))
+                              offset=arg("offset", None), projects=scope)
         self.send(out)
 
 

@@ -60,7 +60,12 @@ def training_dict(t: TrainingRow, w: WorkloadRow | None) -> dict:
 
 
 def add_training(s, owner: str, spec: TrainingSpec) -> None:
-    """A new job (or one that replaces a finished job of the same name). Caller commits."""
+    """A new job (or one that replaces a finished job of the same name). Caller commits.
+    FieldError for credentials or data sources the project does not have."""
+    from .. import attach
+
+    att = attach.check(s, spec.project, spec.credentials, spec.datasources,
+                       {spec.checkpoint_dir or "/checkpoints": "checkpoint_dir"})
     now = time.time()
     s.execute(delete(WorkloadRow).where(WorkloadRow.name == spec.name))
     s.execute(delete(TrainingRow).where(TrainingRow.name == spec.name))
@@ -71,6 +76,7 @@ def add_training(s, owner: str, spec: TrainingSpec) -> None:
                       transitions=[{"ts": now, "status": "Pending", "reason": "submitted"}]))
     add_event(s, "submitted", f"{owner} submitted training {spec.name} ({spec.gpu_label()})",
               spec.name, spec.project)
+    attach.record_use(s, owner, spec.name, att, "attach")
     bump_version(s)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from scheduler.k8s.objects import A
 
+from ..attach import Attachments, pod_parts, secret_manifest, secret_name
 from .gang import distributed_env
 from .spec import TrainingSpec
 
@@ -29,6 +30,8 @@ class K8sOptions:
     checkpoint_claim: str = ""  # a PersistentVolumeClaim mounted at the checkpoint folder
     default_image: str = "python:3.11-slim"
     priority: int | None = None  # set on requeue (the spec's priority + 1)
+    # credentials (by reference to the Secret ``NAME-credentials``) and data sources
+    attachments: Attachments = Attachments()
 
 
 def _checkpoint_dir(spec: TrainingSpec) -> str:
@@ -95,6 +98,11 @@ def worker_pod(spec: TrainingSpec, rank: int, opts: K8sOptions = K8sOptions()) -
         container["volumeMounts"] = [{"name": "checkpoints", "mountPath": _checkpoint_dir(spec)}]
         pod_spec["volumes"] = [{"name": "checkpoints",
                                 "persistentVolumeClaim": {"claimName": opts.checkpoint_claim}}]
+    if opts.attachments:
+        parts = pod_parts(opts.attachments, secret_name(spec.name))
+        container["env"] += parts.env
+        container["volumeMounts"] = [*container.get("volumeMounts", []), *parts.mounts]
+        pod_spec["volumes"] = [*pod_spec.get("volumes", []), *parts.volumes]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -107,6 +115,11 @@ def worker_pod(spec: TrainingSpec, rank: int, opts: K8sOptions = K8sOptions()) -
     }
 
 
-def training_objects(spec: TrainingSpec, opts: K8sOptions = K8sOptions()) -> list[dict]:
-    """The headless Service first (so DNS exists when the workers start), then the pods."""
-    return [headless_service(spec, opts), *(worker_pod(spec, r, opts) for r in range(spec.workers))]
+def training_objects(spec: TrainingSpec, opts: K8sOptions = K8sOptions(),
+                     credential_values: dict[str, dict[str, str]] | None = None) -> list[dict]:
+    """The credentials' Secret (when ``credential_values``: attach.values), the headless
+    Service (so DNS exists when the workers start), then the pods."""
+    secret = ([secret_manifest(secret_name(spec.name), opts.namespace, credential_values,
+                               {LABEL_JOB: spec.name})] if credential_values else [])
+    return [*secret, headless_service(spec, opts),
+            *(worker_pod(spec, r, opts) for r in range(spec.workers))]

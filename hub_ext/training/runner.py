@@ -34,6 +34,7 @@ from scheduler.embedded import EmbeddedScheduler, gpu_env
 from scheduler.model import Bind, Kind, Node, State, ValidationError, Workload
 
 from ..db import WorkloadRow, add_event
+from ..requests import FieldError
 from .db import SUBMITTED, TrainingRow, add_training, ensure_table, set_status
 from .gang import free_port, gang_env
 from .spec import TrainingSpec
@@ -113,6 +114,8 @@ class Job:
             self.status("Failed", f"internal error: {e}", "failed", workload_state="failed")
         finally:
             self.runner.jobs.pop(self.name, None)
+            if self.runner.delivery is not None:
+                self.runner.delivery.cleanup(self.name)
 
     async def _run(self) -> None:
         while True:
@@ -195,8 +198,8 @@ class Job:
             self.status("Running", "", "started", f"{self.name} started {spec.workers} worker"
                         f"{'s' if spec.workers > 1 else ''} (attempt {attempt})", attempt=attempt)
         try:
-            await self._start_gang(spec, bind, attempt, ckpt_dir, resumed)
-        except OSError as e:
+            await self._start_gang(spec, bind, attempt, ckpt_dir, resumed, t.owner)
+        except (OSError, FieldError) as e:
             await self._terminate(0)
             self.sched.release(self.name, "failed to start")
             self.status("Failed", f"could not start the workers: {e}", "failed", workload_state="failed")
@@ -277,8 +280,12 @@ class Job:
 
     # -- processes -----------------------------------------------------------------------
     async def _start_gang(self, spec: TrainingSpec, bind: Bind, attempt: int, ckpt_dir: Path,
-                          resumed: bool) -> None:
+                          resumed: bool, owner: str = "") -> None:
         workdir = self.runner.workdir(self.name)
+        attached = {}  # credentials and data sources (attach.py), once per gang start
+        if self.runner.delivery is not None:
+            attached = self.runner.delivery.env(self.name, owner, spec.project, spec.credentials,
+                                                spec.datasources, workdir)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         port = free_port()
         dist = gang_env(bind.pods, "127.0.0.1", port, attempt - 1, f"{self.name}-{attempt}")
@@ -292,7 +299,7 @@ class Job:
                           f"{self.name}-{rank}"),
                 "GPUPOOL_WORKLOAD": self.name, "GPUPOOL_PROJECT": spec.project,
                 "GPUPOOL_CHECKPOINT_DIR": str(ckpt_dir), "GPUPOOL_ATTEMPT": str(attempt),
-                "GPUPOOL_RESUMED": "1" if resumed else "0",
+                "GPUPOOL_RESUMED": "1" if resumed else "0", **attached,
             }
             env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -375,8 +382,9 @@ class JobRunner:
     """Runs the training jobs of the embedded backend; one per hub process."""
 
     def __init__(self, scheduler: EmbeddedScheduler, Session, nodes: list[Node], state_dir: str | Path,
-                 preload: str = "", poll_s: float = 0.5):
+                 preload: str = "", poll_s: float = 0.5, delivery=None):
         self.scheduler, self.Session = scheduler, Session
+        self.delivery = delivery  # attach.Delivery: credentials and data sources
         self.nodes = {n.name: n for n in nodes}
         self.state_dir = Path(state_dir)
         self.preload, self.poll_s = preload, poll_s

@@ -18,6 +18,7 @@ from ..requests import (
     WorkloadRequest,
     check_fields,
     check_name,
+    check_names,
     check_number,
 )
 
@@ -48,6 +49,8 @@ class TrainingSpec:
     cpu: float = 1.0
     memory_gib: float = 4.0
     priority: int = DEFAULT_PRIORITY[Kind.TRAINING]
+    credentials: list[str] = field(default_factory=list)  # the project's, by name (attach.py)
+    datasources: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -64,7 +67,8 @@ class TrainingSpec:
         """The hub's own request form of this job (what its workload row and views hold)."""
         req = WorkloadRequest(project=self.project, kind="training", cpu=self.cpu,
                               memory_gib=self.memory_gib, preemptible=self.preemptible,
-                              name=self.name, command=list(self.command))
+                              name=self.name, command=list(self.command),
+                              credentials=list(self.credentials), datasources=list(self.datasources))
         if self.gpu_memory_gib:
             req.gpu_mode, req.gpu_memory_gib = "memory", self.gpu_memory_gib
         elif self.gpu >= 1:
@@ -175,4 +179,6 @@ def parse_training(data: dict, limits: Limits) -> TrainingSpec:
     spec.cpu = _number(data, "cpu", 1, 0.1, limits.max_cpu)
     spec.memory_gib = _number(data, "memory_gib", 4, 0.25, limits.max_memory_gib, unit=" GiB")
     spec.priority = _number(data, "priority", DEFAULT_PRIORITY[Kind.TRAINING], 0, 99, integer=True)
+    spec.credentials = check_names(data.get("credentials"), "credentials")
+    spec.datasources = check_names(data.get("datasources"), "datasources")
     return spec

@@ -62,8 +62,9 @@ class _Handle:
 class EmbeddedBackend:
     def __init__(self, scheduler: EmbeddedScheduler, rows=None, preload: str = "",
                  host: str = "127.0.0.1", probe_every_s: float = 0.01,
-                 log_dir: str | None = None, grace_s: float = 10.0):
+                 log_dir: str | None = None, grace_s: float = 10.0, delivery=None):
         self.scheduler = scheduler
+        self.delivery = delivery  # hub_ext.attach.Delivery: credentials and data sources
         self.rows = rows
         self.preload = preload
         self.host = host
@@ -115,9 +116,16 @@ class EmbeddedBackend:
         r.where = f"{pod.node} GPU {','.join(map(str, pod.gpu_indices))} ({pod.gpu_milli / MILLI:g} each)"
         r.state, r.reason = RState.STARTING, "model server starting"
         port = free_port(self.host)
+        attached = {}
+        if self.delivery is not None and (spec.credentials or spec.datasources):
+            try:
+                attached = self.delivery.env(r.name, spec.owner, spec.project, spec.credentials,
+                                             spec.datasources)
+            except ValueError as e:  # FieldError: an attachment was deleted since
+                return self._gone(svc, r, f"cannot start: {e}")
         env = {**os.environ, **spec.env, **gpu_env(node, pod, 0, self.preload, r.name),
                "PORT": str(port), "GPUPOOL_WORKLOAD": r.name, "GPUPOOL_PROJECT": spec.project,
-               "GPUPOOL_INFERENCE_SERVICE": spec.name}
+               "GPUPOOL_INFERENCE_SERVICE": spec.name, **attached}
         cmd = [c.replace("{port}", str(port)) for c in spec.command]
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{r.name}.log", "ab") as log:
@@ -149,6 +157,8 @@ class EmbeddedBackend:
             return
         h.released = True
         self.scheduler.release(r.name, reason)
+        if self.delivery is not None:
+            self.delivery.cleanup(r.name)
         if self.rows is not None:
             with contextlib.suppress(Exception):
                 self.rows.remove_workload(r.name)

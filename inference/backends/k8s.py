@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 
+from hub_ext.attach import Attachments, pod_parts, secret_manifest, secret_name
 from scheduler.k8s.client import ApiError, KubeClient
 
 from ..service import Replica, RState, Service
@@ -23,7 +24,10 @@ log = logging.getLogger("gpupool.inference")
 LABEL = "gpupool.io/inference-service"
 
 
-def replica_pod(spec: ServiceSpec, name: str, namespace: str) -> dict:
+def replica_pod(spec: ServiceSpec, name: str, namespace: str,
+                attachments: Attachments | None = None) -> dict:
+    """``attachments``: the service's credentials (by reference to the Secret
+    ``SERVICE-credentials``, ``credentials_secret``) and data sources."""
     container: dict = {
         "name": "server", "image": spec.image or "python:3.11-slim",
         "command": list(spec.command),
@@ -39,11 +43,22 @@ def replica_pod(spec: ServiceSpec, name: str, namespace: str) -> dict:
         container["envFrom"] = [{"configMapRef": {"name": f"{name}-gpupool"}}]
     else:
         container["resources"] = {"limits": {"nvidia.com/gpu": str(int(spec.gpu))}}
+    pod_spec: dict = {"schedulerName": "gpupool", "containers": [container],
+                      "restartPolicy": "Always", "terminationGracePeriodSeconds": 30}
+    if attachments:
+        parts = pod_parts(attachments, secret_name(spec.name))
+        container["env"] += parts.env
+        if parts.mounts:
+            container["volumeMounts"], pod_spec["volumes"] = parts.mounts, parts.volumes
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "annotations": ann,
                          "labels": {LABEL: spec.name, "app.kubernetes.io/managed-by": "gpupool"}},
-            "spec": {"schedulerName": "gpupool", "containers": [container],
-                     "restartPolicy": "Always", "terminationGracePeriodSeconds": 30}}
+            "spec": pod_spec}
+
+
+def credentials_secret(spec: ServiceSpec, namespace: str, values: dict[str, dict[str, str]]) -> dict:
+    """The Secret every replica of ``spec`` references (hub_ext.attach.values)."""
+    return secret_manifest(secret_name(spec.name), namespace, values, {LABEL: spec.name})
 
 
 def _condition(pod: dict, kind: str) -> dict | None:
@@ -54,8 +69,11 @@ def _condition(pod: dict, kind: str) -> dict | None:
 
 
 class K8sBackend:
-    def __init__(self, kc: KubeClient, namespace: str, poll_s: float = 0.5):
+    def __init__(self, kc: KubeClient, namespace: str, poll_s: float = 0.5, attachments=None):
         self.kc, self.namespace, self.poll_s = kc, namespace, poll_s
+        # attachments(spec) -> (Attachments, values): resolves a service's credentials and
+        # data sources (hub_ext.attach.check + values); None: services attach nothing
+        self.attachments = attachments
         self.path = f"/api/v1/namespaces/{namespace}/pods"
 
     def start(self, service: Service, replica: Replica) -> None:
@@ -67,10 +85,24 @@ class K8sBackend:
         with contextlib.suppress(ApiError):
             await self.kc.delete(f"{self.path}/{replica.name}")
 
+    async def _put_secret(self, secret: dict) -> None:
+        path = f"/api/v1/namespaces/{self.namespace}/secrets"
+        try:
+            await self.kc.post(path, secret)
+        except ApiError as e:
+            if e.status != 409:
+                raise
+            await self.kc.put(f"{path}/{secret['metadata']['name']}", secret)
+
     async def _run(self, svc: Service, r: Replica) -> None:
         try:
-            await self.kc.post(self.path, replica_pod(svc.spec, r.name, self.namespace))
-        except ApiError as e:
+            att = None
+            if self.attachments is not None and (svc.spec.credentials or svc.spec.datasources):
+                att, values = self.attachments(svc.spec)
+                if values:
+                    await self._put_secret(credentials_secret(svc.spec, self.namespace, values))
+            await self.kc.post(self.path, replica_pod(svc.spec, r.name, self.namespace, att))
+        except (ApiError, ValueError) as e:
             svc.replica_gone(r, RState.FAILED, f"pod not created: {e}")
             svc.on_activate(svc)
             return
@@ -107,4 +139,4 @@ class K8sBackend:
                 svc.replica_ready(r, ip, svc.spec.port)
 
 
-__all__ = ["K8sBackend", "replica_pod"]
+__all__ = ["K8sBackend", "credentials_secret", "replica_pod"]

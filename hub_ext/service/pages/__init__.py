@@ -14,7 +14,8 @@ _env = Environment(
     autoescape=select_autoescape(["html"]),
 )
 NAV = [("", "Overview"), ("org", "Organisation"), ("nodes", "Nodes & GPUs"),
-       ("queue", "Queue"), ("events", "Events"), ("usage", "Usage")]
+       ("queue", "Queue"), ("events", "Events"), ("credentials", "Credentials & data"),
+       ("audit", "Audit"), ("usage", "Usage")]
 
 
 class PageHandler(BaseHandler):
@@ -33,9 +34,9 @@ class PageHandler(BaseHandler):
 
 
 def routes(prefix: str) -> list:
-    from . import events, nodes, org, overview, queue, usage
+    from . import events, governance, nodes, org, overview, queue, usage
 
     out = []
-    for mod in (overview, org, nodes, queue, events, usage):
+    for mod in (overview, org, nodes, queue, events, governance, usage):
         out += mod.routes(prefix)
     return out

@@ -1,8 +1,9 @@
 """Credentials and data sources of each project, and the audit log.
 
-``/credentials``: admins create and delete (the page calls the REST API); members see the
-names, keys and timestamps of their projects' items. No value is ever rendered: the page
-gets ``credential_dict``s, which hold none. ``/audit``: admins only; the same filters and
+``/credentials``: platform admins and the project's department admins create and delete
+(the page calls the REST API); members and viewers see the names, keys and timestamps of
+the projects they may see. No value is ever rendered: the page
+gets ``credential_dict``s, which hold none. ``/audit``: platform admins (all) and department admins (their departments' projects); the same filters and
 pages as ``GET /api/v1/audit``.
 """
 
@@ -12,8 +13,9 @@ import time
 
 from tornado import web
 
-from ... import audit, credentials, datasources, org
+from ... import audit, credentials, datasources, org, roles
 from ...requests import FieldError
+from ..governance_api import audit_scope
 from . import PageHandler
 
 
@@ -24,10 +26,11 @@ def _when(ts: float | None) -> str:
 class CredentialsPage(PageHandler):
     @web.authenticated
     def get(self):
+        who = self.who
         with self.Session() as s:
-            mine = None if self.is_admin else set(org.projects_of(s, self.username))
-            projects = [p["name"] for p in org.list_projects(s, mine)]
-            rows = [(p, credentials.list_for(s, p), datasources.list_for(s, p)) for p in projects]
+            projects = [p["name"] for p in org.list_projects(s, roles.visible_projects(who))]
+            rows = [(p, credentials.list_for(s, p), datasources.list_for(s, p),
+                     bool(roles.allowed(who, "manage_credentials", project=p))) for p in projects]
         self.render_page("credentials.html", rows=rows, when=_when,
                          deliveries=credentials.DELIVERIES, kinds=list(datasources.KINDS))
 
@@ -35,8 +38,10 @@ class CredentialsPage(PageHandler):
 class AuditPage(PageHandler):
     @web.authenticated
     def get(self):
-        if not self.is_admin:
-            raise web.HTTPError(403, "the audit log is for gpupool admins")
+        try:
+            scope = audit_scope(self.who)
+        except roles.Forbidden as e:
+            raise web.HTTPError(403, e.reason) from None
         arg = self.get_argument
         filters = {k: arg(k, "") for k in ("actor", "action", "project", "since", "until")}
         page_size = self.ctx.cfg.admin_page_size
@@ -48,7 +53,7 @@ class AuditPage(PageHandler):
         with self.Session() as s:
             try:
                 out = audit.query(s, **{k: v or None for k, v in filters.items()},
-                                  limit=str(page_size), offset=str(offset))
+                                  limit=str(page_size), offset=str(offset), projects=scope)
             except FieldError as e:
                 out, error = {"items": [], "total": 0, "limit": page_size, "offset": 0}, str(e)
         self.render_page("audit.html", out=out, filters=filters, error=error, when=_when,
