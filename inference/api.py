@@ -9,7 +9,7 @@ import os
 
 from sqlalchemy import select
 
-from hub_ext import org
+from hub_ext import attach, org
 from hub_ext.requests import FieldError
 from hub_ext.service.base import ApiHandler
 
@@ -59,11 +59,13 @@ class InferencesHandler(_Base):
             spec = parse_spec({**data, "owner": self.username}, mine)
             if s.get(InferenceRow, spec.name) is not None:
                 raise org.Conflict("name", f"inference service {spec.name!r} already exists")
+            att = attach.check(s, spec.project, spec.credentials, spec.datasources)
             row = InferenceRow(name=spec.name, owner=self.username, project=spec.project,
                                spec=spec.to_dict(), status={})
             s.add(row)
             org_event(s, "submitted", f"{self.username} created inference service {spec.name}",
                       spec.name, spec.project)
+            attach.record_use(s, self.username, spec.name, att, "attach")
             s.commit()
             self.send(service_dict(row), 201)
 

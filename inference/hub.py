@@ -82,7 +82,8 @@ class HubInference:
     def __init__(self, rt, port: int, token: str, poll_s: float = 1.0):
         self.rt, self.port, self.token, self.poll_s = rt, port, token, poll_s
         backend = EmbeddedBackend(rt.scheduler, rows=rt.store, preload=rt.cfg.preload_library,
-                                  log_dir=str(Path(rt.cfg.state_dir) / "inference"))
+                                  log_dir=str(Path(rt.cfg.state_dir) / "inference"),
+                                  delivery=rt.delivery)
         self.controller = Controller(backend)
         self._status: dict[str, dict] = {}
 
