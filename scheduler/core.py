@@ -87,6 +87,8 @@ class _Cycle:
         self.pool_gpu_mem = {
             pool: int(a.gpu_mem[a.pool_id == i].max()) for i, pool in enumerate(self.pools) if (a.pool_id == i).any()
         }
+        self.milli_cache: dict[tuple[str, str], int] = {}
+        self.pool_of_workload: dict[str, str | None] = {}
         self.fair = self._fair_shares()
         self.decisions = Decisions()
         for (project, pool), milli in sorted(self.fair.items()):
@@ -133,7 +135,11 @@ class _Cycle:
 
     def _milli(self, w: Workload, pool: str) -> int:
         """The gang's GPU need in ``pool``; memory requests count on its largest GPUs."""
-        return w.gpu_milli_estimate(self.pool_gpu_mem.get(pool, 1))
+        key = (w.name, pool)
+        milli = self.milli_cache.get(key)
+        if milli is None:
+            milli = self.milli_cache[key] = w.gpu_milli_estimate(self.pool_gpu_mem.get(pool, 1))
+        return milli
 
     def _dept_quota(self, dept: str, pool: str) -> Quota:
         key = (dept, pool)
@@ -377,8 +383,11 @@ class _Cycle:
         return v.resumed and now is not None and since is not None and now - since < self.cfg.resume_protection_s
 
     def _in_pool(self, v: Workload, pool: str) -> bool:
-        node = self.snap.nodes.get(v.placement[0].node) if v.placement else None
-        return node is not None and node.pool == pool
+        where = self.pool_of_workload.get(v.name, "")
+        if where == "":
+            node = self.snap.nodes.get(v.placement[0].node) if v.placement else None
+            where = self.pool_of_workload[v.name] = None if node is None else node.pool
+        return where == pool
 
     def _room_on(self, node: int, w: Workload, static: np.ndarray) -> bool:
         """Could one pod of ``w`` fit on ``node`` now? (A cheap test before a full placement.)"""
@@ -401,6 +410,55 @@ class _Cycle:
         freed = sum(c.milli * len(c.gpus) for v, _ in candidates for c in self.work.choices_of(v))
         return self._verdict(w, pool, freed).allowed
 
+    def _victims_of(self, w: Workload, pool: str, candidates: list) -> Iterator[tuple[Workload, list[Choice], int]]:
+        """The candidates the trial loop of ``_evict_to_fit`` would evict if nothing fit on
+        the way, with their placements and milli (without changing anything)."""
+        gpu_work = w.demand.gpu_count > 0
+        usage = self.work.usage
+        gone: dict[str, int] = defaultdict(int)  # milli the loop would have freed, per project
+        for v, floor in candidates:
+            if gpu_work and not v.demand.gpu_count:
+                continue
+            choices = self.work.choices_of(v)
+            milli = sum(c.milli * len(c.gpus) for c in choices)
+            if floor is not None and usage[(v.project, pool)] - gone[v.project] - milli < floor:
+                continue
+            gone[v.project] += milli
+            yield v, choices, milli
+
+    def _any_victim(self, w: Workload, pool: str, candidates: list) -> bool:
+        return next(self._victims_of(w, pool, candidates), None) is not None
+
+    def _room_with_all_gone(self, w: Workload, pool: str, candidates: list, static: np.ndarray) -> bool:
+        """Would one pod of ``w`` have room on a node that a victim frees room on, with every
+        victim the trial loop may take gone? Room only grows as victims go, so when this is
+        False that loop cannot place ``w`` (it tries only such nodes): it is skipped."""
+        a, d = self.work.arrays, w.demand
+        freed: dict[int, list] = {}  # node -> [GPU free per slot, CPU free, memory free]
+        for v, choices, _ in self._victims_of(w, pool, candidates):
+            for c in choices:
+                room = freed.get(c.node)
+                if room is None:
+                    room = freed[c.node] = [a.gpu_free[c.node].tolist(), int(a.cpu_free[c.node]), int(a.mem_free[c.node])]
+                for j in c.gpus:
+                    room[0][j] += c.milli
+                room[1] += v.demand.cpu_milli
+                room[2] += v.demand.memory_mib
+        need = a.need_milli(d) if d.is_fractional else 0
+        for node, (gpus, cpu, mem) in freed.items():
+            if not static[node] or cpu < d.cpu_milli or mem < d.memory_mib:
+                continue
+            if d.gpus:
+                if sum(1 for x in gpus if x == MILLI) >= d.gpus:
+                    return True
+            elif d.is_fractional:
+                nd = need if np.isscalar(need) else need[node]
+                if any(x >= n for x, n in zip(gpus, np.broadcast_to(nd, len(gpus)).tolist())):
+                    return True
+            else:
+                return True
+        return False
+
     def _evict_to_fit(self, w: Workload, pool: str, strategy: str) -> bool | str:
         """Evict candidates in order until ``w`` fits, then keep only the evictions it needs.
         Leaves ``w`` holding its room (it binds once the victims are gone)."""
@@ -415,6 +473,8 @@ class _Cycle:
         if not self._admissible_after(w, pool, strategy, candidates):
             # Even evicting every candidate would not let it in: skip the trials.
             return False if any(v.demand.gpu_count or not gpu_work for v, _ in candidates) else "no victims"
+        if w.pods == 1 and not self._room_with_all_gone(w, pool, candidates, static):
+            return False if self._any_victim(w, pool, candidates) else "no victims"
         victims: list[tuple[Workload, list[Choice]]] = []
         placed = None
         for v, floor in candidates:

@@ -10,6 +10,7 @@ allowed range; nothing here clamps silently.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -96,11 +97,11 @@ class Quota:
                 f"{where}.limit", f"must be >= the quota ({self.gpus}) or unset, got {self.limit}"
             )
 
-    @property
+    @functools.cached_property  # asked in every verdict; a Quota never changes
     def quota_milli(self) -> int:
         return round(self.gpus * MILLI)
 
-    @property
+    @functools.cached_property
     def limit_milli(self) -> int | None:
         return None if self.limit is None else round(self.limit * MILLI)
 

@@ -170,6 +170,11 @@ class _Bound:
         self.pb = self.prob[:, None] * self.b  # (T, M*(G+1)): B weighted by probability
         self.offsets = (np.arange(m, dtype=np.int64) * (g + 1))[None, :]  # (1, M)
 
+    def cpu_cap(self, demand: PodDemand) -> int:
+        """Free CPU past which a node's score for ``demand`` no longer changes: every shape
+        fits by CPU before and after the pod."""
+        return int(demand.cpu_milli + (self.cpu.max() if len(self.cpu) else 0))
+
     def weights(self, cpu_left: np.ndarray, model_id: np.ndarray) -> np.ndarray:
         """(R, M*(G+1)): weight of the shapes a node could host, by m and GPUs with room."""
         a = self.access[model_id.astype(np.int64) + 1] & (cpu_left[:, None] >= self.cpu[None, :])
@@ -266,14 +271,36 @@ class _BaseCache:
 
 class _RowCache:
     """Per node: the policy's best score and GPU slot for one pod shape, kept in step with
-    the arrays through their stamps."""
+    the arrays through their stamps; and, per node *state*, the same answer (``memo``).
 
-    __slots__ = ("stamp", "score", "slot")
+    A node's score depends only on its state: its GPU rooms, its GPU model (and memory, for
+    memory requests) and its free CPU up to ``cpu_cap``, past which more CPU changes no
+    term of the measure. Many nodes share a state, and a trial placement that is rolled
+    back returns a node to a state already scored, so a moved stamp is mostly a memo hit.
+    """
 
-    def __init__(self, n: int):
+    __slots__ = ("stamp", "score", "slot", "memo", "cpu_cap")
+
+    MEMO_MAX = 200_000  # states remembered per pod shape before the memo starts afresh
+
+    def __init__(self, n: int, cpu_cap: int):
         self.stamp = np.full(n, -1, dtype=np.int64)
         self.score = np.full(n, NEG)
         self.slot = np.zeros(n, dtype=np.int64)
+        self.memo: dict[tuple, tuple[float, int]] = {}
+        self.cpu_cap = cpu_cap
+
+    def states(self, arrays: ClusterArrays, rows: np.ndarray, demand: PodDemand) -> list[tuple]:
+        """One hashable key per row that names everything its score depends on."""
+        free = np.ascontiguousarray(arrays.gpu_free[rows])
+        rooms = free.view(np.dtype((np.void, free.shape[1] * free.itemsize))).ravel().tolist()
+        cpu = np.minimum(arrays.cpu_free[rows], self.cpu_cap).tolist()
+        model = arrays.model_id[rows].tolist()
+        if demand.gpu_memory_mib:
+            mem = np.ascontiguousarray(arrays.gpu_mem[rows])
+            sizes = mem.view(np.dtype((np.void, mem.shape[1] * mem.itemsize))).ravel().tolist()
+            return list(zip(rooms, cpu, model, sizes))
+        return list(zip(rooms, cpu, model))
 
 
 class FragPolicy:
@@ -340,16 +367,27 @@ class FragPolicy:
         if rc is None:
             if len(rows_by_shape) >= self.cache_size:
                 rows_by_shape.clear()
-            rc = rows_by_shape[key] = _RowCache(len(arrays.names))
+            rc = rows_by_shape[key] = _RowCache(len(arrays.names), bound.cpu_cap(demand))
         stale = rc.stamp != arrays.stamp
         if mask is not None:
             stale &= mask
         dirty = np.flatnonzero(stale)
         if len(dirty):
-            delta = bound.deltas(arrays, dirty, demand, _need(arrays, demand), base.rows(bound, arrays, dirty))
-            score, slot = self._reduce(arrays, dirty, delta, demand)
-            rc.score[dirty] = score
-            rc.slot[dirty] = slot
+            states = rc.states(arrays, dirty, demand)
+            memo = rc.memo
+            known = [memo.get(s) for s in states]
+            miss = [i for i, k in enumerate(known) if k is None]
+            if miss:
+                rows = dirty[miss] if len(miss) < len(dirty) else dirty
+                delta = bound.deltas(arrays, rows, demand, _need(arrays, demand), base.rows(bound, arrays, rows))
+                score, slot = self._reduce(arrays, rows, delta, demand)
+                if len(memo) + len(miss) > rc.MEMO_MAX:
+                    memo.clear()
+                for i, sc, sl in zip(miss, score.tolist(), slot.tolist()):
+                    known[i] = memo[states[i]] = (sc, sl)
+            sc, sl = zip(*known)
+            rc.score[dirty] = sc
+            rc.slot[dirty] = sl
             rc.stamp[dirty] = arrays.stamp[dirty]
         return rc.score, rc.slot
 
@@ -506,6 +544,12 @@ class _GpupoolBound(_Bound):
         self.units = np.array([s.milli * s.count for s in gpu], dtype=np.float64)
         self.cpu_div = np.maximum(self.cpu, 1)
         self.free_units = (MILLI // self.mvals)[None, :]  # (1, M): pods of m on a free GPU
+
+    def cpu_cap(self, demand: PodDemand) -> int:
+        # Also: CPU for as many pods of every shape as the emptiest node's GPUs could hold,
+        # so the CPU never binds the capacity count.
+        most = (self.g * self.free_units[0][self.midx]) // self.tk  # (T,)
+        return max(super().cpu_cap(demand), int(demand.cpu_milli + (self.cpu * np.maximum(most, 1)).max(initial=0)))
 
     def _cap_weight(self, model: np.ndarray) -> np.ndarray:
         return self.access[model.astype(np.int64) + 1] * (self.prob * self.units)[None, :]  # (R, T)

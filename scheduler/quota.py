@@ -120,22 +120,31 @@ def admit(
     of the idle capacity it gets is the fair share's business, not this rule's.
     """
     q = project.quotas.get(pool, Quota())
-    if project_used + milli <= q.quota_milli and dept_in_quota + milli <= dept_quota.quota_milli:
-        return Verdict(True, False)
-    where = f"project {project.name} is at its quota {_gpus(project_used)}/{_gpus(q.quota_milli)} GPUs"
-    if project_used + milli <= q.quota_milli:
-        where = (
-            f"department {project.department} is at its quota "
-            f"{_gpus(dept_in_quota)}/{_gpus(dept_quota.quota_milli)} GPUs"
-        )
-    if pool != "default":
-        where += f" in pool {pool}"
+    in_project = project_used + milli <= q.quota_milli
+    if in_project and dept_in_quota + milli <= dept_quota.quota_milli:
+        return IN_QUOTA
     if not may_go_over_quota:
-        return Verdict(False, True, f"{where} and over-quota is off for {kind.value}s")
+        return Verdict(False, True, f"{_at_quota(project, q, pool, in_project, project_used, dept_in_quota, dept_quota)} and over-quota is off for {kind.value}s")
     if q.limit_milli is not None and project_used + milli > q.limit_milli:
         return Verdict(False, True, f"project {project.name} is at its limit {_gpus(q.limit_milli)} GPUs")
     if dept_quota.limit_milli is not None and dept_used + milli > dept_quota.limit_milli:
         return Verdict(
             False, True, f"department {project.department} is at its limit {_gpus(dept_quota.limit_milli)} GPUs"
         )
-    return Verdict(True, True)
+    return OVER_QUOTA
+
+
+IN_QUOTA = Verdict(True, False)
+OVER_QUOTA = Verdict(True, True)
+
+
+def _at_quota(project: Project, q: Quota, pool: str, in_project: bool, used: int, dept_in_quota: int, dept_quota: Quota) -> str:
+    """Which quota a request hit (the project's, or its department's), for a reason."""
+    if in_project:
+        where = (
+            f"department {project.department} is at its quota "
+            f"{_gpus(dept_in_quota)}/{_gpus(dept_quota.quota_milli)} GPUs"
+        )
+    else:
+        where = f"project {project.name} is at its quota {_gpus(used)}/{_gpus(q.quota_milli)} GPUs"
+    return where if pool == "default" else f"{where} in pool {pool}"
