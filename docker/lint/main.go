@@ -36,8 +36,10 @@ func main() {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)
 		}
+		sm := llb.NewSourceMap(nil, path, "Dockerfile", dt)
+		sm.Definition = &llb.Definition{} // the results carry the source; no LLB is built
 		res, err := dockerfile2llb.DockerfileLint(context.Background(), dt, dockerfile2llb.ConvertOpt{
-			SourceMap:    llb.NewSourceMap(nil, path, "Dockerfile", dt),
+			SourceMap:    sm,
 			MetaResolver: offline{},
 		})
 		if err != nil {
@@ -54,7 +56,7 @@ func main() {
 		}
 		if res.Error != nil {
 			line := 0
-			if res.Error.Location != nil && len(res.Error.Location.Ranges) > 0 {
+			if len(res.Error.Location.Ranges) > 0 {
 				line = int(res.Error.Location.Ranges[0].Start.Line)
 			}
 			fmt.Printf("%s:%d: error: %s\n", path, line, res.Error.Message)
