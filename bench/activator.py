@@ -5,8 +5,16 @@ Three processes: the model server (tests/inference/model_server.py), the activat
 (``python -m inference``: embedded scheduler + controller + activator) and this one, the
 load generator (a bare keep-alive HTTP/1.1 client per simulated user, so the client's own
 cost stays small and equal on both paths). At each concurrency the same number of
-requests goes to the replica directly and through the activator, alternating in rounds;
-added latency = p50/p99 through the activator minus p50/p99 direct.
+requests goes to the replica directly and through the activator, alternating in rounds
+(so both see the same background load); added latency = p50/p99 through the activator
+minus p50/p99 direct.
+
+CPU: the machine this runs on has 2 cores shared with other work, and at 50 clients the
+three processes saturate them, so added latency there is mostly the activator's CPU per
+request times the queue in front of the cores. The bench therefore also reports each
+process's CPU time per request (``activator_cpu_us_per_req_cN``, ``replica_cpu_us_...``,
+``client_cpu_us_...``, from /proc and ``time.process_time``), which does not depend on the
+others' load, and the load average before and after.
 
 Cold start: a service at zero replicas gets one request; the time to its response minus
 the model server's own start (exec until it answers, measured by starting it directly
@@ -14,6 +22,7 @@ the same number of times). Targets: p50 < 1 ms and p99 < 5 ms added at 50 client
 start added < 500 ms (Knative's published hello-world cold start: 2-4 s).
 
     python bench/activator.py [--json] [--requests 3000] [--delay-ms 5] [--startup-s 0.3]
+                              [--loop uvloop|asyncio]
 """
 
 from __future__ import annotations
@@ -70,6 +79,13 @@ async def load(port: int, path: str, clients: int, total: int) -> list[float]:
     return lat
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (not its children)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000
@@ -122,7 +138,7 @@ async def main_async(args) -> dict:
     spec_file.write_text(json.dumps(services))
     aport = free_port()
     act = start([sys.executable, "-m", "inference", "--port", str(aport), "--services",
-                 str(spec_file), "--gpus", "4", "--quota", "4"])
+                 str(spec_file), "--gpus", "4", "--quota", "4", "--loop", args.loop])
     out: dict = {}
     try:
         await wait_http(aport, "/_status")
@@ -132,6 +148,9 @@ async def main_async(args) -> dict:
         status = json.loads((await r.read()).split(b"\r\n\r\n", 1)[1])
         endpoint = status["warm"]["replica_list"][0]["endpoint"]
         rport = int(endpoint.rsplit(":", 1)[1])
+        r, w = await asyncio.open_connection("127.0.0.1", rport)
+        w.write(b"GET /predict?ms=0 HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n")
+        rpid = json.loads((await r.read()).split(b"\r\n\r\n", 1)[1])["pid"]
 
         # cold starts first, while nothing else runs
         cold = []
@@ -148,10 +167,25 @@ async def main_async(args) -> dict:
         for c in args.concurrency:
             direct: list[float] = []
             via: list[float] = []
+            cpu = {"act": 0.0, "rep_d": 0.0, "rep_v": 0.0, "cli_d": 0.0, "cli_v": 0.0}
             n = args.requests if c > 1 else max(200, args.requests // 10)
             for _ in range(args.rounds):
+                a0, r0, c0 = cpu_s(act.pid), cpu_s(rpid), time.process_time()
                 direct += await load(rport, path, c, n // args.rounds)
+                a1, r1, c1 = cpu_s(act.pid), cpu_s(rpid), time.process_time()
                 via += await load(aport, "/warm" + path, c, n // args.rounds)
+                a2, r2, c2 = cpu_s(act.pid), cpu_s(rpid), time.process_time()
+                cpu["act"] += (a2 - a1) - (a1 - a0)  # minus its idle ticking meanwhile
+                cpu["rep_d"] += r1 - r0
+                cpu["rep_v"] += r2 - r1
+                cpu["cli_d"] += c1 - c0
+                cpu["cli_v"] += c2 - c1
+            per = 1e6 / len(via)
+            out[f"activator_cpu_us_per_req_c{c}"] = round(cpu["act"] * per, 1)
+            out[f"replica_cpu_us_per_req_c{c}"] = round(cpu["rep_v"] * per, 1)
+            out[f"client_cpu_us_per_req_c{c}"] = round(cpu["cli_v"] * per, 1)
+            out[f"direct_client_plus_replica_cpu_us_per_req_c{c}"] = round(
+                (cpu["rep_d"] + cpu["cli_d"]) * per, 1)
             for q, key in ((0.5, "p50"), (0.99, "p99")):
                 d, v = pct(direct, q), pct(via, q)
                 out[f"direct_{key}_ms_c{c}"] = round(d, 3)
@@ -166,7 +200,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--requests", type=int, default=3000, help="requests per path at c>1")
-    ap.add_argument("--rounds", type=int, default=2, help="alternations direct/activator")
+    ap.add_argument("--rounds", type=int, default=6, help="alternations direct/activator")
+    ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                    help="the activator's event loop")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 50, 500])
     ap.add_argument("--delay-ms", type=float, default=5.0, help="model server's work per request")
     ap.add_argument("--startup-s", type=float, default=0.3, help="model server's start (model load)")
@@ -175,7 +211,8 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     out = asyncio.run(main_async(args))
     out.update(cpus=os.cpu_count(), loadavg_before=round(load0, 2),
-               loadavg_after=round(os.getloadavg()[0], 2), delay_ms=args.delay_ms)
+               loadavg_after=round(os.getloadavg()[0], 2), delay_ms=args.delay_ms,
+               loop=args.loop)
     if not args.json:
         for k, v in out.items():
             print(f"{k:28} {v}")

@@ -21,13 +21,12 @@ import time
 from pathlib import Path
 
 from sqlalchemy import select
-from tornado import web
-from tornado.httpserver import HTTPServer
 
 from hub_ext import org
 
 from . import activator
-from .backends.embedded import EmbeddedBackend
+from .activator import Request
+from .backends.embedded import EmbeddedBackend, free_port
 from .controller import Controller
 from .db import InferenceRow, ensure_table
 from .service import Service
@@ -39,21 +38,23 @@ ADMIN = "custom:gpupool:admin"
 
 
 class HubTokenAuth:
-    """``activator.Authorizer`` with JupyterHub tokens (jupyterhub.services.auth.HubAuth,
-    which caches each token's user) and project membership (cached ``cache_s``)."""
+    """``activator.Authorizer`` with JupyterHub tokens (asked of the hub through
+    jupyterhub.services.auth.HubAuth) and project membership, both cached ``cache_s`` so
+    that a known token is checked without a round trip (and without a task)."""
 
     def __init__(self, hub_auth, Session, cache_s: float = 30.0):
         self.hub_auth = hub_auth
         self.Session = Session
         self.cache_s = cache_s
         self._projects: dict[str, tuple[float, set[str]]] = {}
+        self._users: dict[str, tuple[float, dict | None]] = {}
 
-    def _token(self, handler: web.RequestHandler) -> str:
-        h = handler.request.headers.get("Authorization", "")
-        scheme, _, value = h.partition(" ")
+    @staticmethod
+    def _token(req: Request) -> str:
+        scheme, _, value = req.header("Authorization").partition(" ")
         if scheme.lower() in ("token", "bearer") and value:
             return value.strip()
-        return handler.get_argument("token", "")
+        return req.argument("token")
 
     def projects_of(self, user: str) -> set[str]:
         now = time.monotonic()
@@ -65,12 +66,24 @@ class HubTokenAuth:
         self._projects[user] = (now, mine)
         return mine
 
-    async def check(self, handler, svc: Service):
-        token = self._token(handler)
+    def check(self, req: Request, svc: Service):
+        token = self._token(req)
         if not token:
             return (401, ("authenticate with a JupyterHub token (Authorization: token ...); "
                           "make one at /hub/token"), "Authorization")
+        hit = self._users.get(token)
+        if hit and time.monotonic() - hit[0] < self.cache_s:
+            return self._verdict(hit[1], svc)
+        return self._ask(token, svc)
+
+    async def _ask(self, token: str, svc: Service):
         model = await self.hub_auth.user_for_token(token, sync=False)
+        if len(self._users) > 10_000:
+            self._users.clear()
+        self._users[token] = (time.monotonic(), model)
+        return self._verdict(model, svc)
+
+    def _verdict(self, model: dict | None, svc: Service):
         if not model:
             return (401, "the JupyterHub token is not valid", "Authorization")
         if ADMIN in model.get("scopes", []) or svc.spec.project in self.projects_of(model["name"]):
@@ -93,10 +106,9 @@ class HubInference:
         ensure_table(self.rt.Session)
         hub_auth = HubAuth(api_token=self.token, cache_max_age=60,
                            api_url=f"http://127.0.0.1:{self.rt.cfg.hub_port}/hub/api")
-        prefix = f"/services/{NAME}/"
-        app = web.Application(activator.routes(self.controller, prefix,
-                                               HubTokenAuth(hub_auth, self.rt.Session)))
-        HTTPServer(app, xheaders=True).listen(self.port, "127.0.0.1")
+        self.server = activator.Server(self.controller, f"/services/{NAME}/",
+                                       HubTokenAuth(hub_auth, self.rt.Session))
+        asyncio.ensure_future(self.server.listen(self.port))
         self.controller.start()
         asyncio.ensure_future(self._follow())
 
@@ -129,7 +141,9 @@ class HubInference:
 
 
 def configure(c, cfg, rt) -> HubInference:
-    port = int(os.environ.get("GPUPOOL_SERVE_PORT", "10102"))
+    # a free port unless set: nothing but the hub's proxy (and a metrics scraper told the
+    # port) talks to the activator, and two hubs on one machine must not collide
+    port = int(os.environ.get("GPUPOOL_SERVE_PORT") or free_port())
     token_file = Path(cfg.state_dir) / "gpupool-serve-token"
     if not token_file.exists():
         token_file.write_text(secrets.token_hex(32))

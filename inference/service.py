@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import metrics
 from .autoscaler import Autoscaler, Policy, Recommendation
 from .proxy import Pool
 from .spec import ServiceSpec
@@ -79,6 +80,7 @@ class Service:
         self.last: Recommendation | None = None
         self.deleted = False
         self._rr = 0
+        self.cold_since: float | None = None  # first request held while none was ready
         # meter
         self.inflight = 0
         self.total = 0
@@ -108,6 +110,12 @@ class Service:
         best.inflight += 1
         return best
 
+    def pick_now(self) -> Replica | None:
+        """A ready replica at once (counted), or None: the request must wait in order."""
+        if self.held or self.deleted:
+            return None
+        return self._pick()
+
     async def acquire(self) -> Replica:
         """A ready replica with this request counted on it; holds the request while none
         is ready. Raises QueueFull, HoldTimeout or Gone."""
@@ -120,6 +128,8 @@ class Service:
         if len(self.held) >= self.spec.queue_limit:
             raise QueueFull(self.spec.queue_limit)
         fut = asyncio.get_running_loop().create_future()
+        if self.cold_since is None and not self.ready():
+            self.cold_since = self.clock()
         self.held.append(fut)
         self.on_activate(self)
         try:
@@ -149,6 +159,7 @@ class Service:
             fut.set_result(r)
 
     def fail_held(self, exc: Exception) -> None:
+        self.cold_since = None
         while self.held:
             fut = self.held.popleft()
             if not fut.done():
@@ -157,6 +168,9 @@ class Service:
     def replica_ready(self, r: Replica, host: str, port: int) -> None:
         r.host, r.port, r.state, r.reason = host, port, RState.READY, ""
         r.pool = Pool(host, port)
+        if self.cold_since is not None:
+            metrics.cold_start(self.spec.name, self.clock() - self.cold_since)
+            self.cold_since = None
         self.release_held()
 
     def replica_gone(self, r: Replica, state: RState, reason: str) -> None:

@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-from tornado.httpserver import HTTPServer
 
-from inference.activator import make_app
-from inference.backends.embedded import EmbeddedBackend, free_port
+from inference.activator import Server
+from inference.backends.embedded import EmbeddedBackend
 from inference.controller import Controller
 from inference.spec import parse_spec
 from scheduler.embedded import EmbeddedScheduler
@@ -84,15 +83,14 @@ async def stack(quota: float = 2.0, tick_s: float = 0.1, auth=None):
     await sched.cycle()  # take in the organisation
     controller = Controller(EmbeddedBackend(sched, grace_s=2.0), tick_s=tick_s)
     controller.start()
-    port = free_port()
-    server = HTTPServer(make_app(controller, "/serve/", auth))
-    server.listen(port, "127.0.0.1")
+    server = Server(controller, "/serve/", auth)
+    port = await server.listen(0)
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as http:
         try:
             yield Stack(sched, controller, f"http://127.0.0.1:{port}/serve", http)
         finally:
-            server.stop()
+            server.close()
             await controller.stop()
             await sched.stop()
 

@@ -1,0 +1,118 @@
+"""The in-hub route of inference services on a live hub (``gpupool up``, tests/hub/hubproc.py):
+a service submitted through the REST API is called through the hub's public proxy URL
+``/services/gpupool-serve/NAME/...`` with JupyterHub tokens -- a project member's (200,
+from zero replicas), none (401), an invalid one (401), another project's user's (403) --
+and, for a service in public mode, with no token (200). The activator's /metrics is
+scraped afterwards. No timing is asserted: the waits only bound a hung test."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from .harness import MODEL_SERVER
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hub"))
+
+from hubclient import HubClient, call  # noqa: E402
+from hubproc import USER_PW, Hub, free_ports  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def get(url: str, token: str = "") -> tuple[int, dict, dict]:
+    """(status, JSON body, headers) of a GET through the hub's proxy."""
+    req = urllib.request.Request(url, headers={"Authorization": f"token {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read()), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), dict(e.headers)
+
+
+def until_served(url: str, token: str = "", timeout: float = 120) -> tuple[int, dict]:
+    """The hub follows its table every second: a new service is a 404 until then."""
+    end = time.monotonic() + timeout
+    while True:
+        code, body, _ = get(url, token)
+        if code != 404 or time.monotonic() > end:
+            return code, body
+        time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    (serve_port,) = free_ports(1)
+    hub = Hub(tmp_path_factory.mktemp("hub-serve"),
+              extra_env={"GPUPOOL_SERVE_PORT": str(serve_port)}).start()
+    hub.serve_port = serve_port
+    hub.tokens = {u: HubClient(hub.url).login(u, USER_PW).token(u) for u in ("alice", "carol")}
+    yield hub
+    for name in ("echo", "open"):
+        call(hub.url, hub.tokens["alice"], "DELETE", f"/inferences/{name}")
+    time.sleep(1.5)  # the hub's follower stops the replicas (then the hub itself stops)
+    hub.stop()
+
+
+def model(name: str, **over) -> dict:
+    return {"name": name, "project": "nlp", "gpu": 0.25, "min_replicas": 0, "max_replicas": 1,
+            "command": [sys.executable, MODEL_SERVER, "--startup-s", "0.3"],
+            "ready_path": "/health", "scale_to_zero_after_s": 300, **over}
+
+
+def test_tokens_of_members_others_and_none_through_the_hub_proxy(live):
+    alice, carol = live.tokens["alice"], live.tokens["carol"]
+    code, svc = call(live.url, alice, "POST", "/inferences", model("echo"))
+    assert code == 201, svc
+    url = live.url + svc["url"] + "predict?client=a&seq=1"
+    assert svc["url"] == "/services/gpupool-serve/echo/"
+
+    # a member of project nlp: served, after one cold start from zero replicas
+    code, body = until_served(url, alice)
+    assert code == 200 and (body["client"], body["seq"]) == ("a", "1"), body
+    # the token as a query argument works too (browsers, EventSource)
+    assert get(url + "&token=" + alice)[0] == 200
+
+    code, body, headers = get(url)
+    assert code == 401 and body["error"]["field"] == "Authorization"
+    assert "JupyterHub token" in body["error"]["message"], body
+    assert get(url, "not-a-token")[:1] == (401,)
+
+    code, body, _ = get(url, carol)  # carol is in project vision only
+    assert code == 403, body
+    assert body["error"]["message"] == "carol is not a member of project 'nlp'"
+
+
+def test_public_mode_takes_requests_without_a_token(live):
+    alice = live.tokens["alice"]
+    code, svc = call(live.url, alice, "POST", "/inferences", model("open", public=True))
+    assert code == 201, svc
+    code, body = until_served(live.url + svc["url"] + "predict?client=p&seq=0")
+    assert code == 200 and body["client"] == "p", body
+
+
+def test_activator_metrics_scraped(live):
+    code, _ = until_served(live.url + "/services/gpupool-serve/echo/predict", live.tokens["alice"])
+    assert code == 200
+    get(live.url + "/services/gpupool-serve/echo/predict")  # one 401 more
+    with urllib.request.urlopen(f"http://127.0.0.1:{live.serve_port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            samples[key] = float(value)
+    assert samples['gpupool_activator_requests_total{code="200",service="echo"}'] >= 2
+    assert samples['gpupool_activator_requests_total{code="401",service="echo"}'] >= 1
+    assert samples['gpupool_activator_requests_total{code="403",service="echo"}'] >= 1
+    assert samples['gpupool_activator_replicas{service="echo"}'] == 1
+    assert samples['gpupool_activator_held_requests{service="echo"}'] == 0
+    assert samples['gpupool_activator_cold_start_seconds_count{service="echo"}'] == 1
+    assert "# TYPE gpupool_activator_cold_start_seconds histogram" in text
+    assert "# TYPE gpupool_activator_held_requests gauge" in text
