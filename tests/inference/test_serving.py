@@ -128,6 +128,9 @@ def test_bad_input_gets_clear_errors():
     async def main():
         async with stack(quota=0.5) as st:
             st.put(name="small", max_body_bytes=1000, scale_to_zero_after_s=60)
+            async with st.http.get(f"{st.url}/BAD_name/x") as r:
+                err = (await r.json())["error"]
+                assert r.status == 404 and "lowercase" in err["message"]
             async with st.http.get(f"{st.url}/nope/predict") as r:
                 err = (await r.json())["error"]
                 assert r.status == 404 and err["field"] == "service" and "nope" in err["message"]
@@ -141,6 +144,10 @@ def test_bad_input_gets_clear_errors():
             big = st.put(name="big", gpu=1, request_timeout_s=0.5, queue_limit=1)
             first = asyncio.ensure_future(st.http.get(f"{st.url}/big/predict"))
             await until(lambda: len(big.held) == 1, what="a held request")
+            async with st.http.get(st.url.removesuffix("/serve") + "/metrics") as m:
+                text = await m.text()
+            assert 'gpupool_activator_held_requests{service="big"} 1.0' in text
+            assert 'gpupool_activator_replicas{service="big"} 1.0' in text  # pending
             async with st.http.get(f"{st.url}/big/predict") as r:
                 assert r.status == 503 and int(r.headers["Retry-After"]) >= 1
                 assert "queue_limit" in (await r.json())["error"]["message"]
