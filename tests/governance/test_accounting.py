@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -171,3 +172,143 @@ def test_csv_has_a_row_per_item():
 def test_allocation_overlap_of_open_allocation():
     a = Allocation("w", "u", "p", "d", 1.0, 10.0, None)
     assert a.overlap_s(0, 100, now=50) == 40
+
+
+# -- a real hub ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ahub(tmp_path_factory):
+    from hubclient import HubClient
+    from hubproc import ADMIN_PW, USER_PW, Hub
+
+    h = Hub(tmp_path_factory.mktemp("acct"), config="c = get_config()  # noqa\nc.Gpupool.sample_period_s = 1\n")
+    h.start()
+    h.tokens = {u: HubClient(h.url).login(u, USER_PW).token(u) for u in ("alice", "dave")}
+    h.tokens["admin"] = HubClient(h.url).login("admin", ADMIN_PW).token("admin")
+    yield h
+    h.stop()
+
+
+def _api(hub, user, method, path, body=None, expect=None):
+    from hubclient import call
+    from openapi_check import validate
+
+    status, data = call(hub.url, hub.tokens.get(user, ""), method, path, body)
+    if "raw" not in (data or {}):
+        validate(method, path, status, data)
+    if expect is not None:
+        assert status == expect, (status, data)
+    return data
+
+
+def _wait(what, pred, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _events(hub, workload):
+    return _api(hub, "admin", "GET", f"/events?workload={workload}&limit=1000", expect=200)["items"]
+
+
+def _ready(hub, user, server):
+    from hubclient import call
+
+    _, u = call(hub.url, hub.tokens["admin"], "GET", f"/hub/api/users/{user}", api=False)
+    return (u.get("servers") or {}).get(server, {}).get("ready")
+
+
+WORKSPACES = [  # user, server, project, department, request, GPUs
+    ("alice", "frac", "nlp", "research", {"gpu_mode": "fraction", "gpu_fraction": 0.25}, 0.25),
+    ("dave", "whole", "serving", "ops", {"gpu_mode": "whole", "gpus": 1}, 1.0),
+]
+
+
+@pytest.mark.slow
+def test_gpu_hours_of_workspaces_on_a_real_hub(ahub):
+    t_from = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 60))
+    for user, server, project, _, req, _ in WORKSPACES:
+        _api(ahub, user, "POST", "/workloads",
+             {"kind": "workspace", "project": project, "server_name": server, **req}, expect=202)
+    for user, server, *_ in WORKSPACES:
+        _wait(f"{user}/{server} ready", lambda u=user, s=server: _ready(ahub, u, s))
+    time.sleep(3)  # some GPU-hours to count
+    for user, server, *_ in WORKSPACES:
+        _api(ahub, user, "DELETE", f"/workloads/ws-{user}-{server}", expect=204)
+    expected = {}
+    for user, server, project, dept, _, gpus in WORKSPACES:
+        events = _wait(f"ws-{user}-{server} released",
+                       lambda n=f"ws-{user}-{server}": (ev := _events(ahub, n))
+                       and any(e["kind"] == "released" for e in ev) and ev)
+        placed = min(e["ts"] for e in events if e["kind"] == "placed")
+        released = max(e["ts"] for e in events if e["kind"] == "released")
+        assert released > placed
+        expected[(user, project, dept)] = gpus * (released - placed) / 3600
+    t_to = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))
+
+    for by, col in (("user", 0), ("project", 1), ("department", 2)):
+        rep = _api(ahub, "admin", "GET", f"/usage?from={t_from}&to={t_to}&by={by}", expect=200)
+        got = {r["name"]: r["gpu_hours"] for r in rep["items"]}
+        want = {k[col]: v for k, v in expected.items()}
+        assert got.keys() == want.keys(), (by, got, want)
+        for name, hours_ in want.items():
+            assert got[name] == pytest.approx(hours_, rel=1e-3, abs=1e-5), (by, name)
+        assert all(r["workloads"] == 1 for r in rep["items"])
+        assert rep["utilization_measured"] is False  # declared GPUs: no NVML here
+        assert all(r["utilization_pct"] is None for r in rep["items"])
+        # the CSV download says the same
+        from hubclient import call
+
+        status, body = call(ahub.url, ahub.tokens["admin"], "GET", f"/usage.csv?from={t_from}&to={t_to}&by={by}")
+        assert status == 200
+        rows = list(csv.DictReader(io.StringIO(body["raw"])))
+        assert {r[by]: float(r["gpu_hours"]) for r in rows} == {r["name"]: r["gpu_hours"] for r in rep["items"]}
+
+    # the fraction counts as a fraction: a quarter of the whole GPU's rate
+    rate = {k[0]: v for k, v in expected.items()}
+    assert rate["alice"] < rate["dave"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("query, field", [
+    ("from=yesterday", "from"),
+    ("to=2026-02-30", "to"),
+    ("from=2026-11-02&to=2026-11-01", "to"),
+    ("from=2024-01-01&to=2026-01-01", "to"),
+    ("by=team", "by"),
+])
+def test_usage_bad_input_names_the_field(ahub, query, field):
+    for path in ("/usage", "/usage.csv"):
+        data = _api(ahub, "admin", "GET", f"{path}?{query}", expect=400)
+        assert data["error"]["field"] == field, data
+
+
+@pytest.mark.slow
+def test_usage_is_for_admins(ahub):
+    for path in ("/usage", "/usage.csv"):
+        assert "admin" in _api(ahub, "alice", "GET", path, expect=403)["error"]["message"]
+
+
+@pytest.mark.slow
+def test_usage_page_chart_and_table(ahub):
+    from hubclient import call
+
+    cmd = [sys.executable, "-c", "import time; time.sleep(120)"]
+    _api(ahub, "alice", "POST", "/workloads", {"kind": "training", "project": "nlp", "name": "acct-page",
+                                                 "gpu_fraction": 0.5, "command": cmd}, expect=201)
+    _wait("acct-page running", lambda: _api(ahub, "alice", "GET", "/workloads/acct-page")["state"] == "running")
+    _api(ahub, "alice", "DELETE", "/workloads/acct-page", expect=204)
+    _wait("acct-page released", lambda: any(e["kind"] == "released" for e in _events(ahub, "acct-page")))
+    path = "/services/gpupool/usage?by=user"
+    status, page = call(ahub.url, ahub.tokens["admin"], "GET", path, api=False)
+    assert status == 200, page
+    html = page["raw"]
+    assert 'id="usage-chart"' in html and "<rect" in html and 'id="usage"' in html
+    assert "Utilization is not measured on this hub" in html
+    assert "usage.csv?by=user" in html
+    status, page = call(ahub.url, ahub.tokens["admin"], "GET", "/services/gpupool/usage?from=nope", api=False)
+    assert status == 400 and "from: must be an ISO 8601 date" in page["raw"]
+    assert call(ahub.url, ahub.tokens["alice"], "GET", path, api=False)[0] == 403

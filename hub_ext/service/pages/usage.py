@@ -25,7 +25,8 @@ def bars(items: list[dict]) -> list[dict]:
 class UsagePage(PageHandler):
     @web.authenticated
     def get(self):
-        self.require_admin()
+        if not self.is_admin:
+            raise web.HTTPError(403, "GPU-hours are for gpupool platform admins")
         args = {k: self.get_argument(k, "") for k in ("from", "to", "by")}
         error, rep = None, None
         try:
