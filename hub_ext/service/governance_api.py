@@ -13,8 +13,12 @@ Every permission check of this module goes through hub_ext.roles (``_require`` a
 
 from __future__ import annotations
 
+import logging
+
 from .. import audit, credentials, datasources, org, roles
 from .base import ApiHandler
+
+log = logging.getLogger("gpupool.service")
 
 
 def _require(h: ApiHandler, action: str, project: str | None = None) -> None:
@@ -65,7 +69,7 @@ class _ProjectItems(ApiHandler):
             _project_exists(self, s, project)
             out = self._create(s, project, data)
             s.commit()
-        self.log.info("%s %s/%s created by %s", self.what, project, out["name"], self.username)
+        log.info("%s %s/%s created by %s", self.what, project, out["name"], self.username)
         self.send(out, 201)
 
     def delete(self, project, name=None):
@@ -73,7 +77,7 @@ class _ProjectItems(ApiHandler):
         with self.Session() as s:
             self.store.delete(s, project, name, self.username)
             s.commit()
-        self.log.info("%s %s/%s deleted by %s", self.what, project, name, self.username)
+        log.info("%s %s/%s deleted by %s", self.what, project, name, self.username)
         self.set_status(204)
         self.finish()
 
