@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
+from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, default
 from traitlets.config import Configurable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,6 +153,52 @@ class Gpupool(Configurable):
         200, help="Rows per table page in the admin panel (workloads, events)."
     ).tag(config=True)
 
+
+    # -- single sign-on (hub_ext/auth.py) and roles (hub_ext/roles.py) ---------------------
+    auth = Enum(
+        ["shared-password", "oidc"], "shared-password",
+        help="How people log in: 'shared-password' (the starter organisation's users with "
+        "user_password / admin_password) or 'oidc' (single sign-on through an OpenID Connect "
+        "provider with the oidc_* options; groups map to projects and roles at every login).",
+    ).tag(config=True)
+    oidc_issuer = Unicode(
+        "", help="OIDC issuer URL (its /.well-known/openid-configuration is read at start-up), "
+        "e.g. https://dex.example.com/dex.",
+    ).tag(config=True)
+    oidc_client_id = Unicode("", help="OIDC client id registered with the provider.").tag(config=True)
+    oidc_client_secret = Unicode("", help="OIDC client secret.").tag(config=True)
+    oidc_scopes = List(
+        Unicode(), ["openid", "profile", "email", "groups"],
+        help="Scopes asked of the provider; the groups claim usually needs 'groups'.",
+    ).tag(config=True)
+    oidc_username_claim = Unicode(
+        "preferred_username", help="Userinfo claim that becomes the gpupool/JupyterHub user name.",
+    ).tag(config=True)
+    oidc_groups_claim = Unicode(
+        "groups", help="Userinfo claim that lists the user's groups (a list or a single string).",
+    ).tag(config=True)
+    oidc_group_projects = Dict(
+        help="OIDC group -> list of projects its members belong to, e.g. {'ml-team': ['nlp']}. "
+        "Synced at every login: for the projects named here, membership follows the groups; "
+        "projects named nowhere here keep the members set by the org file or the REST API.",
+    ).tag(config=True)
+    oidc_group_roles = Dict(
+        help="OIDC group -> list of roles: 'platform-admin', 'department-admin:DEPARTMENT', "
+        "'viewer:DEPARTMENT' or 'viewer:*' (read-only everywhere). Synced at every login. A "
+        "user none of whose groups is mapped here or in oidc_group_projects is refused with a "
+        "page that says so.",
+    ).tag(config=True)
+    oidc_login_service = Unicode(
+        "single sign-on", help="Name on the login button ('Sign in with ...').",
+    ).tag(config=True)
+    oidc_callback_url = Unicode(
+        "", help="OAuth callback URL registered with the provider. Default: "
+        "http://IP:PORT/hub/oauth_callback from ip and port.",
+    ).tag(config=True)
+    oidc_logout_url = Unicode(
+        "", help="Where logout sends the browser after the hub's logout (e.g. the provider's "
+        "end-session URL); empty: the hub's login page.",
+    ).tag(config=True)
 
 def load_config(path: str | None = None) -> Gpupool:
     """The settings from a gpupool_config.py (default: $GPUPOOL_CONFIG), for processes

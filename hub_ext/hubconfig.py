@@ -49,11 +49,17 @@ def configure(c) -> Runtime:
     c.JupyterHub.named_server_limit_per_user = 5
     c.JupyterHub.default_url = "/hub/home"
 
-    c.JupyterHub.authenticator_class = "shared-password"
-    c.SharedPasswordAuthenticator.user_password = cfg.user_password
-    c.SharedPasswordAuthenticator.admin_password = cfg.admin_password
-    c.Authenticator.admin_users = admins
-    c.Authenticator.allowed_users = users - admins
+    sso = cfg.auth == "oidc"
+    if sso:  # single sign-on: who gets in and their roles come from the groups claim
+        from .auth import configure_oidc
+
+        configure_oidc(c, cfg, rt.Session)
+    else:
+        c.JupyterHub.authenticator_class = "shared-password"
+        c.SharedPasswordAuthenticator.user_password = cfg.user_password
+        c.SharedPasswordAuthenticator.admin_password = cfg.admin_password
+        c.Authenticator.admin_users = admins
+        c.Authenticator.allowed_users = users - admins
 
     c.JupyterHub.spawner_class = "hub_ext.spawner.GpupoolLocalSpawner"
     c.Spawner.start_timeout = cfg.start_timeout_s
@@ -63,8 +69,10 @@ def configure(c) -> Runtime:
     c.JupyterHub.custom_scopes = SCOPES
     c.JupyterHub.load_roles = [
         {"name": "user", "scopes": ["self", "access:services!service=gpupool", "custom:gpupool:use"]},
-        {**roles.HUB_ROLES[roles.PLATFORM_ADMIN], "users": sorted(admins)},
-        *({**roles.HUB_ROLES[kind], "users": sorted({a["user"] for a in assigned if a["role"] == kind})}
+        # with single sign-on the authenticator assigns these at each login (manage_roles)
+        {**roles.HUB_ROLES[roles.PLATFORM_ADMIN], **({} if sso else {"users": sorted(admins)})},
+        *({**roles.HUB_ROLES[kind],
+           **({} if sso else {"users": sorted({a["user"] for a in assigned if a["role"] == kind})})}
           for kind in roles.ASSIGNABLE),
         {"name": "gpupool-service", "scopes": ["admin:servers", "read:users", "list:users"],
          "services": ["gpupool"]},

@@ -91,6 +91,7 @@ ACTIONS = {
     "view": "read a project or department and the workloads, events and usage in it",
     "view_cluster": "read cluster-wide figures (nodes, GPU samples); other projects stay anonymous",
     "submit": "start a workspace, submit a training or an inference service in a project",
+    "submit_for_others": "submit a workload that another user owns",
     "manage_workload": "stop, delete, suspend or resume a workload (its owner may too)",
     "manage_project": "create, change (quota, members) or delete a project",
     "manage_department": "create, change (quota) or delete a department",
@@ -98,6 +99,7 @@ ACTIONS = {
     "use_credentials": "attach a project's credentials or data sources to a workload",
     "manage_roles": "assign or remove department admins and viewers",
     "view_audit": "read the audit log",
+    "administer_platform": "anything only a platform admin may do (cluster-wide settings and accounting)",
 }
 
 
@@ -192,8 +194,13 @@ def allowed(who: Who, action: str, project: str | None = None, department: str |
     if action in ("manage_project", "manage_credentials", "manage_roles", "view_audit"):
         if _dept_admin(who, dept):
             return _YES
-        return Decision(False, f"this needs a department admin of {dept or department or where!r} "
-                        f"or a platform admin ({ADMIN_SCOPE})")
+        of = f"department {dept!r}" if dept else "the department"
+        return Decision(False, f"{who.name} may not {action.replace('_', ' ')} here: this needs a "
+                        f"department admin of {of} or a platform admin ({ADMIN_SCOPE})")
+    if action == "administer_platform":
+        return Decision(False, f"this needs a platform admin ({ADMIN_SCOPE}); {who.name} is not one")
+    if action == "submit_for_others":
+        return Decision(False, f"only platform admins ({ADMIN_SCOPE}) can submit for another user")
     if action == "manage_department":
         return Decision(False, f"only platform admins ({ADMIN_SCOPE}) can create, change or delete "
                         "departments")
@@ -226,6 +233,11 @@ def who_for(s, user: dict | None) -> Who:
         viewer_of=frozenset(viewer_of),
         departments=dict(s.execute(select(ProjectRow.name, ProjectRow.department)).all()),
     )
+
+
+def submit_projects(who: Who) -> list[str]:
+    """Projects ``who`` may submit to (the spawn form's and the request rules' list)."""
+    return sorted(p for p in who.departments if allowed(who, "submit", project=p))
 
 
 def visible_projects(who: Who) -> set[str] | None:
@@ -267,9 +279,10 @@ def assignments(s, user: str | None = None, departments: set[str] | None = None)
 
 
 def set_assignments(s, user: str, wanted: list[tuple[str, str]], source: str,
-                    only_departments: set[str] | None = None) -> None:
+                    only_departments: set[str] | None = None, replace_all: bool = False) -> None:
     """Make ``user``'s assignments from ``source`` exactly ``wanted`` [(role, department)],
-    touching only ``only_departments`` when given (a department admin's reach)."""
+    touching only ``only_departments`` when given (a department admin's reach).
+    ``replace_all``: drop the user's assignments from every source first (the REST API)."""
     from .db import DepartmentRow
     from .requests import FieldError
 
@@ -280,7 +293,9 @@ def set_assignments(s, user: str, wanted: list[tuple[str, str]], source: str,
             raise FieldError("department", f"department {dept!r} does not exist")
         if only_departments is not None and dept not in only_departments:
             raise Forbidden(f"you can assign roles only in your departments ({', '.join(sorted(only_departments))})")
-    q = delete(RoleRow).where(RoleRow.user == user, RoleRow.source == source)
+    q = delete(RoleRow).where(RoleRow.user == user)
+    if not replace_all:
+        q = q.where(RoleRow.source == source)
     if only_departments is not None:
         q = q.where(RoleRow.department.in_(only_departments))
     s.execute(q)
@@ -306,5 +321,5 @@ __all__ = [
     "ACTIONS", "ADMIN_SCOPE", "ALL_DEPARTMENTS", "ASSIGNABLE", "DEPARTMENT_ADMIN", "DEPT_ADMIN_SCOPE",
     "Decision", "Forbidden", "HUB_ROLES", "MEMBER", "PLATFORM_ADMIN", "ROLES", "RoleRow", "SCOPES", "USE_SCOPE",
     "VIEWER", "VIEW_SCOPE", "Who", "allowed", "assignments", "check", "ensure_table", "hub_roles_for",
-    "set_assignments", "visible_departments", "visible_projects", "who_for",
+    "set_assignments", "submit_projects", "visible_departments", "visible_projects", "who_for",
 ]

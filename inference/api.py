@@ -9,7 +9,7 @@ import os
 
 from sqlalchemy import select
 
-from hub_ext import attach, org
+from hub_ext import attach, org, roles
 from hub_ext.requests import FieldError
 from hub_ext.service.base import ApiHandler
 
@@ -34,8 +34,9 @@ class _Base(ApiHandler):
 
     def _get(self, s, name) -> InferenceRow:
         row = s.get(InferenceRow, name)
-        if row is None or (not self.is_admin and row.project not in org.projects_of(s, self.username)):
+        if row is None:
             raise org.NotFound(f"inference service {name!r} does not exist")
+        self.require("view", project=row.project)
         return row
 
 
@@ -45,18 +46,19 @@ class InferencesHandler(_Base):
         project = self.get_argument("project", None)
         if project:
             q = q.where(InferenceRow.project == project)
+        seen = roles.visible_projects(self.who)
+        if seen is not None:
+            q = q.where(InferenceRow.project.in_(seen))
         with self.Session() as s:
-            if not self.is_admin:
-                q = q.where(InferenceRow.project.in_(org.projects_of(s, self.username)))
             self.send({"items": [service_dict(r) for r in s.scalars(q).all()]})
 
     def post(self):
         data = self.body()
         if "owner" in data:
             raise FieldError("owner", "is set by the server (the caller)")
+        self.require_submit(data)
         with self.Session() as s:
-            mine = None if self.is_admin else tuple(org.projects_of(s, self.username))
-            spec = parse_spec({**data, "owner": self.username}, mine)
+            spec = parse_spec({**data, "owner": self.username}, tuple(roles.submit_projects(self.who)))
             if s.get(InferenceRow, spec.name) is not None:
                 raise org.Conflict("name", f"inference service {spec.name!r} already exists")
             att = attach.check(s, spec.project, spec.credentials, spec.datasources)
@@ -78,9 +80,7 @@ class InferenceHandler(_Base):
     def delete(self, name):
         with self.Session() as s:
             row = self._get(s, name)
-            if row.owner != self.username and not self.is_admin:
-                self.send_error(403, message="only the owner or an admin can delete a service")
-                return
+            self.require("manage_workload", project=row.project, owner=row.owner)
             org_event(s, "stopped", f"{self.username} deleted inference service {name}", name,
                       row.project)
             s.delete(row)

@@ -20,7 +20,7 @@ from .. import attach, org, roles
 from ..db import EventRow, SampleRow, WorkloadRow, add_event, bump_version
 from ..limits import limits_for
 from ..requests import FieldError, parse_request, workload_name
-from . import governance_api, training_api, usage_api
+from . import governance_api, roles_api, training_api, usage_api
 from .base import ApiHandler
 from .sharing import gpu_sharing
 
@@ -75,9 +75,9 @@ class DepartmentsHandler(ApiHandler):
 
 class DepartmentHandler(ApiHandler):
     def get(self, name):
-        self.require("view", department=name)
         with self.Session() as s:
             d = org.get_department(s, name)
+        self.require("view", department=name)
         self.send(d)
 
     def patch(self, name):
@@ -113,13 +113,13 @@ class ProjectsHandler(ApiHandler):
 
 class ProjectHandler(ApiHandler):
     def get(self, name):
-        self.require("view", project=name)
+        self.require_project("view", name)
         with self.Session() as s:
             self.send(org.get_project(s, name))
 
     def patch(self, name):
         data = self.body()
-        self.require("manage_project", project=name)
+        self.require_project("manage_project", name)
         if isinstance(data.get("department"), str):  # moving it: the new department's admin too
             self.require("manage_project", department=data["department"])
         with self.Session() as s:
@@ -128,7 +128,7 @@ class ProjectHandler(ApiHandler):
         self.send(p)
 
     def delete(self, name):
-        self.require("manage_project", project=name)
+        self.require_project("manage_project", name)
         with self.Session() as s:
             org.delete_project(s, name, actor=self.username)
             s.commit()
@@ -156,8 +156,7 @@ class WorkloadsHandler(ApiHandler):
         owner = data.pop("owner", self.username)
         if owner != self.username:
             self.require("submit_for_others", project=data.get("project"))
-        if isinstance(data.get("project"), str):
-            self.require("submit", project=data["project"])
+        self.require_submit(data)
         mine = tuple(roles.submit_projects(self.who)) if owner == self.username else None
         with self.Session() as s:
             req = parse_request(data, limits_for(s, self.ctx.cfg, owner, projects=mine))
@@ -309,6 +308,7 @@ def routes(prefix: str) -> list:
         url(a + "/events", EventsHandler),
         url(a + "/samples", SamplesHandler),
         *training_api.routes(a),
+        *roles_api.routes(a),
         *usage_api.routes(a),
         *governance_api.routes(a),
         *inference_api.routes(a),

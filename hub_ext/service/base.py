@@ -59,9 +59,22 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         """403 with the rule's reason unless hub_ext.roles allows ``action``."""
         roles.check(self.who, action, project, department, owner)
 
+    def require_project(self, action: str, project: str, owner: str | None = None) -> None:
+        """404 when ``project`` does not exist (names are not secret, contents are), else
+        ``require``."""
+        if project not in self.who.departments:
+            raise NotFound(f"project {project!r} does not exist")
+        self.require(action, project=project, owner=owner)
+
+    def require_submit(self, data: dict) -> None:
+        """``submit`` on the body's project when it names an existing one (an unknown or
+        missing project is the request rules' 400, naming the field)."""
+        project = data.get("project")
+        if isinstance(project, str) and project in self.who.departments:
+            self.require("submit", project=project)
+
     def require_admin(self) -> None:
-        if not self.is_admin:
-            raise web.HTTPError(403, f"this needs the {ADMIN} scope (gpupool admins only)")
+        self.require("administer_platform")
 
 
 class ApiHandler(BaseHandler):

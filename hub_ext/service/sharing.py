@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from .. import org
 from ..db import NodeRow, WorkloadRow
 
 HOLDING = ("running", "releasing", "stopping")
 
 
-def gpu_sharing(session, username: str, is_admin: bool):
-    """(nodes, {(node, gpu index): [{workload, project, gpu, over_quota}]}); other projects'
-    workloads are shown to non-admins without their names."""
+def gpu_sharing(session, mine: set[str] | None):
+    """(nodes, {(node, gpu index): [{workload, project, gpu, over_quota}]}); workloads of
+    projects outside ``mine`` (hub_ext.roles.visible_projects; None: all) have no names."""
     nodes = session.scalars(select(NodeRow).order_by(NodeRow.name)).all()
     running = session.scalars(select(WorkloadRow).where(WorkloadRow.state.in_(HOLDING))).all()
-    mine = None if is_admin else set(org.projects_of(session, username))
     share: dict[tuple[str, int], list[dict]] = {}
     for w in running:
         visible = mine is None or w.project in mine

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from .. import org
+from .. import org, roles
 from ..db import EventRow, WorkloadRow
 from ..limits import limits_for
 from ..requests import FieldError
@@ -39,15 +39,10 @@ class _Base(ApiHandler):
 
     def _get(self, s, name: str) -> TrainingRow:
         t = s.get(TrainingRow, name)
-        if t is None or (not self.is_admin and t.project not in org.projects_of(s, self.username)):
+        if t is None:
             raise org.NotFound(f"training {name!r} does not exist")
+        self.require("view", project=t.project)
         return t
-
-
-def _forbidden():
-    from tornado import web
-
-    return web.HTTPError(403, "only the job's owner or an admin can change it")
 
 
 class TrainingsHandler(_Base):
@@ -60,9 +55,10 @@ class TrainingsHandler(_Base):
             q = q.where(TrainingRow.project == project)
         if status:
             q = q.where(TrainingRow.status == status)
+        seen = roles.visible_projects(self.who)
+        if seen is not None:
+            q = q.where(TrainingRow.project.in_(seen))
         with self.Session() as s:
-            if not self.is_admin:
-                q = q.where(TrainingRow.project.in_(org.projects_of(s, self.username)))
             rows = s.scalars(q).all()
             self.send({"items": [training_dict(t, s.get(WorkloadRow, t.name)) for t in rows]})
 
@@ -70,9 +66,11 @@ class TrainingsHandler(_Base):
         data = self.body()
         owner = data.pop("owner", self.username)
         if owner != self.username:
-            self.require_admin()
+            self.require("submit_for_others", project=data.get("project"))
+        self.require_submit(data)
+        mine = tuple(roles.submit_projects(self.who)) if owner == self.username else None
         with self.Session() as s:
-            spec = parse_training(data, limits_for(s, self.ctx.cfg, owner))
+            spec = parse_training(data, limits_for(s, self.ctx.cfg, owner, projects=mine))
             old = s.get(TrainingRow, spec.name)
             if is_active(old) or (old is None and _workload_active(s, spec.name)):
                 raise org.Conflict("name", f"a workload named {spec.name!r} already exists; "
@@ -104,8 +102,7 @@ class TrainingHandler(_Base):
     def _request(self, name: str, what: str) -> dict:
         with self.Session() as s:
             t = self._get(s, name)
-            if t.owner != self.username and not self.is_admin:
-                raise _forbidden()
+            self.require("manage_workload", project=t.project, owner=t.owner)
             if what == "suspend" and t.status in ("Succeeded", "Failed", "Suspended"):
                 raise org.Conflict("status", f"cannot suspend a job that is {t.status}")
             if what == "resume" and t.status != "Suspended":

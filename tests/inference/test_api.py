@@ -82,14 +82,16 @@ def test_submit_list_describe_delete_and_errors(tmp_path, fake_login):
         assert code == 400 and err["error"]["field"] == "max_replicas"
         assert "from 1 to 100" in err["error"]["message"]
         code, err = await call("POST", "/inferences", {**spec, "name": "y", "project": "other"})
+        assert code == 403 and "not a member" in err["error"]["message"]  # bob's project
+        code, err = await call("POST", "/inferences", {**spec, "name": "y", "project": "nope"})
         assert code == 400 and err["error"]["field"] == "project"
         code, listing = await call("GET", "/inferences")
         assert [s["name"] for s in listing["items"]] == ["llm"]
         assert (await call("GET", "/inferences", user="bob"))[1]["items"] == []
-        assert (await call("GET", "/inferences/llm", user="bob"))[0] == 404
+        assert (await call("GET", "/inferences/llm", user="bob"))[0] == 403
         code, one = await call("GET", "/inferences/llm")
         assert code == 200 and one["spec"]["max_replicas"] == 2
-        assert (await call("DELETE", "/inferences/llm", user="bob"))[0] == 404
+        assert (await call("DELETE", "/inferences/llm", user="bob"))[0] == 403
         assert (await call("DELETE", "/inferences/llm"))[0] == 204
         assert (await call("GET", "/inferences/llm"))[0] == 404
         server.stop()
@@ -106,7 +108,7 @@ def test_hub_follows_the_table_and_describe_shows_why_a_replica_waits(tmp_path):
         sched = EmbeddedScheduler(store, nodes, period_s=0.05)
         sched.start()
         cfg = Gpupool(state_dir=str(tmp_path / "state"))
-        rt = SimpleNamespace(scheduler=sched, store=store, cfg=cfg, Session=Session)
+        rt = SimpleNamespace(scheduler=sched, store=store, cfg=cfg, Session=Session, delivery=None)
         hub = HubInference(rt, port=0, token="t")
         from inference.db import InferenceRow, ensure_table
 

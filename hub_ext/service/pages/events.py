@@ -7,7 +7,7 @@ import time
 from sqlalchemy import select
 from tornado import web
 
-from ... import org
+from ... import roles
 from ...db import EventRow
 from . import PageHandler
 
@@ -20,8 +20,9 @@ class EventsPage(PageHandler):
             q = select(EventRow).order_by(EventRow.id.desc()).limit(self.ctx.cfg.admin_page_size)
             if kind:
                 q = q.where(EventRow.kind == kind)
-            if not self.is_admin:
-                q = q.where(EventRow.project.in_(org.projects_of(s, self.username)))
+            mine = roles.visible_projects(self.who)
+            if mine is not None:
+                q = q.where(EventRow.project.in_(mine))
             events = s.scalars(q).all()
         fmt = [(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.ts)), e) for e in events]
         self.render_page("events.html", events=fmt, kind=kind)

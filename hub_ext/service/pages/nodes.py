@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tornado import web
 
+from ... import roles
 from ..sharing import gpu_sharing
 from . import PageHandler
 
@@ -12,7 +13,7 @@ class NodesPage(PageHandler):
     @web.authenticated
     def get(self):
         with self.Session() as s:
-            nodes, share = gpu_sharing(s, self.username, self.is_admin)
+            nodes, share = gpu_sharing(s, roles.visible_projects(self.who))
         rows = []
         for n in nodes:
             for g in n.gpus:

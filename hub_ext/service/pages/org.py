@@ -5,21 +5,22 @@ from __future__ import annotations
 
 from tornado import web
 
-from ... import org
+from ... import org, roles
 from . import PageHandler
 
 
 class OrgPage(PageHandler):
     @web.authenticated
     def get(self):
+        who = self.who
+        seen = roles.visible_departments(who)
         with self.Session() as s:
-            mine = None if self.is_admin else set(org.projects_of(s, self.username))
-            projects = org.list_projects(s, mine)
-            depts = org.list_departments(s)
-            if mine is not None:
-                keep = {p["department"] for p in projects}
-                depts = [d for d in depts if d["name"] in keep]
-        self.render_page("org.html", depts=depts, projects=projects)
+            projects = org.list_projects(s, roles.visible_projects(who))
+            depts = [d for d in org.list_departments(s) if seen is None or d["name"] in seen]
+        editable = {p["name"] for p in projects if roles.allowed(who, "manage_project", project=p["name"])}
+        creatable = [d["name"] for d in depts if roles.allowed(who, "manage_project", department=d["name"])]
+        self.render_page("org.html", depts=depts, projects=projects, editable=editable,
+                         creatable=creatable)
 
 
 def routes(prefix):

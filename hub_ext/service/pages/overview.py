@@ -7,7 +7,7 @@ import time
 from sqlalchemy import func, select
 from tornado import web
 
-from ... import org
+from ... import org, roles
 from ...db import SampleRow, WorkloadRow
 from . import PageHandler
 
@@ -32,7 +32,7 @@ class OverviewPage(PageHandler):
     @web.authenticated
     def get(self):
         with self.Session() as s:
-            mine = None if self.is_admin else set(org.projects_of(s, self.username))
+            mine = roles.visible_projects(self.who)
             counts = dict(s.execute(
                 select(WorkloadRow.state, func.count()).group_by(WorkloadRow.state)
                 .where(True if mine is None else WorkloadRow.project.in_(mine))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from tornado import web
 
-from ... import org
+from ... import roles
 from ...db import WorkloadRow
 from . import PageHandler
 
@@ -20,8 +20,9 @@ class QueuePage(PageHandler):
             page = 0
         with self.Session() as s:
             base = select(WorkloadRow)
-            if not self.is_admin:
-                base = base.where(WorkloadRow.project.in_(org.projects_of(s, self.username)))
+            mine = roles.visible_projects(self.who)
+            if mine is not None:
+                base = base.where(WorkloadRow.project.in_(mine))
             pending = s.scalars(base.where(WorkloadRow.state == "pending")
                                 .order_by(WorkloadRow.project, WorkloadRow.queue_position)
                                 .offset(page * size).limit(size)).all()
