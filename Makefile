@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: setup run test lint native bench clean system k8s
+.PHONY: setup run test lint native bench clean system k8s dex
 
 setup: $(VENV)/.installed
 
@@ -28,10 +28,14 @@ run: setup system native
 k8s:
 	scripts/test-cluster build >/dev/null
 
+# Dex, the OIDC provider of the single sign-on tests (built once, cached in ~/.cache/gpupool).
+dex:
+	scripts/build-dex >/dev/null
+
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: setup system native lint k8s
+test: setup system native lint k8s dex
 	$(VENV)/bin/pytest -q tests
 
 clean:
