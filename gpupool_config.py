@@ -14,6 +14,11 @@ c = get_config()  # noqa: F821 (provided by traitlets)
 # Shared password of the organisation's admins (at least 32 characters).
 # c.Gpupool.admin_password = 'gpupool-admin-password-change-me'
 
+# How people log in: 'shared-password' (the starter organisation's users with user_password /
+# admin_password) or 'oidc' (single sign-on through an OpenID Connect provider with the oidc_*
+# options; groups map to projects and roles at every login).
+# c.Gpupool.auth = 'shared-password'
+
 # code-server executable for the VS Code workspace kind; empty: VS Code is not offered.
 # Default: code-server on PATH or .tools/bin/code-server.
 # c.Gpupool.code_server = '.tools/bin/code-server'  # when scripts/setup-system installed it
@@ -51,6 +56,48 @@ c = get_config()  # noqa: F821 (provided by traitlets)
 
 # Most memory (GiB) a workspace may ask for.
 # c.Gpupool.max_memory_gib = 128.0
+
+# OAuth callback URL registered with the provider. Default: http://IP:PORT/hub/oauth_callback
+# from ip and port.
+# c.Gpupool.oidc_callback_url = ''
+
+# OIDC client id registered with the provider.
+# c.Gpupool.oidc_client_id = 'gpupool'
+
+# OIDC client secret.
+# c.Gpupool.oidc_client_secret = '...'
+
+# OIDC group -> list of projects its members belong to, e.g. {'ml-team': ['nlp']}. Synced at
+# every login: for the projects named here, membership follows the groups; projects named
+# nowhere here keep the members set by the org file or the REST API.
+# c.Gpupool.oidc_group_projects = {'ml-team': ['nlp', 'vision']}
+
+# OIDC group -> list of roles: 'platform-admin', 'department-admin:DEPARTMENT',
+# 'viewer:DEPARTMENT' or 'viewer:*' (read-only everywhere). Synced at every login. A user none
+# of whose groups is mapped here or in oidc_group_projects is refused with a page that says so.
+# c.Gpupool.oidc_group_roles = {'gpu-admins': ['platform-admin'],
+#                               'research-leads': ['department-admin:research'],
+#                               'auditors': ['viewer:*']}
+
+# Userinfo claim that lists the user's groups (a list or a single string).
+# c.Gpupool.oidc_groups_claim = 'groups'
+
+# OIDC issuer URL (its /.well-known/openid-configuration is read at start-up), e.g.
+# https://dex.example.com/dex.
+# c.Gpupool.oidc_issuer = 'https://dex.example.com/dex'
+
+# Name on the login button ('Sign in with ...').
+# c.Gpupool.oidc_login_service = 'single sign-on'
+
+# Where logout sends the browser after the hub's logout (e.g. the provider's end-session URL);
+# empty: the hub's login page.
+# c.Gpupool.oidc_logout_url = ''
+
+# Scopes asked of the provider; the groups claim usually needs 'groups'.
+# c.Gpupool.oidc_scopes = ['openid', 'profile', 'email', 'groups']
+
+# Userinfo claim that becomes the gpupool/JupyterHub user name.
+# c.Gpupool.oidc_username_claim = 'preferred_username'
 
 # YAML file with the starter organisation (departments, projects with quotas, members,
 # admins). Loaded into the database when it holds no department yet.
