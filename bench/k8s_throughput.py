@@ -10,6 +10,12 @@ Each of the three runs twice over single-GPU pods:
            every run is capped by how fast this machine creates pods.
   backlog  all pods exist before the scheduler starts: pods/s = the binding rate from
            the first bind to the last (the scheduler's own speed).
+All three are measured the same way: each runs in a process of its own (the bare binder
+too, so it does not share the creator's event loop), and in burst mode the clock starts
+only once a probe pod was bound (the scheduler is up and synced; its start-up is not
+scheduling speed); the probe keeps its GPU, so a burst has one bindable pod less. Each
+run reports the scheduler process's CPU seconds per bound pod (``*_cpu_ms_per_pod``), which
+other work on the machine does not change, and the load average is printed.
 The headline ``*_pods_s`` and ``ratio`` are the backlog rates, ``*_p99_bind_s`` the burst
 latencies; ``burst_*`` and ``backlog_*`` keys hold everything. The ceiling is a client loop
 that binds each pod to the next free GPU with no scheduling at all: what the API server
@@ -44,6 +50,7 @@ from scheduler.k8s.testcluster import (  # noqa: E402
 )
 
 NS = "bench"
+PROFILE = os.environ.get("GPUPOOL_BENCH_PROFILE", "")  # a folder: cProfile the scheduler
 GROUP = "/apis/gpupool.io/v1alpha1"
 
 
@@ -70,13 +77,23 @@ async def wait_empty(kc: KubeClient) -> None:
         await asyncio.sleep(0.5)
 
 
+async def probe(kc: KubeClient, scheduler: str, timeout_s: float = 180) -> None:
+    """Create one pod and wait until it is bound: the scheduler is up and synced."""
+    name = f"{scheduler[:8]}-probe"
+    await kc.post(f"/api/v1/namespaces/{NS}/pods", pod(name, scheduler))
+    end = time.monotonic() + timeout_s
+    while not (await kc.get(f"/api/v1/namespaces/{NS}/pods/{name}"))["spec"].get("nodeName"):
+        if time.monotonic() > end:
+            raise RuntimeError(f"{scheduler} did not bind its probe pod in {timeout_s} s")
+        await asyncio.sleep(0.1)
+
+
 async def measure(kc: KubeClient, scheduler: str, n: int, expect: int, concurrency: int,
                   stall_s: float, start, backlog: bool) -> dict:
     """Create n pods for ``scheduler`` and return the throughput and latency of their
     binds. burst: ``start()`` runs first, pods arrive while it schedules; pods/s is
     bound / (last bind - first create). backlog: every pod exists before ``start()``;
     pods/s is the binding rate from the first bind to the last."""
-    _, rv = await kc.list_all(f"/api/v1/namespaces/{NS}/pods", limit=1)
     created: dict[str, float] = {}
     bound: dict[str, float] = {}
     done = asyncio.Event()
@@ -90,7 +107,8 @@ async def measure(kc: KubeClient, scheduler: str, n: int, expect: int, concurren
                     obj = ev["object"]
                     rv = obj["metadata"]["resourceVersion"]
                     name = obj["metadata"].get("name")
-                    if name and name not in bound and (obj.get("spec") or {}).get("nodeName"):
+                    if name and name not in bound and (obj.get("spec") or {}).get("nodeName") \
+                            and not name.endswith("-probe"):
                         bound[name] = time.perf_counter()
                         if len(bound) >= expect:
                             done.set()
@@ -99,7 +117,6 @@ async def measure(kc: KubeClient, scheduler: str, n: int, expect: int, concurren
                 log(f"watch: {e}")
                 await asyncio.sleep(0.2)
 
-    watcher = asyncio.create_task(watch())
     sem = asyncio.Semaphore(concurrency)
 
     async def create(i: int) -> None:
@@ -110,6 +127,10 @@ async def measure(kc: KubeClient, scheduler: str, n: int, expect: int, concurren
 
     if not backlog:
         await start()
+        await probe(kc, scheduler)
+        expect -= 1  # the probe holds one GPU
+    _, rv = await kc.list_all(f"/api/v1/namespaces/{NS}/pods", limit=1)
+    watcher = asyncio.create_task(watch())
     t0 = time.perf_counter()
     await asyncio.gather(*(create(i) for i in range(n)))
     t_created = time.perf_counter()
@@ -239,9 +260,47 @@ def start_kube_scheduler(info: ClusterInfo, log_dir: Path) -> subprocess.Popen:
 def start_gpupool(info: ClusterInfo, log_dir: Path) -> subprocess.Popen:
     out = open(log_dir / "gpupool-scheduler.log", "wb")  # noqa: SIM115
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "scheduler.k8s", "--kubeconfig",
+    prof = ["-m", "cProfile", "-o", str(Path(PROFILE) / f"gpupool-{time.time():.0f}.prof")] \
+        if PROFILE else []
+    return subprocess.Popen([sys.executable, *prof, "-m", "scheduler.k8s", "--kubeconfig",
                              str(info.kubeconfig), "--lease-name", "gpupool-bench", "-v"],
                             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
+
+def start_bare_binder(info: ClusterInfo, log_dir: Path, nodes: list[str],
+                      gpus: int) -> subprocess.Popen:
+    out = open(log_dir / "bare-binder.log", "wb")  # noqa: SIM115
+    job = log_dir / "bare-binder.json"
+    job.write_text(json.dumps({"nodes": nodes, "host": info.host, "token": info.token,
+                               "ca_file": str(info.ca_file)}))
+    return subprocess.Popen([sys.executable, __file__, "--bare-binder", str(job),
+                             "--gpus-per-node", str(gpus)], stdout=out, stderr=subprocess.STDOUT)
+
+
+def run_bare_binder(args: argparse.Namespace) -> int:
+    """The bare binder's own process (``--bare-binder JOB.json``), until SIGTERM."""
+    job = json.loads(Path(args.bare_binder).read_text())
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        stopped = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stopped.set)
+        async with KubeClient(job["host"], job["token"], job["ca_file"], max_connections=64) as kb:
+            task = asyncio.create_task(bare_binder(kb, job["nodes"], args.gpus_per_node,
+                                                   "bench-bare", 48))
+            await asyncio.wait([task, asyncio.create_task(stopped.wait())],
+                               return_when=asyncio.FIRST_COMPLETED)
+            task.cancel()
+
+    asyncio.run(go())
+    return 0
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -266,36 +325,30 @@ async def main_async(args: argparse.Namespace, info: ClusterInfo) -> dict:
 
     async def start_gp():
         procs.append(start_gpupool(info, log_dir))
-        if not procs[-1].poll():
-            await asyncio.sleep(args.warmup_s if not backlog else 0)  # Lease, then sync
 
     async def start_bare():
-        kb = client_for(info, max_connections=64)
-        await kb.open()
-        procs.append((kb, asyncio.create_task(
-            bare_binder(kb, nodes, args.gpus_per_node, "bench-bare", 48))))
+        procs.append(start_bare_binder(info, log_dir, nodes, args.gpus_per_node))
 
     async def stop_all():
         for p in procs:
-            if isinstance(p, tuple):
-                p[1].cancel()
-                await p[0].close()
-            else:
-                stop(p)
+            stop(p)
         procs.clear()
 
     runners = [("gpupool", "gpupool", start_gp), ("ceiling", "bench-bare", start_bare)]
     if not args.skip_kube_scheduler:
         runners.insert(0, ("kube_scheduler", "default-scheduler", start_ks))
+    runners = [r for r in runners if r[0] in args.only] if args.only else runners
     async with client_for(info, max_connections=args.create_concurrency + 8) as kc:
         await wait_empty(kc)
-        for backlog in (False, True):
+        for backlog in [m == "backlog" for m in args.modes]:
             mode = "backlog" if backlog else "burst"
             for key, sched_name, start in runners:
                 log(f"{key}, {mode}")
                 try:
                     r = await measure(kc, sched_name, args.pods, expect, args.create_concurrency,
                                       args.stall_s, start, backlog)
+                    r["cpu_ms_per_pod"] = (1000 * cpu_s(procs[-1].pid) / r["bound"]
+                                           if r["bound"] else None)
                 finally:
                     await stop_all()
                 log(f"{key}, {mode}: {r}")
@@ -305,14 +358,16 @@ async def main_async(args: argparse.Namespace, info: ClusterInfo) -> dict:
     # Headline: binding rate with a backlog (the scheduler's own speed, not the rate the
     # bench creates pods at); latency: create-to-bound in the burst.
     for key, _, _ in runners:
-        out[f"{key}_pods_s"] = out[f"backlog_{key}_pods_s"]
-        out[f"{key}_p99_bind_s"] = out[f"burst_{key}_p99_bind_s"]
-    ks = out.get("kube_scheduler_pods_s")
-    out["ratio"] = out["gpupool_pods_s"] / ks if ks else None
-    out["gpupool_of_ceiling"] = out["gpupool_pods_s"] / out["ceiling_pods_s"]
-    out["burst_ratio"] = (out["burst_gpupool_pods_s"] / out["burst_kube_scheduler_pods_s"]
-                          if ks else None)
-    out["burst_gpupool_of_ceiling"] = out["burst_gpupool_pods_s"] / out["burst_ceiling_pods_s"]
+        out[f"{key}_pods_s"] = out.get(f"backlog_{key}_pods_s")
+        out[f"{key}_p99_bind_s"] = out.get(f"burst_{key}_p99_bind_s")
+
+    def ratio(a: str, b: str) -> float | None:
+        return out[a] / out[b] if out.get(a) and out.get(b) else None
+
+    out["ratio"] = ratio("gpupool_pods_s", "kube_scheduler_pods_s")
+    out["gpupool_of_ceiling"] = ratio("gpupool_pods_s", "ceiling_pods_s")
+    out["burst_ratio"] = ratio("burst_gpupool_pods_s", "burst_kube_scheduler_pods_s")
+    out["burst_gpupool_of_ceiling"] = ratio("burst_gpupool_pods_s", "burst_ceiling_pods_s")
     return out
 
 
@@ -324,10 +379,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--create-concurrency", type=int, default=64)
     ap.add_argument("--stall-s", type=float, default=20.0,
                     help="end a run when no pod was bound for this long")
-    ap.add_argument("--warmup-s", type=float, default=3.0)
     ap.add_argument("--skip-kube-scheduler", action="store_true")
+    ap.add_argument("--modes", nargs="+", choices=("burst", "backlog"), default=["burst", "backlog"])
+    ap.add_argument("--only", nargs="+", choices=("kube_scheduler", "gpupool", "ceiling"),
+                    help="run only these (the ratios then need the others)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    ap.add_argument("--bare-binder", metavar="JOB.json", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.bare_binder:
+        return run_bare_binder(args)
+    load0 = os.getloadavg()
 
     cluster = TestCluster(nodes=0, gpus_per_node=args.gpus_per_node)
     info = cluster.start()
@@ -335,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
         out = asyncio.run(main_async(args, info))
     finally:
         cluster.stop()
+    out["cpus"] = os.cpu_count()
+    out["loadavg_before"] = [round(x, 2) for x in load0]
+    out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     if not args.json:
         for k in ("kube_scheduler_pods_s", "gpupool_pods_s", "ratio", "ceiling_pods_s",
                   "gpupool_of_ceiling", "gpupool_p99_bind_s", "kube_scheduler_p99_bind_s",

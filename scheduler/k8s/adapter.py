@@ -69,6 +69,11 @@ class AdapterConfig:
     core: SchedulerConfig | None = None
 
 
+def _life(p: PodRequest) -> tuple:
+    """What of a pod, besides its request, the snapshot is built from."""
+    return (p.workload, p.node, p.placement, p.plan, p.over_quota, p.deleting, p.done)
+
+
 def _pod_path(ns: str, name: str, sub: str = "") -> str:
     return f"/api/v1/namespaces/{ns}/pods/{name}" + (f"/{sub}" if sub else "")
 
@@ -279,6 +284,9 @@ class GpupoolScheduler:
                              "InvalidRequest", f"gpupool cannot schedule this pod: {msg}")
             return
         self.bad.pop(key, None)
+        if old is not None and old.uid == pod.uid and _life(old) == _life(pod):
+            self.pods[key] = pod  # a status update (kwok's, the kubelet's): nothing to redo
+            return
         if old is not None and old.uid != pod.uid:  # same name, new pod
             self._forget_pod(key)
             old = None

@@ -165,8 +165,12 @@ class KubeClient:
             buf = b""
             async for chunk in r.content.iter_any():
                 buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
+                if b"\n" not in chunk:
+                    continue
+                # one split per chunk: a chunk holds many events in a burst, and cutting
+                # them off one at a time copies the rest of the buffer each time
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
                     if not line.strip():
                         continue
                     ev = json.loads(line)

@@ -321,7 +321,10 @@ def request_signature(pod: JSON) -> tuple:
     ann = meta.get("annotations") or {}
     if any(k in ann for k in _WRITTEN):
         ann = {k: v for k, v in ann.items() if k not in _WRITTEN}
-    return (meta.get("uid"), ann, meta.get("labels"),
+    # Only gpupool's labels are requests: the API server copies the node's topology labels
+    # onto the pod when it is bound, and that must not make the bind a new request.
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k.startswith(A.PREFIX)}
+    return (meta.get("uid"), ann, labels,
             [c.get("resources") for c in spec.get("containers") or ()],
             [c.get("resources") for c in spec.get("initContainers") or ()],
             spec.get("terminationGracePeriodSeconds"))
@@ -340,6 +343,7 @@ def update_pod(old: PodRequest, pod: JSON) -> PodRequest:
         deleting=bool(meta.get("deletionTimestamp")),
         done=(pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
         resource_version=meta.get("resourceVersion", ""),
+        labels=meta.get("labels") or {},
     )
 
 
