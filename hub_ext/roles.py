@@ -96,7 +96,7 @@ ACTIONS = {
     "manage_project": "create, change (quota, members) or delete a project",
     "manage_department": "create, change (quota) or delete a department",
     "manage_credentials": "create, change or delete a project's credentials and data sources",
-    "use_credentials": "attach a project's credentials or data sources to a workload",
+    "use_credentials": "list a project's credentials and data sources, attach them to a workload",
     "manage_roles": "assign or remove department admins and viewers",
     "view_audit": "read the audit log",
     "administer_platform": "anything only a platform admin may do (cluster-wide settings and accounting)",
@@ -181,6 +181,8 @@ def allowed(who: Who, action: str, project: str | None = None, department: str |
         return Decision(False, f"{who.name} is not a member, department admin or viewer of {where}")
     if action == "view_cluster":
         return _YES  # every gpupool user; callers hide other projects' names (visible_projects)
+    if action == "use_credentials" and _dept_admin(who, dept):
+        return _YES  # who manages a project's credentials may also list and attach them
     if action in ("submit", "use_credentials"):
         if member:
             return _YES
