@@ -84,6 +84,15 @@ def record_event(session, kind: str, workload: str, project: str, message: str,
            {"message": message}, project)
 
 
+def record_roles(session, actor: str, user: str, before: set[tuple[str, str]],
+                 after: set[tuple[str, str]]) -> None:
+    """role.granted / role.revoked for each (role, department) that differs."""
+    for role, dept in sorted(after - before):
+        record(session, actor, "role.granted", user, {"role": role, "department": dept})
+    for role, dept in sorted(before - after):
+        record(session, actor, "role.revoked", user, {"role": role, "department": dept})
+
+
 def entry_dict(r: AuditRow) -> dict:
     return {"id": r.id, "ts": r.ts, "actor": r.actor, "action": r.action,
             "project": r.project, "target": r.target, "details": r.details or {}}
@@ -145,4 +154,4 @@ def query(s, actor: str | None = None, action: str | None = None, project: str |
 
 
 __all__ = ["ACTIONS", "AuditRow", "EVENT_ACTIONS", "SYSTEM", "entry_dict", "query", "record",
-           "record_event"]
+           "record_event", "record_roles"]
