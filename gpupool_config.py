@@ -57,6 +57,10 @@ c = get_config()  # noqa: F821 (provided by traitlets)
 # Most memory (GiB) a workspace may ask for.
 # c.Gpupool.max_memory_gib = 128.0
 
+# If not empty, only members of these OIDC groups may log in (others see the no-access page),
+# whatever the mappings say.
+# c.Gpupool.oidc_allowed_groups = []
+
 # OAuth callback URL registered with the provider. Default: http://IP:PORT/hub/oauth_callback
 # from ip and port.
 # c.Gpupool.oidc_callback_url = ''

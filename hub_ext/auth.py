@@ -110,7 +110,8 @@ class GpupoolOIDCAuthenticator(GenericOAuthenticator):
         groups = {raw} if isinstance(raw, str) else set(raw)
         projects, assigned, admin = map_groups(cfg, groups)
         name = auth_model["name"]
-        if not (projects or assigned or admin):
+        outside = cfg.oidc_allowed_groups and not groups & set(cfg.oidc_allowed_groups)
+        if outside or not (projects or assigned or admin):
             raise no_access(name, groups, cfg.oidc_groups_claim)
         with self.Session() as s:
             sync_user(s, cfg, name, projects, assigned)

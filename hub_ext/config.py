@@ -188,6 +188,10 @@ class Gpupool(Configurable):
         "user none of whose groups is mapped here or in oidc_group_projects is refused with a "
         "page that says so.",
     ).tag(config=True)
+    oidc_allowed_groups = List(
+        Unicode(), help="If not empty, only members of these OIDC groups may log in (others see "
+        "the no-access page), whatever the mappings say.",
+    ).tag(config=True)
     oidc_login_service = Unicode(
         "single sign-on", help="Name on the login button ('Sign in with ...').",
     ).tag(config=True)

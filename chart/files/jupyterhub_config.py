@@ -5,9 +5,7 @@
 # 3. what differs on Kubernetes: GpupoolKubeSpawner, the hub API reachable from workspace
 #    pods, and the authenticator the values chose.
 # Everything that differs between the cluster and a test run comes from the environment.
-import json
 import os
-import urllib.request
 
 c = get_config()  # noqa: F821
 load_subconfig(os.environ.get("GPUPOOL_CONFIG", "/etc/gpupool/gpupool_config.py"))  # noqa: F821
@@ -21,27 +19,6 @@ c.JupyterHub.hub_ip = "0.0.0.0"
 c.JupyterHub.hub_connect_ip = os.environ["GPUPOOL_HUB_CONNECT_IP"]
 c.JupyterHub.cleanup_servers = False  # workspace pods outlive a hub restart (as in z2jh)
 
-if os.environ.get("GPUPOOL_AUTH", "shared-password") == "oidc":
-    # OpenID Connect (oauthenticator's GenericOAuthenticator); endpoints from the issuer's
-    # discovery document. Issue #10 maps the groups claim onto gpupool's roles.
-    issuer = os.environ["GPUPOOL_OIDC_ISSUER"].rstrip("/")
-    url = f"{issuer}/.well-known/openid-configuration"
-    try:
-        with urllib.request.urlopen(url, timeout=30) as r:
-            disco = json.load(r)
-    except Exception as e:
-        raise SystemExit(f"hub.auth.oidc.issuer: cannot read {url}: {e}") from None
-    c.JupyterHub.authenticator_class = "generic-oauth"
-    g = c.GenericOAuthenticator
-    g.client_id = os.environ["GPUPOOL_OIDC_CLIENT_ID"]
-    g.client_secret = os.environ.get("GPUPOOL_OIDC_CLIENT_SECRET", "")
-    g.oauth_callback_url = os.environ.get("GPUPOOL_OIDC_CALLBACK_URL", "")
-    g.authorize_url = disco["authorization_endpoint"]
-    g.token_url = disco["token_endpoint"]
-    g.userdata_url = disco["userinfo_endpoint"]
-    g.scope = json.loads(os.environ.get("GPUPOOL_OIDC_SCOPES", '["openid"]'))
-    g.username_claim = os.environ.get("GPUPOOL_OIDC_USERNAME_CLAIM", "preferred_username")
-    g.claim_groups_key = os.environ.get("GPUPOOL_OIDC_GROUPS_CLAIM", "groups")
-    g.admin_groups = set(json.loads(os.environ.get("GPUPOOL_OIDC_ADMIN_GROUPS", "[]")))
-    g.allowed_groups = set(json.loads(os.environ.get("GPUPOOL_OIDC_ALLOWED_GROUPS", "[]")))
-    g.manage_groups = True
+# Single sign-on (hub.auth.type oidc) is set up by configure(c) above from the c.Gpupool.oidc_*
+# options that gpupool_config.py renders from hub.auth.oidc (hub_ext/auth.py: the groups claim
+# mapped to projects and roles at every login).
