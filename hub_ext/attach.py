@@ -208,6 +208,29 @@ def pod_parts(att: Attachments, secret: str) -> PodParts:
     return p
 
 
+def kube_spawner_settings(att: Attachments, secret: str) -> dict:
+    """The same parts as KubeSpawner settings, for ``GpupoolKubeSpawner.apply_request``:
+    merge ``environment`` (values are strings or ``{"valueFrom": ...}``, which KubeSpawner
+    takes as they are), ``volumes`` and ``volume_mounts``; create the Secret with
+    ``ensure_secret`` before ``KubeSpawner.start``."""
+    p = pod_parts(att, secret)
+    env = {e["name"]: (e["value"] if "value" in e else {"valueFrom": e["valueFrom"]}) for e in p.env}
+    return {"environment": env, "volumes": p.volumes, "volume_mounts": p.mounts}
+
+
+async def ensure_secret(core_v1, secret: dict) -> None:
+    """Create or replace ``secret`` with a kubernetes_asyncio CoreV1Api (KubeSpawner.api)."""
+    from kubernetes_asyncio.client.rest import ApiException
+
+    ns, name = secret["metadata"]["namespace"], secret["metadata"]["name"]
+    try:
+        await core_v1.create_namespaced_secret(ns, secret)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        await core_v1.replace_namespaced_secret(name, ns, secret)
+
+
 __all__ = ["CREDENTIALS_MOUNT", "Attachments", "CredentialRef", "DataSourceRef", "Delivery",
-           "PodParts", "check", "env_name", "pod_parts", "record_use", "secret_manifest",
-           "secret_name", "values"]
+           "PodParts", "check", "ensure_secret", "env_name", "kube_spawner_settings", "pod_parts",
+           "record_use", "secret_manifest", "secret_name", "values"]

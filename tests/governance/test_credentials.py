@@ -279,6 +279,33 @@ def test_openapi_documents_the_routes():
 
 
 # -- Kubernetes ----------------------------------------------------------------------------
+def test_kube_spawner_settings_build_a_valid_pod():
+    """The hook for GpupoolKubeSpawner: KubeSpawner's own pod builder takes the settings."""
+    from kubernetes_asyncio.client import ApiClient
+    from kubespawner.objects import make_pod
+
+    from hub_ext.attach import Attachments, CredentialRef, DataSourceRef, kube_spawner_settings
+
+    att = Attachments("nlp", (CredentialRef("s3", "env", ("AWS_SECRET_ACCESS_KEY",)),
+                              CredentialRef("registry", "files", ("password",))),
+                      (DataSourceRef("shared", "hostpath", {"path": "/srv/shared"}, "/data/shared"),))
+    s = kube_spawner_settings(att, "ws-alice-credentials")
+
+    async def build():
+        pod = make_pod(name="jupyter-alice", cmd=["jupyterhub-singleuser"], port=8888,
+                       image="jupyter/base", env=s["environment"], volumes=s["volumes"],
+                       volume_mounts=s["volume_mounts"])
+        return ApiClient().sanitize_for_serialization(pod)  # what KubeSpawner sends
+
+    c = asyncio.run(build())["spec"]["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    ref = env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "ws-alice-credentials", "key": "s3.AWS_SECRET_ACCESS_KEY"}
+    assert env["GPUPOOL_CREDENTIALS_REGISTRY"]["value"] == "/var/run/gpupool/credentials/registry"
+    assert [m["mountPath"] for m in c["volumeMounts"]] == ["/var/run/gpupool/credentials/registry",
+                                                           "/data/shared"]
+
+
 def test_k8s_pods_reference_the_secret(k8s_cluster):  # noqa: F811
     """Training workers and an inference replica built with attachments: applied as they
     are, the pods name the Secret's keys and volumes, and the Secret holds the values."""
