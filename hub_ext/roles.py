@@ -77,6 +77,8 @@ SCOPES = {
     USE_SCOPE: {"description": "See your own projects and run workloads in them."},
     VIEW_SCOPE: {"description": "Read-only view of the departments gpupool assigns to you."},
 }
+USER_ROLE = {"name": "user", "description": "Standard user privileges",  # every user
+             "scopes": ["self", "access:services!service=gpupool", USE_SCOPE]}
 HUB_ROLES = {
     PLATFORM_ADMIN: {"name": "gpupool-admin", "scopes": list(SCOPES),
                      "description": "gpupool platform admin"},
@@ -281,10 +283,14 @@ def assignments(s, user: str | None = None, departments: set[str] | None = None)
 
 
 def set_assignments(s, user: str, wanted: list[tuple[str, str]], source: str,
-                    only_departments: set[str] | None = None, replace_all: bool = False) -> None:
+                    only_departments: set[str] | None = None, replace_all: bool = False,
+                    actor: str = "") -> None:
     """Make ``user``'s assignments from ``source`` exactly ``wanted`` [(role, department)],
     touching only ``only_departments`` when given (a department admin's reach).
-    ``replace_all``: drop the user's assignments from every source first (the REST API)."""
+    ``replace_all``: drop the user's assignments from every source first (the REST API).
+    Each change is audited (role.granted / role.revoked) as ``actor``: the admin who asked;
+    default: the user at an OIDC login, "system" for the org file."""
+    from . import audit
     from .db import DepartmentRow
     from .requests import FieldError
 
@@ -300,19 +306,20 @@ def set_assignments(s, user: str, wanted: list[tuple[str, str]], source: str,
         q = q.where(RoleRow.source == source)
     if only_departments is not None:
         q = q.where(RoleRow.department.in_(only_departments))
+    mine = select(RoleRow.role, RoleRow.department).where(RoleRow.user == user)
+    before = set(s.execute(mine).all())
     s.execute(q)
     for role, dept in sorted(set(wanted)):
         if s.get(RoleRow, (user, role, dept)) is None:
             s.add(RoleRow(user=user, role=role, department=dept, source=source))
     s.flush()
+    after = set(s.execute(mine).all())
+    audit.record_roles(s, actor or (user if source == "oidc" else audit.SYSTEM), user, before, after)
 
 
 def hub_roles_for(who: Who) -> list[dict]:
     """JupyterHub role specs for ``who`` (Authenticator.manage_roles): ``user`` plus gpupool's."""
-    from jupyterhub.roles import get_default_roles
-
-    out = [r for r in get_default_roles() if r["name"] == "user"]
-    out[0] = {**out[0], "scopes": [*out[0]["scopes"], "access:services!service=gpupool", USE_SCOPE]}
+    out = [dict(USER_ROLE)]
     for role in who.roles:
         if role in HUB_ROLES:
             out.append(dict(HUB_ROLES[role]))
@@ -321,7 +328,7 @@ def hub_roles_for(who: Who) -> list[dict]:
 
 __all__ = [
     "ACTIONS", "ADMIN_SCOPE", "ALL_DEPARTMENTS", "ASSIGNABLE", "DEPARTMENT_ADMIN", "DEPT_ADMIN_SCOPE",
-    "Decision", "Forbidden", "HUB_ROLES", "MEMBER", "PLATFORM_ADMIN", "ROLES", "RoleRow", "SCOPES", "USE_SCOPE",
+    "Decision", "Forbidden", "HUB_ROLES", "USER_ROLE", "MEMBER", "PLATFORM_ADMIN", "ROLES", "RoleRow", "SCOPES", "USE_SCOPE",
     "VIEWER", "VIEW_SCOPE", "Who", "allowed", "assignments", "check", "ensure_table", "hub_roles_for",
     "set_assignments", "submit_projects", "visible_departments", "visible_projects", "who_for",
 ]

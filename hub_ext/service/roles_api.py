@@ -72,7 +72,7 @@ class UserRolesHandler(ApiHandler):
                 self.require("manage_roles")
         with self.Session() as s:
             roles.set_assignments(s, user, [(r["role"], r["department"]) for r in wanted], "api",
-                                  only_departments=reach, replace_all=True)
+                                  only_departments=reach, replace_all=True, actor=self.username)
             s.commit()
             self.send({"user": user, "items": roles.assignments(s, user, departments=reach)})
 

@@ -174,3 +174,16 @@ def test_admin_page(gov_hub):
     assert status == 403
     status, html = _page("erin", USER_PW, gov_hub, "audit")
     assert status == 200 and "serving" not in html.split('id="audit"')[1]
+
+
+def test_role_changes(gov_hub):
+    t0 = time.time()
+    call(gov_hub, "admin", "PUT", "/users/oscar/roles", {"roles": [{"role": "viewer", "department": "ops"}]},
+         expect=200)
+    call(gov_hub, "admin", "PUT", "/users/oscar/roles", {"roles": []}, expect=200)
+    got = entries(gov_hub, f"action=role.&since={t0}")
+    assert [(e["action"], e["actor"], e["target"], e["details"]) for e in got] == [
+        ("role.revoked", "admin", "oscar", {"role": "viewer", "department": "ops"}),
+        ("role.granted", "admin", "oscar", {"role": "viewer", "department": "ops"})]
+    # the org file's department admins were recorded at start, by "system"
+    assert any(e["target"] == "erin" and e["actor"] == "system" for e in entries(gov_hub, "action=role.granted"))
