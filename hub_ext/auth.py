@@ -129,10 +129,10 @@ def no_access(name: str, groups: set[str], claim: str) -> web.HTTPError:
     text = (f"{name} signed in, but none of their groups ({shown}) gives access to gpupool: no "
             f"group in the '{claim}' claim is mapped to a project or a role. Ask a platform admin "
             "to map one of your groups (c.Gpupool.oidc_group_projects / oidc_group_roles).")
-    e = web.HTTPError(403, text)
+    e = web.HTTPError(403, text, reason="No access to gpupool")  # the page's heading
     e.jupyterhub_message = text
     e.jupyterhub_html_message = (
-        f'<div id="gpupool-no-access"><h2>No access to gpupool yet</h2>'
+        f'<div id="gpupool-no-access">'
         f"<p>You signed in as <b>{html.escape(name)}</b>, but none of your groups "
         f"(<code>{html.escape(shown)}</code>, from the <code>{html.escape(claim)}</code> claim) "
         "is mapped to a gpupool project or role.</p>"

@@ -68,7 +68,7 @@ def configure(c) -> Runtime:
 
     c.JupyterHub.custom_scopes = SCOPES
     c.JupyterHub.load_roles = [
-        {"name": "user", "scopes": ["self", "access:services!service=gpupool", "custom:gpupool:use"]},
+        roles.USER_ROLE,
         # with single sign-on the authenticator assigns these at each login (manage_roles)
         {**roles.HUB_ROLES[roles.PLATFORM_ADMIN], **({} if sso else {"users": sorted(admins)})},
         *({**roles.HUB_ROLES[kind],

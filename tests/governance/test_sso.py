@@ -5,6 +5,7 @@ Login through the provider's form, logout, a user whose groups change at the pro
 the new project membership at the next login, a group mapped to a role gives that role, and
 a user with no mapped group sees a page that says so (403 with the reason, not a 500)."""
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -26,6 +27,7 @@ USERS = {
     "ann": {"password": "ann-pw-1", "groups": ["nlp-team"]},
     "lee": {"password": "lee-pw-1", "groups": ["research-leads", "staff"]},
     "kim": {"password": "kim-pw-1", "groups": ["gpu-admins"]},
+    "aud": {"password": "aud-pw-1", "groups": ["auditors"]},
     "zed": {"password": "zed-pw-1", "groups": ["interns"]},  # mapped to nothing
 }
 MAPPING = """
@@ -64,6 +66,13 @@ def browser():
         b = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=ARGS)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    d = Path(os.environ.get("GPUPOOL_SCREENSHOTS") or tmp_path_factory.mktemp("shots"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
 
 
 def sso_login(browser, hub, user, expect_home=True):
@@ -116,24 +125,32 @@ def test_group_change_gives_new_membership_at_next_login(sso, browser):
     assert my_projects(sso_login(browser, hub, "ann"), hub) == ["nlp"]
 
 
-def test_group_mapped_to_roles(sso, browser):
+def test_group_mapped_to_roles(sso, browser, shots):
     hub, _ = sso
     lee = sso_login(browser, hub, "lee")  # research-leads -> department admin of research
     assert sorted(my_projects(lee, hub)) == ["nlp", "vision"]
     assert "(department admin)" in lee.inner_text("header")
     assert lee.locator("#projects tr[data-name=nlp] button", has_text="Save").count() == 1
+    lee.screenshot(path=str(shots / "sso-department-admin.png"), full_page=True)
     me = lee.evaluate("""async () => (await (await fetch(API + '/roles',
         {headers: {'X-XSRFToken': XSRF}})).json()).me""")
     assert me["department_admin_of"] == ["research"] and me["roles"] == ["department-admin"]
     kim = sso_login(browser, hub, "kim")  # gpu-admins -> platform admin
     assert sorted(my_projects(kim, hub)) == ["nlp", "serving", "vision"]
     assert "(admin)" in kim.inner_text("header")
+    aud = sso_login(browser, hub, "aud")  # auditors -> viewer of every department
+    assert sorted(my_projects(aud, hub)) == ["nlp", "serving", "vision"]
+    assert "(read-only)" in aud.inner_text("header") and aud.locator("#projects button").count() == 0
+    status = aud.evaluate("""async () => (await fetch(API + '/projects/nlp', {method: 'PATCH',
+        headers: {'Content-Type': 'application/json', 'X-XSRFToken': XSRF}, body: '{}'})).status""")
+    assert status == 403
 
 
-def test_no_mapped_group_sees_a_clear_page(sso, browser):
+def test_no_mapped_group_sees_a_clear_page(sso, browser, shots):
     hub, _ = sso
     page = sso_login(browser, hub, "zed", expect_home=False)
     page.wait_for_selector("#gpupool-no-access")
+    page.screenshot(path=str(shots / "sso-no-access.png"), full_page=True)
     text = page.inner_text("#gpupool-no-access")
     assert "zed" in text and "interns" in text and "mapped" in text, text
     assert "403" in page.inner_text("body") and "500" not in page.inner_text("body")
