@@ -16,6 +16,13 @@ process's CPU time per request (``activator_cpu_us_per_req_cN``, ``replica_cpu_u
 ``client_cpu_us_...``, from /proc and ``time.process_time``), which does not depend on the
 others' load, and the load average before and after.
 
+Two placements, each with its own interleaved direct/activated rounds: the headline keys
+(``added_p50_ms_c50`` ...) let every process run on every core (the activator's CPU competes
+with the client's and the replica's); ``own_core_*`` pins the activator to a core of its
+own and the client and replica to the other(s) in both runs, as deployed (the activator in
+its own pod), so the added latency is the activator's own and not the CPU it takes from the
+replica. Other work on the machine still runs on all cores.
+
 Cold start: a service at zero replicas gets one request; the time to its response minus
 the model server's own start (exec until it answers, measured by starting it directly
 the same number of times). Targets: p50 < 1 ms and p99 < 5 ms added at 50 clients; cold
@@ -117,6 +124,37 @@ def stop(p: subprocess.Popen) -> None:
     p.wait()
 
 
+async def measure(out: dict, prefix: str, c: int, args, apid: int, rpid: int, rport: int,
+                  aport: int, path: str) -> None:
+    """Direct and through the activator, alternating in rounds; CPU per request of each."""
+    direct: list[float] = []
+    via: list[float] = []
+    cpu = {"act": 0.0, "rep_d": 0.0, "rep_v": 0.0, "cli_d": 0.0, "cli_v": 0.0}
+    n = args.requests if c > 1 else max(200, args.requests // 10)
+    for _ in range(args.rounds):
+        a0, r0, c0 = cpu_s(apid), cpu_s(rpid), time.process_time()
+        direct += await load(rport, path, c, n // args.rounds)
+        a1, r1, c1 = cpu_s(apid), cpu_s(rpid), time.process_time()
+        via += await load(aport, "/warm" + path, c, n // args.rounds)
+        a2, r2, c2 = cpu_s(apid), cpu_s(rpid), time.process_time()
+        cpu["act"] += (a2 - a1) - (a1 - a0)  # minus its idle ticking meanwhile
+        cpu["rep_d"] += r1 - r0
+        cpu["rep_v"] += r2 - r1
+        cpu["cli_d"] += c1 - c0
+        cpu["cli_v"] += c2 - c1
+    per = 1e6 / len(via)
+    out[f"{prefix}activator_cpu_us_per_req_c{c}"] = round(cpu["act"] * per, 1)
+    out[f"{prefix}replica_cpu_us_per_req_c{c}"] = round(cpu["rep_v"] * per, 1)
+    out[f"{prefix}client_cpu_us_per_req_c{c}"] = round(cpu["cli_v"] * per, 1)
+    out[f"{prefix}direct_client_plus_replica_cpu_us_per_req_c{c}"] = round(
+        (cpu["rep_d"] + cpu["cli_d"]) * per, 1)
+    for q, key in ((0.5, "p50"), (0.99, "p99")):
+        d, v = pct(direct, q), pct(via, q)
+        out[f"{prefix}direct_{key}_ms_c{c}"] = round(d, 3)
+        out[f"{prefix}activator_{key}_ms_c{c}"] = round(v, 3)
+        out[f"{prefix}added_{key}_ms_c{c}"] = round(v - d, 3)
+
+
 async def main_async(args) -> dict:
     model_cmd = [sys.executable, str(MODEL), "--startup-s", str(args.startup_s),
                  "--delay-ms", str(args.delay_ms)]
@@ -164,33 +202,22 @@ async def main_async(args) -> dict:
         out["cold_start_added_ms"] = round((cold_med - own_med) * 1000, 1)
 
         path = "/predict"
+        everyone = set(range(os.cpu_count() or 1))
+        placements = {"": {}}  # shared: every process may run on every core
+        if len(everyone) >= 2 and args.own_core:
+            # the activator on a core of its own, as deployed (its own pod or machine);
+            # client and replica share the rest, in both the direct and the activated runs
+            rest = everyone - {max(everyone)}
+            placements["own_core_"] = {act.pid: {max(everyone)}, rpid: rest, os.getpid(): rest}
         for c in args.concurrency:
-            direct: list[float] = []
-            via: list[float] = []
-            cpu = {"act": 0.0, "rep_d": 0.0, "rep_v": 0.0, "cli_d": 0.0, "cli_v": 0.0}
-            n = args.requests if c > 1 else max(200, args.requests // 10)
-            for _ in range(args.rounds):
-                a0, r0, c0 = cpu_s(act.pid), cpu_s(rpid), time.process_time()
-                direct += await load(rport, path, c, n // args.rounds)
-                a1, r1, c1 = cpu_s(act.pid), cpu_s(rpid), time.process_time()
-                via += await load(aport, "/warm" + path, c, n // args.rounds)
-                a2, r2, c2 = cpu_s(act.pid), cpu_s(rpid), time.process_time()
-                cpu["act"] += (a2 - a1) - (a1 - a0)  # minus its idle ticking meanwhile
-                cpu["rep_d"] += r1 - r0
-                cpu["rep_v"] += r2 - r1
-                cpu["cli_d"] += c1 - c0
-                cpu["cli_v"] += c2 - c1
-            per = 1e6 / len(via)
-            out[f"activator_cpu_us_per_req_c{c}"] = round(cpu["act"] * per, 1)
-            out[f"replica_cpu_us_per_req_c{c}"] = round(cpu["rep_v"] * per, 1)
-            out[f"client_cpu_us_per_req_c{c}"] = round(cpu["cli_v"] * per, 1)
-            out[f"direct_client_plus_replica_cpu_us_per_req_c{c}"] = round(
-                (cpu["rep_d"] + cpu["cli_d"]) * per, 1)
-            for q, key in ((0.5, "p50"), (0.99, "p99")):
-                d, v = pct(direct, q), pct(via, q)
-                out[f"direct_{key}_ms_c{c}"] = round(d, 3)
-                out[f"activator_{key}_ms_c{c}"] = round(v, 3)
-                out[f"added_{key}_ms_c{c}"] = round(v - d, 3)
+            for prefix, pins in placements.items():
+                for pid in (act.pid, rpid, os.getpid()):
+                    os.sched_setaffinity(pid, pins.get(pid, everyone))
+                try:
+                    await measure(out, prefix, c, args, act.pid, rpid, rport, aport, path)
+                finally:
+                    for pid in (act.pid, rpid, os.getpid()):
+                        os.sched_setaffinity(pid, everyone)
     finally:
         stop(act)
     return out
@@ -204,6 +231,8 @@ def main() -> None:
     ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                     help="the activator's event loop")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 50, 500])
+    ap.add_argument("--no-own-core", dest="own_core", action="store_false",
+                    help="skip the second placement (the activator on a core of its own)")
     ap.add_argument("--delay-ms", type=float, default=5.0, help="model server's work per request")
     ap.add_argument("--startup-s", type=float, default=0.3, help="model server's start (model load)")
     ap.add_argument("--cold-runs", type=int, default=3)

@@ -261,7 +261,7 @@ class Exchange:
     """One request on its way through: routing, holding, the replica's response."""
 
     __slots__ = ("front", "req", "svc", "name", "replica", "up", "task", "tries", "code",
-                 "head_sent", "chunked", "keep_alive", "finished", "begun")
+                 "head_sent", "chunked", "keep_alive", "finished", "begun", "out")
 
     def __init__(self, front: Front, req: Request):
         self.front = front
@@ -275,6 +275,7 @@ class Exchange:
         self.code = 0
         self.head_sent = self.chunked = self.finished = self.begun = False
         self.keep_alive = req.keep_alive
+        self.out: list[bytes] = []  # response bytes of the replica's current read
 
     # -- routing ---------------------------------------------------------------------
     def start(self) -> None:
@@ -404,21 +405,30 @@ class Exchange:
         if not self.keep_alive:
             out.append(b"Connection: close\r\n")
         out.append(b"\r\n")
-        self.front.transport.write(b"".join(out))
+        self.out.append(b"".join(out))
 
     def on_body(self, data: bytes) -> None:
         if self.finished or not data:
             return
         if self.chunked:
-            self.front.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            self.out.append(b"%x\r\n%b\r\n" % (len(data), data))
         else:
-            self.front.transport.write(data)
+            self.out.append(data)
+
+    def flush(self) -> None:
+        """Send what one read from the replica gave: head and body in one write."""
+        if self.out:
+            data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
+            self.out.clear()
+            if not self.finished:
+                self.front.transport.write(data)
 
     def on_done(self) -> None:
         if self.finished:
             return
         if self.chunked:
-            self.front.transport.write(b"0\r\n\r\n")
+            self.out.append(b"0\r\n\r\n")
+        self.flush()
         self.up = None
         self._finish()
 
@@ -438,6 +448,7 @@ class Exchange:
                                       f"after {RETRIES} tries")
             return self._route()
         if self.head_sent:  # cut the client's stream short
+            self.flush()
             self.keep_alive = False
             return self._finish()
         self.fail(502, f"replica {r.name} of {self.name!r} failed: {exc}")

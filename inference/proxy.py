@@ -46,6 +46,7 @@ class Sink(Protocol):
     def on_head(self, code: int, reason: bytes, headers: list[tuple[bytes, bytes]],
                 length: bytes | None, bodyless: bool) -> None: ...
     def on_body(self, data: bytes) -> None: ...
+    def flush(self) -> None: ...  # the end of one read: send what head and body gave
     def on_done(self) -> None: ...
     def on_error(self, exc: ConnectionError) -> None: ...
 
@@ -86,10 +87,12 @@ class Upstream(asyncio.Protocol):
             self.transport.close()
             return
         self._got = True
+        sink = self.sink
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
             self._fail(UpstreamError(f"bad response from the replica: {e}"))
+        sink.flush()  # one write to the client per read from the replica
 
     def connection_lost(self, exc) -> None:
         self.closed = True
