@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -292,16 +293,21 @@ def test_usage_is_for_admins(ahub):
         assert "admin" in _api(ahub, "alice", "GET", path, expect=403)["error"]["message"]
 
 
+def _run_training(hub, name: str) -> None:
+    """A 0.5 GPU training of alice in nlp that runs and is stopped: GPU-hours to show."""
+    cmd = [sys.executable, "-c", "import time; time.sleep(120)"]
+    _api(hub, "alice", "POST", "/workloads", {"kind": "training", "project": "nlp", "name": name,
+                                               "gpu_fraction": 0.5, "command": cmd}, expect=201)
+    _wait(f"{name} running", lambda: _api(hub, "alice", "GET", f"/workloads/{name}")["state"] == "running")
+    _api(hub, "alice", "DELETE", f"/workloads/{name}", expect=204)
+    _wait(f"{name} released", lambda: any(e["kind"] == "released" for e in _events(hub, name)))
+
+
 @pytest.mark.slow
 def test_usage_page_chart_and_table(ahub):
     from hubclient import call
 
-    cmd = [sys.executable, "-c", "import time; time.sleep(120)"]
-    _api(ahub, "alice", "POST", "/workloads", {"kind": "training", "project": "nlp", "name": "acct-page",
-                                                 "gpu_fraction": 0.5, "command": cmd}, expect=201)
-    _wait("acct-page running", lambda: _api(ahub, "alice", "GET", "/workloads/acct-page")["state"] == "running")
-    _api(ahub, "alice", "DELETE", "/workloads/acct-page", expect=204)
-    _wait("acct-page released", lambda: any(e["kind"] == "released" for e in _events(ahub, "acct-page")))
+    _run_training(ahub, "acct-page")
     path = "/services/gpupool/usage?by=user"
     status, page = call(ahub.url, ahub.tokens["admin"], "GET", path, api=False)
     assert status == 200, page
@@ -312,3 +318,46 @@ def test_usage_page_chart_and_table(ahub):
     status, page = call(ahub.url, ahub.tokens["admin"], "GET", "/services/gpupool/usage?from=nope", api=False)
     assert status == 400 and "from: must be an ISO 8601 date" in page["raw"]
     assert call(ahub.url, ahub.tokens["alice"], "GET", path, api=False)[0] == 403
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("chromium"), reason="Debian's chromium is not installed "
+                    "(scripts/setup-system installs it)")
+def test_usage_page_in_the_browser(ahub, tmp_path):
+    """The admin opens Usage, sees a bar per table row, regroups by department and downloads
+    the CSV, which says what the page says."""
+    import re
+
+    from hubproc import ADMIN_PW
+    from playwright.sync_api import sync_playwright
+
+    _run_training(ahub, "acct-browser")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True,
+                              args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        try:
+            page = b.new_context(accept_downloads=True).new_page()
+            page.set_default_timeout(60_000)
+            page.goto(ahub.url + "/hub/login")
+            page.fill("#username_input", "admin")
+            page.fill("#password_input", ADMIN_PW)
+            page.click("#login_submit")
+            page.wait_for_url(re.compile(r".*/hub/(home|spawn).*"))
+            page.goto(ahub.url + "/services/gpupool/usage")
+            assert page.locator("#no-nvml").is_visible()
+            rows = page.locator("#usage tr").count() - 1
+            assert rows >= 1 and page.locator("#usage-chart rect").count() == rows
+            assert page.locator("#usage tr", has_text="nlp").count() == 1
+            page.select_option("select[name=by]", "department")
+            page.click("#range button")
+            page.wait_for_url(re.compile(r".*by=department.*"))
+            assert "GPU-hours by department" in page.locator("h3").inner_text()
+            shown = {tr.locator("td").nth(0).inner_text(): float(tr.locator("td").nth(1).inner_text())
+                     for tr in page.locator("#usage tr").all()[1:]}
+            assert "research" in shown
+            with page.expect_download() as dl:
+                page.click("#csv")
+            rows_csv = list(csv.DictReader(io.StringIO(Path(dl.value.path()).read_text())))
+            assert {r["department"]: round(float(r["gpu_hours"]), 3) for r in rows_csv} == shown
+        finally:
+            b.close()
