@@ -4,7 +4,8 @@ The one place this is computed; the REST API (``/usage``, ``/usage.csv``) and th
 panel's Usage page call ``report``.
 
 * An allocation opens at a ``placed`` event (which carries the GPUs taken, fractions as
-  fractions: a 0.25 GPU workspace counts 0.25 GPU-hours per hour) and closes at the
+  fractions: a 0.25 GPU workspace counts 0.25 GPU-hours per hour; events from before that
+  field are read from their message) and closes at the
   workload's next ``released`` or ``requeued`` event (after a preemption the GPUs are held
   until the process exits, so ``preempted`` itself closes nothing). A ``placed`` while one
   is open closes the open one there.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import bisect
 import csv
 import io
+import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -70,12 +72,22 @@ def allocations(events) -> list[Allocation]:
         held = open_.pop(e.workload, None)
         if held is not None:
             out.append(_closed(held, e.ts))
-        if e.kind == OPENS and e.gpus:
+        gpus = e.gpus if e.gpus is not None else _gpus_in_message(getattr(e, "message", ""))
+        if e.kind == OPENS and gpus:
             open_[e.workload] = Allocation(
-                e.workload, e.user or "", e.project or "", e.department or "", float(e.gpus), e.ts, None,
+                e.workload, e.user or "", e.project or "", e.department or "", float(gpus), e.ts, None,
                 tuple((p["node"], tuple(p["gpu_indices"]), int(p["gpu_milli"])) for p in e.placement or ()),
             )
     return out + list(open_.values())
+
+
+# "placed" events written before they carried ``gpus`` say it in words
+# (scheduler/embedded.py): "w placed on node GPU 0,1 (0.5 each); node2 GPU 3 (0.5 each)".
+_PLACED_WORDS = re.compile(r"GPU ([\d,]+) \(([\d.]+) each\)")
+
+
+def _gpus_in_message(message: str) -> float:
+    return sum(len(idx.split(",")) * float(each) for idx, each in _PLACED_WORDS.findall(message or ""))
 
 
 def _closed(a: Allocation, ts: float) -> Allocation:

@@ -361,3 +361,26 @@ def test_usage_page_in_the_browser(ahub, tmp_path):
             assert {r["department"]: round(float(r["gpu_hours"]), 3) for r in rows_csv} == shown
         finally:
             b.close()
+
+
+def test_database_from_before_gets_the_new_event_columns(tmp_path):
+    """A database made before the accounting fields keeps its events and gains the columns."""
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, ts FLOAT, kind VARCHAR(32), "
+                "workload VARCHAR(255), project VARCHAR(63), message TEXT)")
+    con.execute("INSERT INTO events VALUES (1, 3600.0, 'placed', 'w', 'p', "
+                "'w placed on local GPU 1,2 (0.5 each); n2 GPU 0 (0.25 each) over quota')")
+    con.commit()
+    con.close()
+    Session = make_sessionmaker(f"sqlite:///{path}")
+    with Session() as s:
+        (e,) = s.query(EventRow).all()
+        assert (e.user, e.gpus, e.placement) == (None, None, None)
+        s.add(EventRow(ts=3 * H, kind="released", workload="w", project="p", user="u"))
+        s.commit()
+        # the GPUs of an event from before come from its words: 2 x 0.5 + 0.25 for two hours
+        (row,) = accounting.report(s, 0, 10 * H, "project", now=10 * H)["items"]
+        assert (row["name"], row["gpu_hours"]) == ("p", 2.5)
