@@ -159,3 +159,52 @@ def test_bad_input_gets_clear_errors():
             assert rep["state"] == "pending" and "quota" in rep["reason"]
 
     run(main())
+
+
+async def raw_http(port: int, data: bytes) -> bytes:
+    """Send bytes as they are and read until the activator closes or goes quiet."""
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(data)
+    out = b""
+    try:
+        while chunk := await asyncio.wait_for(r.read(65536), 2.0):
+            out += chunk
+    except asyncio.TimeoutError:
+        pass
+    w.close()
+    return out
+
+
+def test_http_details_pass_through_the_activator():
+    """HEAD (no body, connection not reused), HTTP/1.0 with a streamed body (ends at the
+    close), a chunked request body, Expect: 100-continue, pipelined requests answered in
+    order, and a clear 400 for a request that is not HTTP."""
+    async def main():
+        async with stack() as st:
+            svc = st.put(name="http", min_replicas=1, scale_to_zero_after_s=60)
+            await until(lambda: svc.ready(), what="a ready replica")
+            port = int(st.url.rsplit(":", 1)[1].split("/")[0])
+            base = "/serve/http"
+            out = await raw_http(port, f"HEAD {base}/health HTTP/1.1\r\nHost: x\r\n\r\n"
+                                       f"GET {base}/health HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            head, _, rest = out.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 405") and rest.startswith(b"HTTP/1.1 200")
+            assert rest.endswith(b"\r\n\r\nok")
+            out = await raw_http(port, f"GET {base}/stream?n=2&ms=10 HTTP/1.0\r\n\r\n".encode())
+            assert out.startswith(b"HTTP/1.1 200") and b"Connection: close" in out
+            assert out.count(b"data: ") == 2 and b"Transfer-Encoding" not in out
+            out = await raw_http(port, f"POST {base}/predict HTTP/1.1\r\nHost: x\r\n"
+                                       "Transfer-Encoding: chunked\r\n\r\n"
+                                       "5\r\nhello\r\n3\r\nabc\r\n0\r\n\r\n".encode())
+            assert json.loads(out.partition(b"\r\n\r\n")[2])["body_len"] == 8
+            out = await raw_http(port, f"POST {base}/predict HTTP/1.1\r\nHost: x\r\nContent-Length"
+                                       ": 3\r\nExpect: 100-continue\r\n\r\nabc".encode())
+            assert out.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200")
+            out = await raw_http(port, b"".join(
+                f"GET {base}/predict?seq={i} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for i in range(3)))
+            assert [json.loads(b.split(b"\r\n\r\n", 1)[1].split(b"HTTP/1.1")[0])["seq"]
+                    for b in out.split(b"HTTP/1.1 200")[1:]] == ["0", "1", "2"]
+            out = await raw_http(port, b"NOT HTTP\r\n\r\n")
+            assert out.startswith(b"HTTP/1.1 400") and b"malformed HTTP request" in out
+
+    run(main())
