@@ -16,8 +16,8 @@ _env = Environment(
 )
 
 
-def form_context(rt, user: str) -> dict:
-    limits = rt.limits(user)
+def form_context(rt, user: str, scopes=()) -> dict:
+    limits = rt.limits(user, scopes)
     last = rt.store.last_options(user)
     if last.get("project") not in limits.projects:
         last.pop("project", None)
@@ -41,4 +41,5 @@ def form_context(rt, user: str) -> dict:
 
 def render_form(spawner) -> str:
     rt = spawner.gpupool
-    return _env.get_template("form.html").render(**form_context(rt, spawner.user.name))
+    scopes = getattr(spawner, "hub_scopes", ())
+    return _env.get_template("form.html").render(**form_context(rt, spawner.user.name, scopes))

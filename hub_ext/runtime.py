@@ -15,7 +15,7 @@ from sqlalchemy import delete, func, select
 from scheduler.embedded import EmbeddedScheduler, gpu_env, terminate
 from scheduler.model import MILLI, Bind, Workload
 
-from . import accounting, attach, credentials, datasources, org
+from . import accounting, attach, credentials, datasources, org, roles
 from .config import Gpupool
 from .db import GpuSampleRow, SampleRow, WorkloadRow, make_sessionmaker
 from .inventory import discover, gpu_utilization
@@ -65,9 +65,12 @@ class Runtime:
             asyncio.ensure_future(self._sample_loop())
 
     # -- what the form and the rules need ------------------------------------------------
-    def limits(self, user: str) -> Limits:
+    def limits(self, user: str, scopes=()) -> Limits:
+        """The request rules' limits; the projects are those hub_ext.roles lets ``user`` (with
+        these JupyterHub scopes) submit to."""
         with self.Session() as s:
-            return limits_for(s, self.cfg, user)
+            who = roles.who_for(s, {"name": user, "scopes": list(scopes)})
+            return limits_for(s, self.cfg, user, projects=tuple(roles.submit_projects(who)))
 
     def project_status(self, projects: tuple[str, ...]) -> dict:
         """Per project: quota, limit, GPUs in use, and GPUs free in the cluster."""

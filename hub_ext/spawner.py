@@ -50,13 +50,23 @@ class GpupoolSpawnerMixin(Spawner):
     def _default_options_form(self):
         return render_form
 
+    @property
+    def hub_scopes(self) -> set[str]:
+        """The user's JupyterHub scopes (hub_ext.roles: a platform admin may start anywhere)."""
+        from jupyterhub.scopes import get_scopes_for
+
+        try:
+            return set(get_scopes_for(self.user.orm_user))
+        except AttributeError:  # a user object without an ORM row (unit tests)
+            return set()
+
     def options_from_form(self, formdata):  # traitlets allow overriding by method
-        req = parse_request(formdata, self.gpupool.limits(self.user.name))
+        req = parse_request(formdata, self.gpupool.limits(self.user.name, self.hub_scopes))
         return req.to_dict()
 
     def request(self) -> WorkloadRequest:
         options = dict(self.user_options or {}) or self.gpupool.store.last_options(self.user.name)
-        return parse_request(options, self.gpupool.limits(self.user.name))
+        return parse_request(options, self.gpupool.limits(self.user.name, self.hub_scopes))
 
     # -- progress ------------------------------------------------------------------------
     def _emit(self, progress: int, message: str) -> None:

@@ -471,3 +471,25 @@ def test_rule_unit():
         roles.allowed(who, "launch_rockets")
     viewer = roles.Who("val", viewer_of=frozenset({"*"}), departments={"nlp": "research"})
     assert roles.visible_projects(viewer) is None and not roles.allowed(viewer, "submit", project="nlp")
+
+
+def test_platform_admin_starts_a_workspace_in_any_project(world):
+    """The spawner and its form ask the same rule: admin is no member of serving."""
+    from hubclient import HubClient
+
+    hub = world.hub
+    html = HubClient(hub.url).login("admin", "gpupool-admin-password-change-me").opener.open(
+        hub.url + "/hub/spawn").read().decode()
+    assert all(f'value="{p}"' in html for p in ("nlp", "vision", "serving")), html[:2000]
+    status, w = api(hub, "admin", "POST", "/workloads", {"kind": "workspace", "project": "serving",
+                                                         "server_name": "anywhere", "gpu_mode": "none"})
+    assert status == 202 and w.get("project") == "serving", (status, w)
+    try:
+        deadline = time.monotonic() + 180
+        while api(hub, "admin", "GET", f"/workloads/{w['name']}")[1].get("state") != "running":
+            assert time.monotonic() < deadline, api(hub, "admin", "GET", f"/workloads/{w['name']}")
+            time.sleep(1)
+    finally:
+        api(hub, "admin", "DELETE", f"/workloads/{w['name']}")
+    html = HubClient(hub.url).login("vic", "gpupool-user").opener.open(hub.url + "/hub/spawn").read().decode()
+    assert 'value="nlp"' not in html  # a viewer may start nothing
