@@ -160,12 +160,20 @@ def usage(allocs: list[Allocation], start: float, end: float, by: str, now: floa
 
 
 # -- the database side ------------------------------------------------------------------
-def load_allocations(session, end: float) -> list[Allocation]:
-    rows = session.scalars(
-        select(EventRow).where(EventRow.kind.in_(ALLOCATION_EVENTS), EventRow.ts < end)
-        .order_by(EventRow.ts, EventRow.id)
-    ).all()
-    return allocations(rows)
+_COLUMNS = (EventRow.id, EventRow.ts, EventRow.kind, EventRow.workload, EventRow.project, EventRow.user,
+            EventRow.department, EventRow.gpus, EventRow.placement, EventRow.message)
+
+
+def load_allocations(session, start: float, end: float) -> list[Allocation]:
+    """The allocations overlapping [start, end): the allocation events inside the range,
+    and each workload's last one before it where that one left GPUs held."""
+    alloc = EventRow.kind.in_(ALLOCATION_EVENTS)
+    inside = session.execute(select(*_COLUMNS).where(alloc, EventRow.ts >= start, EventRow.ts < end)).all()
+    last_before = (select(func.max(EventRow.id).label("id")).where(alloc, EventRow.ts < start)
+                   .group_by(EventRow.workload).subquery())
+    held_at_start = session.execute(select(*_COLUMNS).join(last_before, EventRow.id == last_before.c.id)
+                                    .where(EventRow.kind == OPENS)).all()
+    return allocations(sorted([*held_at_start, *inside], key=lambda e: (e.ts, e.id)))
 
 
 def utilization_measured(session) -> bool:
@@ -175,7 +183,7 @@ def utilization_measured(session) -> bool:
 
 def report(session, start: float, end: float, by: str, now: float | None = None) -> dict:
     now = time.time() if now is None else now
-    allocs = load_allocations(session, end)
+    allocs = load_allocations(session, start, end)
     nvml = utilization_measured(session)
     util = None
     if nvml:

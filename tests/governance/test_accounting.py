@@ -384,3 +384,17 @@ def test_database_from_before_gets_the_new_event_columns(tmp_path):
         # the GPUs of an event from before come from its words: 2 x 0.5 + 0.25 for two hours
         (row,) = accounting.report(s, 0, 10 * H, "project", now=10 * H)["items"]
         assert (row["name"], row["gpu_hours"]) == ("p", 2.5)
+
+
+def test_report_counts_allocations_held_when_the_range_starts(tmp_path):
+    Session = make_sessionmaker(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    with Session() as s:
+        for i, (ts, kind, w, gpus) in enumerate([
+            (100.0, "placed", "held", 1.0), (200.0, "placed", "gone", 1.0), (300.0, "requeued", "gone", None),
+            (400.0, "placed", "open", 0.5), (5000.0, "released", "held", None),
+        ]):
+            s.add(EventRow(id=i + 1, ts=ts, kind=kind, workload=w, project="p", user=w, department="d", gpus=gpus))
+        s.commit()
+        rep = accounting.report(s, 1000.0, 2000.0, "user", now=1500.0)
+    assert {r["name"]: r["gpu_hours"] for r in rep["items"]} == {
+        "held": pytest.approx(500 / H), "open": pytest.approx(0.5 * 500 / H)}
