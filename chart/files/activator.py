@@ -2,7 +2,8 @@
 that gpupool-scheduler places (inference.backends.k8s.K8sBackend) in $GPUPOOL_NAMESPACE.
 The services are the chart's values (activator.services), mounted as services.json.
 
-    python activator.py --services services.json --port 9000 [--kubeconfig FILE]
+    python activator.py --services services.json [--port 9000] [--host 0.0.0.0]
+                        [--namespace NS] [--kubeconfig FILE]
 """
 
 import argparse
@@ -12,8 +13,6 @@ import logging
 import os
 import signal
 import sys
-
-from tornado.httpserver import HTTPServer
 
 from hub_ext.requests import FieldError
 from inference import activator
@@ -37,20 +36,23 @@ async def serve(args) -> None:
         controller = Controller(K8sBackend(kc, args.namespace))
         for spec in specs:
             controller.put(spec)
-        HTTPServer(activator.make_app(controller, "/"), xheaders=True).listen(args.port)
+        server = activator.Server(controller, "/")
+        await server.listen(args.port, host=args.host)
         controller.start()
         logging.info("activator on :%d, %d services in %s", args.port, len(specs), args.namespace)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         await stop.wait()
-        await controller.stop()
+        server.close()
+        await controller.stop()  # deletes the replicas
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--services", required=True)
     ap.add_argument("--port", type=int, default=9000)
+    ap.add_argument("--host", default="0.0.0.0")
     ap.add_argument("--namespace", default=os.environ.get("GPUPOOL_NAMESPACE", "default"))
     ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

@@ -3,7 +3,7 @@ and a local cluster of their own that can run Deployments and DaemonSets.
 
 The cluster is the same etcd + kube-apiserver + kwok as tests/k8s's ``k8s_cluster``, plus
 kube-controller-manager (with the deployment, replicaset, daemonset and
-persistentvolume-binder controllers) and kube-scheduler, all built from the pinned
+persistent volume controllers) and kube-scheduler, all built from the pinned
 upstream sources. It lives for this package only (the chart installs cluster-wide objects:
 CRDs, ClusterRoles, the organisation), so tests/k8s keeps its own cluster.
 """
@@ -31,7 +31,8 @@ from scheduler.k8s.testcluster import (
 NODES = 4
 GPUS_PER_NODE = 8
 CONTROLLERS = ("serviceaccount,serviceaccount-token,namespace,garbagecollector,"
-               "deployment,replicaset,daemonset,persistentvolume-binder")
+               "deployment,replicaset,daemonset,persistentvolume-binder,pvc-protection,"
+               "pv-protection")
 
 
 def pytest_collection_modifyitems(config, items):
