@@ -469,6 +469,9 @@ def test_rule_unit():
     assert roles.visible_projects(who) == {"nlp"}
     with pytest.raises(ValueError, match="unknown action"):
         roles.allowed(who, "launch_rockets")
+    assert roles.allowed(who, "view_audit") and roles.allowed(who, "view_audit", project="nlp")
+    assert not roles.allowed(who, "view_audit", project="serving")
+    assert not roles.allowed(roles.Who("alice", projects=frozenset({"nlp"})), "view_audit")
     viewer = roles.Who("val", viewer_of=frozenset({"*"}), departments={"nlp": "research"})
     assert roles.visible_projects(viewer) is None and not roles.allowed(viewer, "submit", project="nlp")
 
