@@ -397,4 +397,4 @@ def test_report_counts_allocations_held_when_the_range_starts(tmp_path):
         s.commit()
         rep = accounting.report(s, 1000.0, 2000.0, "user", now=1500.0)
     assert {r["name"]: r["gpu_hours"] for r in rep["items"]} == {
-        "held": pytest.approx(500 / H), "open": pytest.approx(0.5 * 500 / H)}
+        "held": pytest.approx(500 / H, abs=1e-6), "open": pytest.approx(0.5 * 500 / H, abs=1e-6)}
