@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
+import shutil
 import stat
 import sys
 import time
@@ -22,7 +24,7 @@ import yaml
 from hubclient import HubClient
 from hubclient import call as hub_call
 from hubkernel import run_code
-from hubproc import ADMIN_PW
+from hubproc import ADMIN_PW, USER_PW
 from openapi_check import spec, validate
 
 from tests.k8s.conftest import k8s_cluster  # noqa: F401  (the local Kubernetes cluster)
@@ -198,6 +200,45 @@ def test_workspace_gets_them(gov_hub):
         assert out.split("\n")[:2] == expected_lines(), out
     finally:
         assert api(gov_hub, "alice", "DELETE", "/workloads/ws-alice-creds")[0] == 204
+
+
+@pytest.mark.skipif(not shutil.which("chromium"), reason="Debian's chromium is not installed")
+def test_spawn_form_attaches_them(gov_hub):
+    """In the browser: the form lists the chosen project's credentials (names only), the
+    ticked ones reach the workspace."""
+    from playwright.sync_api import sync_playwright
+
+    ensure_credentials(gov_hub)
+    args = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=args)
+        try:
+            page = browser.new_context().new_page()
+            page.set_default_timeout(60_000)
+            page.goto(gov_hub.url + "/hub/login")
+            page.fill("#username_input", "alice")
+            page.fill("#password_input", USER_PW)
+            page.click("#login_submit")
+            page.wait_for_url(re.compile(r".*/hub/(home|spawn).*"))
+            page.goto(gov_hub.url + "/hub/spawn/alice/form")
+            page.select_option("#gp-project", "nlp")
+            for v in VALUES:
+                assert v not in page.content()
+            boxes = page.locator('.gp-attach[data-project="nlp"] input[name=credentials]')
+            assert sorted(boxes.evaluate_all("l => l.map(e => e.value)")) == ["registry", "s3"]
+            assert page.is_hidden('.gp-attach[data-project="vision"]')
+            page.check("input[name=gpu_mode][value=none]")
+            page.check('.gp-attach[data-project="nlp"] input[value=s3]')
+            page.check('.gp-attach[data-project="nlp"] input[value=registry]')
+            page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
+            page.wait_for_url(re.compile(r".*/user/alice/form/lab.*"), timeout=180_000)
+        finally:
+            browser.close()
+    try:
+        out = run_code(gov_hub.url, "/user/alice/form/", gov_hub.tokens["alice"], CHECK)
+        assert out.split("\n")[:2] == expected_lines(), out
+    finally:
+        assert api(gov_hub, "alice", "DELETE", "/workloads/ws-alice-form")[0] == 204
 
 
 def _fill(template: str, names: dict[str, str]) -> str:
