@@ -233,7 +233,9 @@ def test_hub_workspace_and_inference_replica_bound_by_gpupool_scheduler(chart_cl
     assert ws_cm["LD_PRELOAD"] == "/usr/local/lib/gpupool/libgpupool.so"
     assert rep["metadata"]["annotations"]["gpupool.io/gpu-milli"] == "250"
     assert rep_cm["GPUPOOL_GPU_MILLI"] == "250"
-    assert lease["spec"]["holderIdentity"]  # it ran as the active replica (the chart's Role)
+    # it ran as the active replica, on the chart's Lease (the chart's Role: get, update)
+    assert lease["spec"]["holderIdentity"]
+    assert lease["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
     assert gone
 
 
@@ -313,7 +315,7 @@ def test_uninstall_leaves_nothing_behind(helm, chart_cluster, release):
     # the search below finds the release's objects of every kind while it is installed
     before = run(left, chart_cluster)
     for kind in ("/pods:", "/deployments:", "/clusterroles:", "/projects:", "/networkpolicies:",
-                 "/persistentvolumeclaims:"):
+                 "/persistentvolumeclaims:", "/leases:"):
         assert any(kind in f for f in before), (kind, before)
     helm_run(helm, "uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "5m",
              info=chart_cluster)
