@@ -11,6 +11,7 @@ Workloads never print a value: they print SHA-256 digests the test compares.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import re
 import shutil
@@ -353,7 +354,7 @@ def test_k8s_pods_reference_the_secret(k8s_cluster):  # noqa: F811
     from hub_ext.attach import Attachments, CredentialRef, DataSourceRef, secret_name
     from hub_ext.training.k8s import K8sOptions, training_objects
     from hub_ext.training.spec import TrainingSpec
-    from inference.backends.k8s import credentials_secret, replica_pod
+    from inference.backends.k8s import K8sBackend, credentials_secret, replica_pod
     from inference.spec import parse_spec
     from scheduler.k8s.client import ApiError
     from tests.k8s.helpers import create_namespace, delete_pods, kube
@@ -385,6 +386,13 @@ def test_k8s_pods_reference_the_secret(k8s_cluster):  # noqa: F811
             for o in objs:
                 plural = {"Secret": "secrets", "Service": "services", "Pod": "pods"}[o["kind"]]
                 await kc.post(f"/api/v1/namespaces/{ns}/{plural}", o)
+            # the inference backend writes the service's Secret again on every replica start
+            backend = K8sBackend(kc, ns)
+            rotated = {**values, "registry": {"password": PASSWORD + "-2"}}
+            await backend._put_secret(credentials_secret(svc, ns, rotated))
+            kept = await kc.get(f"/api/v1/namespaces/{ns}/secrets/{secret_name('kserve')}")
+            assert base64.b64decode(kept["data"]["registry.password"]).decode() == PASSWORD + "-2"
+            await backend._put_secret(credentials_secret(svc, ns, values))
             pods = [await kc.get(f"/api/v1/namespaces/{ns}/pods/{n}") for n in ("ktrain-0", "ktrain-1", "kserve-1")]
             secrets = {n: await kc.get(f"/api/v1/namespaces/{ns}/secrets/{n}")
                        for n in (secret_name("ktrain"), secret_name("kserve"))}
@@ -392,8 +400,6 @@ def test_k8s_pods_reference_the_secret(k8s_cluster):  # noqa: F811
             return pods, secrets
 
     pods, secrets = asyncio.run(go())
-    import base64
-
     for pod in pods:
         owner = "ktrain" if pod["metadata"]["name"].startswith("ktrain") else "kserve"
         secret = secrets[secret_name(owner)]
