@@ -178,7 +178,7 @@ class _Runtime:
         self.store = _Store()
         self._limits = Limits(projects=(project,), max_gpus=8, vscode=True)
 
-    def limits(self, user: str):
+    def limits(self, user: str, *scopes):  # (user, hub scopes) since the governance work
         return self._limits
 
 
@@ -235,3 +235,175 @@ def test_spawner_start_through_kubespawner(k8s_cluster: ClusterInfo, ns, sched, 
     assert url.startswith("http://")
     assert gone
     assert rt.store.saved["mock@name"]["gpu_fraction"] == 0.25
+
+
+# ----------------------------------------------------------- fatal errors and the pending reason
+def _waiting(reason: str, message: str = "", **cs) -> dict:
+    return {"status": {"phase": "Pending", "containerStatuses": [
+        {"name": "notebook", "ready": False, "image": "busybox", "imageID": "",
+         "restartCount": cs.pop("restarts", 0), "state": {"waiting": {"reason": reason,
+                                                                      "message": message}},
+         **cs}]}}  # fmt: skip
+
+
+CRASH = _waiting("CrashLoopBackOff", "back-off 40s restarting failed container",
+                 restarts=3, lastState={"terminated": {"exitCode": 1, "reason": "Error"}})
+PULL = _waiting("ErrImagePull", 'failed to pull image "busybox:nope": not found')
+
+
+@pytest.mark.parametrize("pod,expect", [
+    (None, None),
+    ({"status": {"phase": "Pending"}}, None),
+    (_waiting("ContainerCreating"), None),
+    (PULL, 'container notebook: ErrImagePull: failed to pull image "busybox:nope": not found'),
+    (_waiting("ImagePullBackOff", "Back-off pulling image"),
+     "container notebook: ImagePullBackOff: Back-off pulling image"),
+    (_waiting("InvalidImageName"), "container notebook: InvalidImageName"),
+    (CRASH, "container notebook: CrashLoopBackOff: exited with code 1 (Error), restarted 3 times"),
+    ({"status": {"phase": "Failed", "reason": "Evicted", "message": "node out of memory"}},
+     "pod failed: node out of memory"),
+    ({"status": {"conditions": [{"type": "PodScheduled", "status": "False",
+                                 "reason": "InvalidRequest",
+                                 "message": "gpupool.io/gpu-fraction: must be in (0, 1)"}]}},
+     "gpupool-scheduler rejected the request: gpupool.io/gpu-fraction: must be in (0, 1)"),
+])  # fmt: skip
+def test_pod_failure(pod, expect):
+    from hub_ext.k8s_spawner import pod_failure
+
+    assert pod_failure(pod) == expect
+
+
+def test_pending_reason():
+    from hub_ext.k8s_spawner import pending_reason
+
+    waiting = {"spec": {}, "status": {"conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "project p over its limit"}]}}  # fmt: skip
+    assert pending_reason(waiting) == "project p over its limit"
+    assert pending_reason({**waiting, "spec": {"nodeName": "n1"}}) is None
+    assert pending_reason({"spec": {}, "status": {}}) is None
+
+
+def _kspawner(k8s_cluster: ClusterInfo, ns: str, project: str, monkeypatch, **cfg):
+    """A GpupoolKubeSpawner class and config for ``ns`` whose user may use ``project``."""
+    from kubernetes_asyncio.config import kube_config
+    from traitlets.config import Config
+
+    from hub_ext.k8s_spawner import GpupoolKubeSpawner
+
+    rt = _Runtime(project)
+
+    class Spawner(GpupoolKubeSpawner):
+        gpupool = property(lambda self: rt)
+
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(k8s_cluster.kubeconfig))
+    c = Config()
+    c.KubeSpawner.image = "busybox"
+    c.KubeSpawner.namespace = ns
+    c.KubeSpawner.k8s_api_host = k8s_cluster.host
+    c.KubeSpawner.k8s_api_ssl_ca_cert = str(k8s_cluster.ca_file)
+    c.KubeSpawner.start_timeout = 900  # far longer than the tests wait: they must end sooner
+    for k, v in cfg.items():
+        setattr(c.GpupoolKubeSpawner, k, v)
+    return Spawner, c
+
+
+async def _stop_reflectors():
+    from hub_ext.k8s_spawner import GpupoolKubeSpawner
+
+    for r in list(GpupoolKubeSpawner.reflectors.values()):
+        await r.stop()
+    GpupoolKubeSpawner.reflectors.clear()
+
+
+async def _pod_or_none(kc, ns: str, name: str):
+    from scheduler.k8s.client import ApiError
+
+    try:
+        return await kc.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+    except ApiError:
+        return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("status,reason", [(PULL, "ErrImagePull"), (CRASH, "CrashLoopBackOff")],
+                         ids=["image-pull", "crash-loop"])
+def test_fatal_pod_error_ends_the_spawn_at_once(k8s_cluster: ClusterInfo, ns, monkeypatch,
+                                                status, reason):
+    """The pod is bound (by the test) to a Node that no kubelet and no kwok runs; the test
+    then reports, as that node's kubelet would, a container that cannot start. The spawn
+    ends with that message although start_timeout is 15 minutes."""
+    from hub_ext.k8s_spawner import PodFailed
+
+    node = f"no-kubelet-{ns[-8:]}"
+    Spawner, c = _kspawner(k8s_cluster, ns, "p-fatal", monkeypatch,
+                           gpupool_scheduler_name="nobody-serves-this")
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            await kc.post("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node",
+                                            "metadata": {"name": node}})
+            sp = Spawner(config=c, _mock=True)
+            try:
+                sp.user_options = {"project": "p-fatal", "gpu_fraction": 0.25, "cpu": 1,
+                                   "memory_gib": 1}
+                start = asyncio.ensure_future(sp.start())
+                name = sp.pod_name
+                await wait_until(lambda: _pod_or_none(kc, ns, name), "the pod created")
+                await kc.post(f"/api/v1/namespaces/{ns}/pods/{name}/binding", {
+                    "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+                await kc.patch(f"/api/v1/namespaces/{ns}/pods/{name}/status", status)
+                try:
+                    await asyncio.wait_for(start, 120)
+                    failure = None
+                except PodFailed as e:
+                    failure = str(e)
+                await sp.stop(now=True)
+                return failure
+            finally:
+                await _stop_reflectors()
+                await kc.delete(f"/api/v1/nodes/{node}")
+
+    failure = run(go())
+    assert failure is not None, "the spawn did not fail"
+    assert f"cannot start: container notebook: {reason}" in failure
+
+
+@pytest.mark.slow
+def test_progress_shows_the_scheduler_reason(k8s_cluster: ClusterInfo, ns, sched, monkeypatch):
+    """A request over the project's limit waits; progress repeats gpupool-scheduler's reason
+    (the pod's PodScheduled=False message)."""
+    Spawner, c = _kspawner(k8s_cluster, ns, "p-kwait", monkeypatch)
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            await create_org(kc, "d-kwait", 8, {"p-kwait": {"gpus": 0, "limit": 0}})
+            sp = Spawner(config=c, _mock=True)
+            try:
+                sp.user_options = {"project": "p-kwait", "gpu_fraction": 0.5, "cpu": 1,
+                                   "memory_gib": 1}
+                start = asyncio.ensure_future(sp.start())
+                messages = []
+
+                async def follow():
+                    async for ev in sp.progress():
+                        messages.append(ev["message"])
+                        if ev["message"].startswith("Waiting for gpupool-scheduler: "):
+                            return ev["message"]
+
+                waiting = await asyncio.wait_for(follow(), 120)
+                pod = await kc.get(f"/api/v1/namespaces/{ns}/pods/{sp.pod_name}")
+                start.cancel()
+                await sp.stop(now=True)
+                return messages, waiting, pod
+            finally:
+                await delete_org(kc, "d-kwait", ["p-kwait"])
+                await _stop_reflectors()
+
+    messages, waiting, pod = run(go())
+    assert messages[0].startswith("Submitted JupyterLab to project p-kwait")
+    cond = next(x for x in pod["status"]["conditions"] if x["type"] == "PodScheduled")
+    assert cond["status"] == "False"
+    assert waiting == f"Waiting for gpupool-scheduler: {cond['message']}"
+    assert not pod["spec"].get("nodeName")
