@@ -52,6 +52,9 @@ class ClusterArrays:
     lineage: Lineage = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
+        # Nodes changed through this object, in order (a copy starts a log of its own): lets
+        # a cache that saw the log up to some point find the rows changed since.
+        self.changed: list[int] = []
         if self.stamp is None:
             self.stamp = np.zeros(len(self.names), dtype=np.int64)
         if self.lineage is None:
@@ -118,6 +121,7 @@ class ClusterArrays:
         self.cpu_free[node] -= cpu
         self.mem_free[node] -= mem
         self.stamp[node] = next(self.lineage.clock)
+        self.changed.append(node)
 
     def give(self, node: int, gpus: tuple[int, ...], milli: int, cpu: int, mem: int) -> None:
         for j in gpus:
@@ -127,6 +131,7 @@ class ClusterArrays:
         self.cpu_free[node] += cpu
         self.mem_free[node] += mem
         self.stamp[node] = next(self.lineage.clock)
+        self.changed.append(node)
 
     def eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> np.ndarray:
         """Nodes whose pool, GPU model, CPU and memory allow one pod of ``demand``."""

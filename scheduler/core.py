@@ -96,6 +96,8 @@ class _Cycle:
         self.placed: set[str] = set()
         self.why: dict[str, str | tuple[str, str]] = {}
         self.failed: dict[tuple, int] = {}  # placement key -> epoch it failed at
+        # Single pods that found no room, per pool, models and pod form: (epoch, sizes).
+        self.too_big: dict[tuple, tuple[int, list[tuple[int, int, int, int]]]] = {}
         self.evicted: set[str] = set()
         self.reserved: set[str] = set()  # placed behind evictions; bound in a later cycle
         self.decisions.timings["snapshot_s"] = time.perf_counter() - t0
@@ -169,7 +171,7 @@ class _Cycle:
     def _place(self, w: Workload, pool: str) -> list[Choice] | None:
         """Place the whole gang in ``pool`` (taking its capacity), or nothing."""
         key = (pool, w.gpu_models, w.demand, w.pods, w.topology_key)
-        if self.failed.get(key) == self.work.epoch:
+        if self.failed.get(key) == self.work.epoch or self._no_room_for_smaller(w, pool, record=False):
             return None
         a = self.work.arrays
         topo = w.topology_key or (self.cfg.default_topology_key if w.pods > 1 else None)
@@ -189,7 +191,32 @@ class _Cycle:
                 return choices
             self.work.rollback(cp)
         self.failed[key] = self.work.epoch
+        self._no_room_for_smaller(w, pool, record=True)
         return None
+
+    def _no_room_for_smaller(self, w: Workload, pool: str, record: bool) -> bool:
+        """Has a pod no bigger than ``w``'s in any respect (GPUs, milli per GPU, CPU,
+        memory; same pool and GPU models) found no room since capacity last grew? Then
+        neither can ``w``: room only shrinks until something is given back (the epoch).
+        ``record``: remember that ``w`` just found none. Single pods only (a gang is placed
+        pod by pod, and a greedy order need not fail monotonically); not for GPU-memory
+        requests, whose milli depends on the GPU."""
+        d = w.demand
+        if w.pods != 1 or d.gpu_memory_mib:
+            return False
+        group = (pool, w.gpu_models)
+        size = (d.gpu_count, d.milli_on(1), d.cpu_milli, d.memory_mib)
+        epoch, sizes = self.too_big.get(group, (None, None))
+        if epoch != self.work.epoch:
+            if not record:
+                return False
+            sizes = []
+            self.too_big[group] = (self.work.epoch, sizes)
+        if record:  # keep only the smallest sizes: a bigger one says nothing more
+            sizes[:] = [s for s in sizes if not all(a >= b for a, b in zip(s, size))]
+            sizes.append(size)
+            return True
+        return any(all(a >= b for a, b in zip(size, s)) for s in sizes)
 
     def _domains(self, key: str | None, pool: str) -> Iterator[np.ndarray | None]:
         """Topology domains to try for a gang, fullest first, then the whole pool."""
@@ -407,7 +434,7 @@ class _Cycle:
         the waiting workload's own project; reclaim frees others', so its verdict stands."""
         if strategy != "preempt":
             return self._admitted(w, pool, strategy)
-        freed = sum(c.milli * len(c.gpus) for v, _ in candidates for c in self.work.choices_of(v))
+        freed = sum(self.work.milli_of(v) for v, _ in candidates)
         return self._verdict(w, pool, freed).allowed
 
     def _victims_of(self, w: Workload, pool: str, candidates: list) -> Iterator[tuple[Workload, list[Choice], int]]:
@@ -420,7 +447,7 @@ class _Cycle:
             if gpu_work and not v.demand.gpu_count:
                 continue
             choices = self.work.choices_of(v)
-            milli = sum(c.milli * len(c.gpus) for c in choices)
+            milli = self.work.milli_of(v)
             if floor is not None and usage[(v.project, pool)] - gone[v.project] - milli < floor:
                 continue
             gone[v.project] += milli
@@ -481,7 +508,7 @@ class _Cycle:
             if gpu_work and not v.demand.gpu_count:
                 continue  # CPU-only work never makes room for GPUs
             choices = work.choices_of(v)
-            milli = sum(c.milli * len(c.gpus) for c in choices)
+            milli = work.milli_of(v)
             if floor is not None and work.usage[(v.project, pool)] - milli < floor:
                 continue
             work.give(v, choices)

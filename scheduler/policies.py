@@ -240,6 +240,9 @@ class _Bound:
         return out
 
 
+SMALL = 32  # changed rows up to which a refresh is done row by row in Python
+
+
 def _need(arrays: ClusterArrays, demand: PodDemand):
     return arrays.need_milli(demand)
 
@@ -279,7 +282,7 @@ class _RowCache:
     back returns a node to a state already scored, so a moved stamp is mostly a memo hit.
     """
 
-    __slots__ = ("stamp", "score", "slot", "memo", "cpu_cap")
+    __slots__ = ("stamp", "score", "slot", "memo", "cpu_cap", "log", "seen")
 
     MEMO_MAX = 200_000  # states remembered per pod shape before the memo starts afresh
 
@@ -289,9 +292,32 @@ class _RowCache:
         self.slot = np.zeros(n, dtype=np.int64)
         self.memo: dict[tuple, tuple[float, int]] = {}
         self.cpu_cap = cpu_cap
+        self.log: list[int] | None = None  # the ``changed`` log of the arrays last refreshed
+        self.seen = 0  # how much of it the rows here are up to date with
 
-    def states(self, arrays: ClusterArrays, rows: np.ndarray, demand: PodDemand) -> list[tuple]:
+    def dirty(self, arrays: ClusterArrays) -> np.ndarray:
+        """Rows whose stamp moved since they were scored: from the arrays' change log when
+        this cache has followed it, else by comparing every stamp."""
+        log = arrays.changed
+        if self.log is log:
+            rows = log[self.seen :]
+            self.seen = len(log)
+            if len(rows) <= SMALL:  # the usual case: a handful of rows, done in Python
+                mine, theirs = self.stamp, arrays.stamp
+                return sorted(r for r in set(rows) if mine[r] != theirs[r])
+            rows = np.unique(np.array(rows, dtype=np.int64))
+            return rows[self.stamp[rows] != arrays.stamp[rows]]
+        self.log, self.seen = log, len(log)
+        return np.flatnonzero(self.stamp != arrays.stamp)
+
+    def states(self, arrays: ClusterArrays, rows, demand: PodDemand) -> list[tuple]:
         """One hashable key per row that names everything its score depends on."""
+        if isinstance(rows, list):
+            free, cpu, model, cap = arrays.gpu_free, arrays.cpu_free, arrays.model_id, self.cpu_cap
+            if demand.gpu_memory_mib:
+                mem = arrays.gpu_mem
+                return [(free[r].tobytes(), min(int(cpu[r]), cap), int(model[r]), mem[r].tobytes()) for r in rows]
+            return [(free[r].tobytes(), min(int(cpu[r]), cap), int(model[r])) for r in rows]
         free = np.ascontiguousarray(arrays.gpu_free[rows])
         rooms = free.view(np.dtype((np.void, free.shape[1] * free.itemsize))).ravel().tolist()
         cpu = np.minimum(arrays.cpu_free[rows], self.cpu_cap).tolist()
@@ -358,9 +384,9 @@ class FragPolicy:
     def node_scores(
         self, arrays: ClusterArrays, demand: PodDemand, mask: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Per node: best score and GPU slot for ``demand``. Rows outside ``mask`` (or where
-        the pod cannot fit on the GPUs) may be stale: they keep their old stamp and are
-        recomputed when a later call needs them. Rows where the pod cannot fit score NEG."""
+        """Per node: best score and GPU slot for ``demand``; NEG where the pod cannot fit on
+        the GPUs (CPU, memory, pool and model are the caller's ``mask``, not checked here).
+        Every row whose stamp moved is rescored, whatever ``mask`` says: they are few."""
         bound, rows_by_shape, base = self._state(arrays)
         key = _demand_key(demand)
         rc = rows_by_shape.get(key)
@@ -368,35 +394,37 @@ class FragPolicy:
             if len(rows_by_shape) >= self.cache_size:
                 rows_by_shape.clear()
             rc = rows_by_shape[key] = _RowCache(len(arrays.names), bound.cpu_cap(demand))
-        stale = rc.stamp != arrays.stamp
-        if mask is not None:
-            stale &= mask
-        dirty = np.flatnonzero(stale)
+        dirty = rc.dirty(arrays)
         if len(dirty):
             states = rc.states(arrays, dirty, demand)
             memo = rc.memo
             known = [memo.get(s) for s in states]
             miss = [i for i, k in enumerate(known) if k is None]
             if miss:
-                rows = dirty[miss] if len(miss) < len(dirty) else dirty
+                rows = np.asarray(dirty, dtype=np.int64)
+                rows = rows[miss] if len(miss) < len(dirty) else rows
                 delta = bound.deltas(arrays, rows, demand, _need(arrays, demand), base.rows(bound, arrays, rows))
                 score, slot = self._reduce(arrays, rows, delta, demand)
                 if len(memo) + len(miss) > rc.MEMO_MAX:
                     memo.clear()
                 for i, sc, sl in zip(miss, score.tolist(), slot.tolist()):
                     known[i] = memo[states[i]] = (sc, sl)
-            sc, sl = zip(*known)
-            rc.score[dirty] = sc
-            rc.slot[dirty] = sl
-            rc.stamp[dirty] = arrays.stamp[dirty]
+            if isinstance(dirty, list):
+                score, slot, stamp, now = rc.score, rc.slot, rc.stamp, arrays.stamp
+                for r, (sc, sl) in zip(dirty, known):
+                    score[r], slot[r], stamp[r] = sc, sl, now[r]
+            else:
+                sc, sl = zip(*known)
+                rc.score[dirty] = sc
+                rc.slot[dirty] = sl
+                rc.stamp[dirty] = arrays.stamp[dirty]
         return rc.score, rc.slot
 
     def place(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand) -> Choice | None:
-        # Whole GPUs: a cheap exact fit test. Fractions: the deltas are NEG where no GPU has
-        # room, so the mask is enough (testing every slot here would cost N x G per call).
-        fit = mask & (arrays.full_free >= demand.gpus) if demand.gpus else mask
-        score, slot = self.node_scores(arrays, demand, fit)
-        s = np.where(fit, score, NEG)
+        # The scores are NEG wherever the GPUs cannot hold the pod (every changed row is
+        # rescored), so the mask of pool, model, CPU and memory is all that is left to apply.
+        score, slot = self.node_scores(arrays, demand, mask)
+        s = np.where(mask, score, NEG)
         node = self.ties.pick(s)
         if node is None:
             return None

@@ -30,6 +30,8 @@ class Working:
                 self.dept_in_quota[dept] += min(milli, self.quota.get((project, pool), 0))
         self.nodes = snap.nodes
         self._log: list[tuple[bool, Workload, list[Choice]]] = []
+        self._choices: dict[str, list[Choice]] = {}
+        self._milli: dict[str, int] = {}
         # Bumped whenever capacity grows, so "did not fit" answers can be cached until then.
         self.epoch = 0
 
@@ -37,9 +39,21 @@ class Working:
         return self.arrays.pools[self.arrays.pool_id[node]]
 
     def choices_of(self, w: Workload) -> list[Choice]:
-        """A holding workload's placement in this cycle's node numbering."""
-        ix = self.arrays.index
-        return [Choice(ix[p.node], p.gpu_indices, p.gpu_milli) for p in w.placement if p.node in ix]
+        """A holding workload's placement in this cycle's node numbering (a holding
+        workload's placement does not change within a cycle, so it is worked out once)."""
+        choices = self._choices.get(w.name)
+        if choices is None:
+            ix = self.arrays.index
+            choices = [Choice(ix[p.node], p.gpu_indices, p.gpu_milli) for p in w.placement if p.node in ix]
+            self._choices[w.name] = choices
+        return choices
+
+    def milli_of(self, w: Workload) -> int:
+        """The milli-GPUs a holding workload's placement takes."""
+        milli = self._milli.get(w.name)
+        if milli is None:
+            milli = self._milli[w.name] = sum(c.milli * len(c.gpus) for c in self.choices_of(w))
+        return milli
 
     def checkpoint(self) -> int:
         return len(self._log)
