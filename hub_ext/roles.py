@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from .db import Base, MemberRow, ProjectRow
+from .db import Base, MemberRow, ProjectRow, get_meta
 
 ADMIN_SCOPE = "custom:gpupool:admin"
 DEPT_ADMIN_SCOPE = "custom:gpupool:department-admin"
@@ -237,8 +237,23 @@ def who_for(s, user: dict | None) -> Who:
         projects=frozenset(s.scalars(select(MemberRow.project).where(MemberRow.user == name))),
         admin_of=frozenset(admin_of),
         viewer_of=frozenset(viewer_of),
-        departments=dict(s.execute(select(ProjectRow.name, ProjectRow.department)).all()),
+        departments=_project_departments(s),
     )
+
+
+_departments_cache: dict[int, tuple[str, dict[str, str]]] = {}
+
+
+def _project_departments(s) -> dict[str, str]:
+    """project -> department, read again only when the organisation's version moved (every
+    project write bumps it: org.create/update/delete_project); shared, never mutated."""
+    version = get_meta(s, "version", "0")
+    key = id(s.get_bind())
+    hit = _departments_cache.get(key)
+    if hit is None or hit[0] != version:
+        hit = (version, dict(s.execute(select(ProjectRow.name, ProjectRow.department)).all()))
+        _departments_cache[key] = hit
+    return hit[1]
 
 
 def submit_projects(who: Who) -> list[str]:
