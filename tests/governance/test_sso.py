@@ -156,3 +156,47 @@ def test_no_mapped_group_sees_a_clear_page(sso, browser, shots):
     assert "403" in page.inner_text("body") and "500" not in page.inner_text("body")
     page.goto(hub.url + "/hub/home")
     page.wait_for_url(re.compile(r".*/hub/login.*"))  # not logged in
+
+
+# -- the mapping without a browser ---------------------------------------------------------
+def _cfg(**kw):
+    from hub_ext.config import Gpupool
+
+    return Gpupool(oidc_group_projects={"nlp-team": ["nlp"], "vision-team": ["vision"]},
+                   oidc_group_roles={"leads": ["department-admin:research"], "ops": ["platform-admin"],
+                                     "audit": ["viewer:*"]}, **kw)
+
+
+def test_mapping_rules():
+    from hub_ext import auth
+
+    cfg = _cfg()
+    assert auth.map_groups(cfg, {"nlp-team", "leads", "x"}) == (
+        {"nlp"}, {("department-admin", "research")}, False)
+    assert auth.map_groups(cfg, {"ops"}) == (set(), set(), True)
+    assert auth.map_groups(cfg, {"x"}) == (set(), set(), False)
+    for bad in ("emperor", "department-admin", "department-admin:*", "platform-admin:research"):
+        with pytest.raises(auth.MappingError, match="oidc_group_roles"):
+            auth.parse_role(bad)
+    with pytest.raises(auth.MappingError, match=r"oidc_group_projects\['g'\]"):
+        auth.check_mapping(_cfg().__class__(oidc_group_projects={"g": "nlp"}))
+
+
+def test_sync_keeps_memberships_the_mapping_does_not_name(tmp_path):
+    from hub_ext import auth, org, roles
+    from hub_ext.db import make_sessionmaker
+
+    Session = make_sessionmaker(f"sqlite:///{tmp_path / 'g.sqlite'}")
+    with Session() as s:
+        org.load_starter(s, ORG)  # bob: serving (named by no mapping)
+        auth.sync_user(s, _cfg(), "bob", {"nlp"}, {("viewer", "*")})
+        s.commit()
+        assert org.projects_of(s, "bob") == ["nlp", "serving"]
+        auth.sync_user(s, _cfg(), "bob", {"vision"}, set())  # groups changed at the provider
+        s.commit()
+        assert org.projects_of(s, "bob") == ["serving", "vision"]
+        assert [a for a in roles.assignments(s, "bob")] == []
+        auth.sync_user(s, _cfg(), "erin", set(), {("viewer", "ops"), ("viewer", "gone")})
+        s.commit()  # erin's org-file department-admin stays; an unknown department is skipped
+        got = {(a["role"], a["department"], a["source"]) for a in roles.assignments(s, "erin")}
+        assert got == {("department-admin", "research", "org"), ("viewer", "ops", "oidc")}
