@@ -24,7 +24,8 @@ system:
 run: setup system native
 	$(VENV)/bin/gpupool up
 
-# The local Kubernetes test cluster's binaries (built once, cached in ~/.cache/gpupool).
+# The local Kubernetes test cluster's binaries, helm and dockerfile-lint (built once from Go
+# modules, cached in ~/.cache/gpupool).
 k8s:
 	scripts/test-cluster build >/dev/null
 
