@@ -94,6 +94,7 @@ ACTIONS = {
     "view_cluster": "read cluster-wide figures (nodes, GPU samples); other projects stay anonymous",
     "submit": "start a workspace, submit a training or an inference service in a project",
     "submit_for_others": "submit a workload that another user owns",
+    "call_inference": "send requests to a project's inference service (behind the activator)",
     "manage_workload": "stop, delete, suspend or resume a workload (its owner may too)",
     "manage_project": "create, change (quota, members) or delete a project",
     "manage_department": "create, change (quota) or delete a department",
@@ -185,7 +186,7 @@ def allowed(who: Who, action: str, project: str | None = None, department: str |
         return _YES  # every gpupool user; callers hide other projects' names (visible_projects)
     if action == "use_credentials" and _dept_admin(who, dept):
         return _YES  # who manages a project's credentials may also list and attach them
-    if action in ("submit", "use_credentials"):
+    if action in ("submit", "use_credentials", "call_inference"):
         if member:
             return _YES
         extra = " (viewers are read-only)" if _viewer(who, dept) else ""

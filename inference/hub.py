@@ -22,7 +22,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from hub_ext import org
+from hub_ext import org, roles
 
 from . import activator
 from .activator import Request
@@ -34,7 +34,7 @@ from .spec import parse_spec
 
 log = logging.getLogger("gpupool.inference")
 NAME = "gpupool-serve"
-ADMIN = "custom:gpupool:admin"
+ADMIN = roles.ADMIN_SCOPE
 
 
 class HubTokenAuth:
@@ -86,9 +86,10 @@ class HubTokenAuth:
     def _verdict(self, model: dict | None, svc: Service):
         if not model:
             return (401, "the JupyterHub token is not valid", "Authorization")
-        if ADMIN in model.get("scopes", []) or svc.spec.project in self.projects_of(model["name"]):
-            return None
-        return (403, f"{model['name']} is not a member of project {svc.spec.project!r}", None)
+        who = roles.Who(model["name"], platform_admin=ADMIN in model.get("scopes", []),
+                        projects=frozenset(self.projects_of(model["name"])))
+        verdict = roles.allowed(who, "call_inference", project=svc.spec.project)
+        return None if verdict else (403, verdict.reason, None)
 
 
 class HubInference:

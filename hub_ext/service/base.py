@@ -16,7 +16,7 @@ from .. import roles
 from ..org import Conflict, NotFound
 from ..requests import FieldError
 
-ADMIN, USE = "custom:gpupool:admin", "custom:gpupool:use"
+ADMIN, USE = roles.ADMIN_SCOPE, roles.USE_SCOPE
 
 
 class BaseHandler(HubOAuthenticated, web.RequestHandler):
