@@ -18,6 +18,8 @@ import shutil
 import stat
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -169,6 +171,64 @@ def test_training_gets_env_and_files(gov_hub):
     # credential files are removed when the job ends
     folder = Path(gov_hub.workdir) / "state" / "secrets" / "cred-train"
     assert not folder.exists()
+
+
+def test_workloads_api_training_gets_them(gov_hub):
+    """POST /workloads (kind training) runs through the hub's own launcher."""
+    ensure_credentials(gov_hub)
+    call(gov_hub, "alice", "POST", "/workloads", {
+        "kind": "training", "project": "nlp", "name": "cred-wl", "gpu_mode": "none",
+        "credentials": ["s3", "registry"], "command": [sys.executable, "-c", CHECK]}, expect=201)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        w = call(gov_hub, "alice", "GET", "/workloads/cred-wl", expect=200)
+        if w["state"] in ("succeeded", "failed"):
+            break
+        time.sleep(0.3)
+    out = Path(gov_hub.workdir) / "state" / "workloads" / "cred-wl" / "output.log"
+    assert w["state"] == "succeeded", (w, out.read_text())
+    assert out.read_text().splitlines() == expected_lines()
+    assert not (Path(gov_hub.workdir) / "state" / "secrets" / "cred-wl").exists()
+
+
+# The same check as a model server: the replica answers every GET with CHECK's lines.
+SERVER = """
+import contextlib, http.server, io, os
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    exec(CHECK)
+body = out.getvalue().encode()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.HTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
+"""
+
+
+def test_inference_replica_gets_them(gov_hub):
+    ensure_credentials(gov_hub)
+    svc = call(gov_hub, "alice", "POST", "/inferences", {
+        "name": "cred-serve", "project": "nlp", "gpu": 0.25, "min_replicas": 1, "max_replicas": 1,
+        "credentials": ["s3", "registry"], "ready_path": "/",
+        "command": [sys.executable, "-c", f"CHECK = {CHECK!r}\n{SERVER}"]}, expect=201)
+    try:
+        req = urllib.request.Request(gov_hub.url + svc["url"] + "x",
+                                     headers={"Authorization": f"token {gov_hub.tokens['alice']}"})
+        deadline, body = time.monotonic() + 120, ""
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    body = r.read().decode()
+                break
+            except urllib.error.HTTPError as e:
+                body = f"{e.code} {e.read()[:200]!r}"
+                time.sleep(0.5)
+        assert body.splitlines() == expected_lines(), body
+    finally:
+        call(gov_hub, "alice", "DELETE", "/inferences/cred-serve", expect=204)
 
 
 def test_attach_checks_names(gov_hub):
