@@ -225,6 +225,7 @@ def test_hub_workspace_and_inference_replica_bound_by_gpupool_scheduler(chart_cl
         sched.stop()
     ann = ws["metadata"]["annotations"]
     assert ws["spec"]["schedulerName"] == "gpupool"
+    assert ws["spec"]["automountServiceAccountToken"] is False
     assert ann["gpupool.io/project"] == "nlp" and ann["gpupool.io/gpu-milli"] == "500"
     assert ws["metadata"]["labels"]["hub.jupyter.org/username"] == "alice"
     assert {"configMapRef": {"name": ann["gpupool.io/config-map"]}} in \

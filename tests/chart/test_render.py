@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 
 import pytest
 import yaml
@@ -52,8 +53,7 @@ def test_helm_lint(helm):
     for name, values in VALUE_SETS.items():
         args = ["lint", "--strict", str(CHART)]
         if values:
-            args += ["--set-json", ",".join(f"{k}={__import__('json').dumps(v)}"
-                                            for k, v in values.items())]
+            args += ["--set-json", ",".join(f"{k}={json.dumps(v)}" for k, v in values.items())]
         assert helm_run(helm, *args).returncode == 0, name
 
 
@@ -94,6 +94,7 @@ def check_value_set(name: str, objs: list[dict]) -> None:
     cfg = by_kind(objs, "ConfigMap")["gpupool-hub-config"]["data"]["gpupool_config.py"]
     assert 'c.GpupoolKubeSpawner.gpupool_scheduler_name = "gpupool"' in cfg
     assert "--lease-name=gpupool-scheduler" in sched["args"]
+    assert "c.KubeSpawner.automount_service_account_token = False" in cfg
     if name == "default":
         assert _env(hub)["GPUPOOL_AUTH"] == "shared-password"
         assert hub["image"] == "ghcr.io/gpupool/gpupool-hub:0.1.0"
