@@ -24,7 +24,7 @@ from oauthenticator.generic import GenericOAuthenticator
 from sqlalchemy import delete, select
 from tornado import web
 
-from . import roles
+from . import audit, roles
 from .config import Gpupool
 from .db import DepartmentRow, MemberRow, ProjectRow, add_event, bump_version
 
@@ -78,6 +78,9 @@ def sync_user(s, cfg: Gpupool, user: str, projects: set[str], assigned: set[tupl
         s.execute(delete(MemberRow).where(MemberRow.user == user, MemberRow.project.in_(have - want)))
         s.add_all(MemberRow(project=p, user=user) for p in sorted(want - have))
         add_event(s, "org", f"{user} projects from single sign-on: {', '.join(sorted(want)) or 'none'}")
+        for p in sorted(want ^ have):  # the audit log: one entry per project that changed
+            change = {"added": [user], "removed": []} if p in want else {"added": [], "removed": [user]}
+            audit.record(s, user, "project.members", p, {**change, "via": "oidc"}, p)
         bump_version(s)
     known = {d for _, d in assigned if d == roles.ALL_DEPARTMENTS or s.get(DepartmentRow, d)}
     roles.set_assignments(s, user, [(r, d) for r, d in assigned if d in known], "oidc")

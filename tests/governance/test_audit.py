@@ -187,3 +187,26 @@ def test_role_changes(gov_hub):
         ("role.granted", "admin", "oscar", {"role": "viewer", "department": "ops"})]
     # the org file's department admins were recorded at start, by "system"
     assert any(e["target"] == "erin" and e["actor"] == "system" for e in entries(gov_hub, "action=role.granted"))
+
+
+def test_single_sign_on_membership_changes_are_audited(tmp_path):
+    """auth.sync_user (each OIDC login) records the memberships the groups claim changed."""
+    from hub_ext import audit as audit_log
+    from hub_ext import org
+    from hub_ext.auth import sync_user
+    from hub_ext.config import Gpupool
+    from hub_ext.db import make_sessionmaker
+
+    Session = make_sessionmaker(f"sqlite:///{tmp_path / 'g.sqlite'}")
+    cfg = Gpupool(state_dir=str(tmp_path), oidc_group_projects={"ml": ["nlp"], "cv": ["vision"]})
+    with Session() as s:
+        org.create_department(s, {"name": "research", "gpus": 2})
+        for p in ("nlp", "vision"):
+            org.create_project(s, {"name": p, "department": "research", "gpus": 1})
+        sync_user(s, cfg, "dana", {"nlp"}, set())
+        sync_user(s, cfg, "dana", {"vision"}, set())
+        s.commit()
+        got = [(e["project"], e["details"]) for e in audit_log.query(s, action="project.members")["items"]]
+    assert got == [("vision", {"added": ["dana"], "removed": [], "via": "oidc"}),
+                   ("nlp", {"added": [], "removed": ["dana"], "via": "oidc"}),
+                   ("nlp", {"added": ["dana"], "removed": [], "via": "oidc"})]
