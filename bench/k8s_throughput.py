@@ -258,7 +258,7 @@ def start_kube_scheduler(info: ClusterInfo, log_dir: Path) -> subprocess.Popen:
 
 
 def start_gpupool(info: ClusterInfo, log_dir: Path) -> subprocess.Popen:
-    out = open(log_dir / "gpupool-scheduler.log", "wb")  # noqa: SIM115
+    out = open(Path(PROFILE or log_dir) / "gpupool-scheduler.log", "ab")  # noqa: SIM115
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     prof = ["-m", "cProfile", "-o", str(Path(PROFILE) / f"gpupool-{time.time():.0f}.prof")] \
         if PROFILE else []

@@ -399,6 +399,7 @@ class GpupoolScheduler:
                 self.stats["cycles"] += 1
                 self._apply(decisions)
                 metrics.observe_cycle(self.snap, decisions, time.perf_counter() - t0)
+                self.stats["cycle_ms"] += round(1000 * (time.perf_counter() - t0))
             except Exception:  # a bug must not stop scheduling for good: log, back off, retry
                 log.exception("scheduling cycle failed")
                 self.stats["cycle_errors"] += 1
@@ -460,9 +461,12 @@ class GpupoolScheduler:
                 # Stamp the whole gang's plan first: a scheduler that restarts half-way
                 # finds the plan on the unbound pods and completes it (all or nothing).
                 await asyncio.gather(*(self._stamp(p, pl, over_quota) for p, pl in pairs))
-            results = await asyncio.gather(*(self._bind_pod(p, pl, over_quota) for p, pl in pairs),
-                                           return_exceptions=True)
-        except (ApiError, *NET_ERRORS) as e:
+                results = await asyncio.gather(*(self._bind_pod(p, pl, over_quota)
+                                                 for p, pl in pairs), return_exceptions=True)
+            else:  # one pod (most binds): no gather, no second task
+                await self._bind_pod(*pairs[0], over_quota)
+                results = []
+        except Exception as e:  # any failure: forget the assumption, the pod waits again
             results = [e]
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
