@@ -3,6 +3,7 @@
     gpupool up [--config gpupool_config.py]      start JupyterHub + proxy + scheduler + service
     gpupool options                              every configuration option with its help
     gpupool project list | show NAME
+    gpupool roles list | set USER [department-admin:DEPT | viewer:DEPT | viewer:*]...
     gpupool workspace list | start [options] | stop NAME
     gpupool training submit NAME [options] -- COMMAND... | list | describe | logs | delete | suspend | resume
     gpupool inference submit NAME [options] -- COMMAND... | list | describe | delete
@@ -84,6 +85,27 @@ def cmd_project(args) -> int:
     return 0
 
 
+def cmd_roles(args) -> int:
+    if args.action == "list":
+        out = _api(args, "GET", "/roles")
+        me = out["me"]
+        print(f"you: {me['name']} ({', '.join(me['roles']) or 'no role'})")
+        for a in out["items"]:
+            print(f"{a['user']:<20} {a['role']:<17} {a['department']:<16} ({a['source']})")
+        return 0
+    if not args.user:
+        sys.exit("gpupool: roles set needs a USER and ROLE:DEPARTMENT rules (none: remove them all)")
+    wanted = []
+    for rule in args.rules:
+        role, _, dept = rule.partition(":")
+        if not dept:
+            sys.exit(f"gpupool: {rule!r}: write ROLE:DEPARTMENT, e.g. department-admin:research or viewer:*")
+        wanted.append({"role": role, "department": dept})
+    out = _api(args, "PUT", f"/users/{args.user}/roles", {"roles": wanted})
+    print(f"{out['user']}: " + (", ".join(f"{a['role']}:{a['department']}" for a in out["items"]) or "no role"))
+    return 0
+
+
 def cmd_workspace(args) -> int:
     if args.action == "list":
         for w in _api(args, "GET", "/workloads?kind=workspace")["items"]:
@@ -134,6 +156,11 @@ def parser() -> argparse.ArgumentParser:
     ws.add_argument("--gpu-memory", type=float, help="GPU memory in GiB")
     ws.add_argument("--preemptible", action="store_true", help="may run over quota (reclaimable)")
     ws.set_defaults(fn=cmd_workspace)
+    ro = sub.add_parser("roles", help="department admins and viewers (hub_ext/roles.py)")
+    ro.add_argument("action", choices=["list", "set"])
+    ro.add_argument("user", nargs="?", default="")
+    ro.add_argument("rules", nargs="*", help="ROLE:DEPARTMENT, e.g. department-admin:research, viewer:*")
+    ro.set_defaults(fn=cmd_roles)
     training_cli.add_parser(sub, _api)
     inference_cli.add_parser(sub, _api)
     return p

@@ -445,6 +445,26 @@ def test_cli_inherits_the_rule(world):
     assert out.returncode == 0 and "nlp" in out.stdout and "serving" not in out.stdout, out
 
 
+def test_cli_roles(world):
+    gp = str(Path(sys.executable).parent / "gpupool")
+
+    def run(user, *argv):
+        env = {**os.environ, "GPUPOOL_URL": world.hub.url, "GPUPOOL_TOKEN": world.hub.tokens[user]}
+        return subprocess.run([gp, "roles", *argv], env=env, capture_output=True, text=True, timeout=60)
+
+    out = run("erin", "set", "pat", "viewer:research")
+    assert out.returncode == 0 and "pat: viewer:research" in out.stdout, out
+    try:
+        out = run("erin", "list")
+        assert "department-admin" in out.stdout and "pat" in out.stdout and "ops" not in out.stdout, out
+        out = run("alice", "set", "pat", "viewer:research")
+        assert out.returncode != 0 and "HTTP 403" in out.stderr, out
+        out = run("erin", "set", "pat", "viewer")
+        assert out.returncode != 0 and "ROLE:DEPARTMENT" in out.stderr, out
+    finally:
+        assert run("admin", "set", "pat").returncode == 0
+
+
 def test_pages_ask_the_same_rule(world):
     from hubclient import HubClient
 
