@@ -215,3 +215,33 @@ async def _dry_run_error(kc, disc, obj) -> str | None:
     except Exception as e:
         return str(e)
     return None
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_rendered_hub_config_loads(helm, tmp_path, monkeypatch, name):
+    """The hub's gpupool_config.py, with the environment its Deployment gives it, is valid
+    configuration: traitlets loads it and gpupool's settings class accepts every value."""
+    from traitlets.config import PyFileConfigLoader
+
+    from hub_ext.config import Gpupool
+
+    objs = render(helm, tmp_path, VALUE_SETS[name], "cfg")
+    data = by_kind(objs, "ConfigMap")["gpupool-hub-config"]["data"]
+    (tmp_path / "gpupool_config.py").write_text(data["gpupool_config.py"])
+    for k, v in _env(_container(objs, "Deployment", "gpupool-hub")).items():
+        monkeypatch.setenv(k, v if isinstance(v, str) else f"secret-{k.lower()}-" + "x" * 32)
+    c = PyFileConfigLoader("gpupool_config.py", path=str(tmp_path)).load_config()
+    cfg = Gpupool(config=c)
+    envs = VALUE_SETS[name].get("hub", {}).get("workspaces", {}).get("environments") or {
+        "default": {}}
+    assert set(cfg.environments) == set(envs)
+    assert set(c.GpupoolKubeSpawner.environment_images) == set(envs)
+    assert c.KubeSpawner.namespace == "cfg"
+    assert cfg.auth == ("oidc" if name == "oidc" else "shared-password")
+    if name == "oidc":
+        assert cfg.oidc_issuer == "https://idp.example.org/realms/gpupool"
+        assert cfg.oidc_client_secret == "secret-gpupool_oidc_client_secret-" + "x" * 32
+        assert cfg.oidc_group_roles == {"gpupool-admins": ["platform-admin"]}
+    if name == "custom-images":
+        assert c.GpupoolKubeSpawner.environment_images["pytorch"] == \
+            "nvcr.io/nvidia/pytorch:25.01-py3"
