@@ -67,6 +67,37 @@ def describe_demand(w: Workload) -> str:
     return gpu if w.pods == 1 else f"{w.pods} pods x {gpu}"
 
 
+def pod_size(w: Workload) -> tuple[int, int, int, int] | None:
+    """What one pod of ``w`` needs, comparable part by part (GPUs, milli per GPU, CPU,
+    memory); None where sizes do not order answers: gangs (placed pod by pod, and a greedy
+    order need not fail monotonically) and GPU-memory requests (milli depends on the GPU)."""
+    d = w.demand
+    if w.pods != 1 or d.gpu_memory_mib:
+        return None
+    return (d.gpu_count, d.milli_on(1), d.cpu_milli, d.memory_mib)
+
+
+class _TooBig:
+    """Pod sizes known to get a "no" in the cycle's current state, per group of otherwise
+    equal questions: a pod at least as big in every part gets the same "no" (room and
+    quota only shrink as a pod grows). Only the smallest such sizes are kept."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[tuple, list[tuple[int, int, int, int]]] = {}
+
+    def covers(self, group: tuple, size: tuple | None) -> bool:
+        return size is not None and any(all(a >= b for a, b in zip(size, s)) for s in self.sizes.get(group, ()))
+
+    def add(self, group: tuple, size: tuple | None) -> None:
+        if size is not None:
+            known = self.sizes.setdefault(group, [])
+            known[:] = [s for s in known if not all(a >= b for a, b in zip(s, size))]
+            known.append(size)
+
+    def clear(self) -> None:
+        self.sizes.clear()
+
+
 class _Cycle:
     def __init__(self, snap: Snapshot):
         t0 = time.perf_counter()
@@ -96,8 +127,12 @@ class _Cycle:
         self.placed: set[str] = set()
         self.why: dict[str, str | tuple[str, str]] = {}
         self.failed: dict[tuple, int] = {}  # placement key -> epoch it failed at
-        # Single pods that found no room, per pool, models and pod form: (epoch, sizes).
-        self.too_big: dict[tuple, tuple[int, list[tuple[int, int, int, int]]]] = {}
+        # Single pods that found no room since capacity last grew, per pool and GPU models.
+        self.no_room, self.no_room_epoch = _TooBig(), 0
+        # In make-room, since the last plan that evicted: sizes no eviction could make room
+        # for (per project, priority, pool, strategy, models), or that would not fit even
+        # after the evicted work exits (per project, pool, models, over-quota permission).
+        self.hopeless, self.no_fit_after_release = _TooBig(), _TooBig()
         self.evicted: set[str] = set()
         self.reserved: set[str] = set()  # placed behind evictions; bound in a later cycle
         self.decisions.timings["snapshot_s"] = time.perf_counter() - t0
@@ -171,7 +206,13 @@ class _Cycle:
     def _place(self, w: Workload, pool: str) -> list[Choice] | None:
         """Place the whole gang in ``pool`` (taking its capacity), or nothing."""
         key = (pool, w.gpu_models, w.demand, w.pods, w.topology_key)
-        if self.failed.get(key) == self.work.epoch or self._no_room_for_smaller(w, pool, record=False):
+        size, group = pod_size(w), (pool, w.gpu_models)
+        if self.failed.get(key) == self.work.epoch:
+            return None
+        if self.no_room_epoch != self.work.epoch:  # capacity grew: what found no room may now
+            self.no_room.clear()
+            self.no_room_epoch = self.work.epoch
+        elif self.no_room.covers(group, size):
             return None
         a = self.work.arrays
         topo = w.topology_key or (self.cfg.default_topology_key if w.pods > 1 else None)
@@ -191,32 +232,8 @@ class _Cycle:
                 return choices
             self.work.rollback(cp)
         self.failed[key] = self.work.epoch
-        self._no_room_for_smaller(w, pool, record=True)
+        self.no_room.add(group, size)
         return None
-
-    def _no_room_for_smaller(self, w: Workload, pool: str, record: bool) -> bool:
-        """Has a pod no bigger than ``w``'s in any respect (GPUs, milli per GPU, CPU,
-        memory; same pool and GPU models) found no room since capacity last grew? Then
-        neither can ``w``: room only shrinks until something is given back (the epoch).
-        ``record``: remember that ``w`` just found none. Single pods only (a gang is placed
-        pod by pod, and a greedy order need not fail monotonically); not for GPU-memory
-        requests, whose milli depends on the GPU."""
-        d = w.demand
-        if w.pods != 1 or d.gpu_memory_mib:
-            return False
-        group = (pool, w.gpu_models)
-        size = (d.gpu_count, d.milli_on(1), d.cpu_milli, d.memory_mib)
-        epoch, sizes = self.too_big.get(group, (None, None))
-        if epoch != self.work.epoch:
-            if not record:
-                return False
-            sizes = []
-            self.too_big[group] = (self.work.epoch, sizes)
-        if record:  # keep only the smallest sizes: a bigger one says nothing more
-            sizes[:] = [s for s in sizes if not all(a >= b for a, b in zip(s, size))]
-            sizes.append(size)
-            return True
-        return any(all(a >= b for a, b in zip(size, s)) for s in sizes)
 
     def _domains(self, key: str | None, pool: str) -> Iterator[np.ndarray | None]:
         """Topology domains to try for a gang, fullest first, then the whole pool."""
@@ -343,6 +360,9 @@ class _Cycle:
         """Would ``w`` fit once the evicted work has exited? (Then it waits; nothing more
         is evicted for it.) Asked once per project and shape in a cycle."""
         key = (w.project, w.demand, w.pods, w.gpu_models, w.node_pool)
+        group = (w.project, w.node_pool, w.gpu_models, w.may_go_over_quota)
+        if key not in cache and self.no_fit_after_release.covers(group, pod_size(w)):
+            cache[key] = False
         if key not in cache:
             cp = self.work.checkpoint()
             for r in releasing:
@@ -351,6 +371,8 @@ class _Cycle:
                 self._verdict(w, pool).allowed and self._place(w, pool) for pool in self._pools_for(w)
             )
             self.work.rollback(cp)
+            if not cache[key]:
+                self.no_fit_after_release.add(group, pod_size(w))
         return cache[key]
 
     def _plan_for(self, w: Workload) -> bool | str:
@@ -460,7 +482,7 @@ class _Cycle:
         """Would one pod of ``w`` have room on a node that a victim frees room on, with every
         victim the trial loop may take gone? Room only grows as victims go, so when this is
         False that loop cannot place ``w`` (it tries only such nodes): it is skipped."""
-        a, d = self.work.arrays, w.demand
+        a = self.work.arrays
         freed: dict[int, list] = {}  # node -> [GPU free per slot, CPU free, memory free]
         for v, choices, _ in self._victims_of(w, pool, candidates):
             for c in choices:
@@ -471,39 +493,89 @@ class _Cycle:
                     room[0][j] += c.milli
                 room[1] += v.demand.cpu_milli
                 room[2] += v.demand.memory_mib
-        need = a.need_milli(d) if d.is_fractional else 0
-        for node, (gpus, cpu, mem) in freed.items():
-            if not static[node] or cpu < d.cpu_milli or mem < d.memory_mib:
+        return any(static[node] and self._fits_room(w, node, *room) for node, room in freed.items())
+
+    def _wide_scan(self) -> int:
+        return 8 * self.cfg.max_victim_scan
+
+    def _node_plan(self, w: Workload, pool: str, strategy: str, static: np.ndarray) -> list | None:
+        """Room for one pod on one node: when taking candidates in the global eviction order
+        cannot make room (a pod that needs a whole node, say, while the candidates are
+        spread over many), look at each node on its own: its candidates in eviction order
+        until the pod fits there. The node that needs the fewest evictions wins (then the
+        lowest index). Looks further down the eviction order than the global trials. For
+        reclaim (quota, fair share): a project owed GPUs must not wait forever because its
+        pods are big; preemption inside a project keeps to the global order."""
+        gpu_work = w.demand.gpu_count > 0
+        per_node: dict[int, list] = defaultdict(list)
+        for v, floor in itertools.islice(self._candidates(w, pool, strategy), self._wide_scan()):
+            if gpu_work and not v.demand.gpu_count:
                 continue
-            if d.gpus:
-                if sum(1 for x in gpus if x == MILLI) >= d.gpus:
-                    return True
-            elif d.is_fractional:
-                nd = need if np.isscalar(need) else need[node]
-                if any(x >= n for x, n in zip(gpus, np.broadcast_to(nd, len(gpus)).tolist())):
-                    return True
-            else:
-                return True
-        return False
+            for node in {c.node for c in self.work.choices_of(v)}:
+                per_node[node].append((v, floor))
+        a, usage = self.work.arrays, self.work.usage
+        best: list | None = None
+        for node in sorted(per_node):
+            if not static[node]:
+                continue
+            room = [a.gpu_free[node].tolist(), int(a.cpu_free[node]), int(a.mem_free[node])]
+            gone: dict[str, int] = defaultdict(int)
+            chosen = []
+            for v, floor in per_node[node]:
+                if best is not None and len(chosen) + 1 >= len(best):
+                    break  # cannot beat the best node found so far
+                milli = self.work.milli_of(v)
+                if floor is not None and usage[(v.project, pool)] - gone[v.project] - milli < floor:
+                    continue
+                gone[v.project] += milli
+                choices = self.work.choices_of(v)
+                chosen.append((v, choices))
+                for c in choices:
+                    if c.node == node:
+                        for j in c.gpus:
+                            room[0][j] += c.milli
+                        room[1] += v.demand.cpu_milli
+                        room[2] += v.demand.memory_mib
+                if self._fits_room(w, node, *room):
+                    best = chosen
+                    break
+        return best
+
+    def _fits_room(self, w: Workload, node: int, gpus: list[int], cpu: int, mem: int) -> bool:
+        """Would one pod of ``w`` fit on ``node`` with this much room (GPU per slot, CPU,
+        memory)? Pool, model and GPU count are the caller's to check."""
+        d = w.demand
+        if cpu < d.cpu_milli or mem < d.memory_mib:
+            return False
+        if d.gpus:
+            return sum(1 for x in gpus if x == MILLI) >= d.gpus
+        if d.is_fractional:
+            need = self.work.arrays.need_milli(d)
+            nd = [need] * len(gpus) if np.isscalar(need) else need[node].tolist()
+            return any(x >= n for x, n in zip(gpus, nd))
+        return True
 
     def _evict_to_fit(self, w: Workload, pool: str, strategy: str) -> bool | str:
         """Evict candidates in order until ``w`` fits, then keep only the evictions it needs.
         Leaves ``w`` holding its room (it binds once the victims are gone)."""
         work = self.work
         cp = work.checkpoint()
+        gpu_work = w.demand.gpu_count > 0
+        # The candidates depend only on these (and on evictions, which clear ``hopeless``).
+        group = (w.project, w.effective_priority, pool, strategy, w.gpu_models, gpu_work)
+        if self.hopeless.covers(group, pod_size(w)):
+            return False  # a smaller pod found victims but no room with them all gone
         static = work.arrays.eligible(pool, w.gpu_models, PodDemand(gpus=w.demand.gpus))
-
         candidates = list(itertools.islice(self._candidates(w, pool, strategy), self.cfg.max_victim_scan))
         if not candidates:
             return "no victims"
-        gpu_work = w.demand.gpu_count > 0
         if not self._admissible_after(w, pool, strategy, candidates):
             # Even evicting every candidate would not let it in: skip the trials.
             return False if any(v.demand.gpu_count or not gpu_work for v, _ in candidates) else "no victims"
-        if w.pods == 1 and not self._room_with_all_gone(w, pool, candidates, static):
-            return False if self._any_victim(w, pool, candidates) else "no victims"
         victims: list[tuple[Workload, list[Choice]]] = []
         placed = None
+        if w.pods == 1 and not self._room_with_all_gone(w, pool, candidates, static):
+            candidates = []  # the trials below cannot make room: go to the per-node plan
         for v, floor in candidates:
             if gpu_work and not v.demand.gpu_count:
                 continue  # CPU-only work never makes room for GPUs
@@ -521,7 +593,20 @@ class _Cycle:
                     break
         if placed is None:
             work.rollback(cp)
-            return False if victims else "no victims"
+            if w.pods > 1 or strategy == "preempt":
+                return False if victims else "no victims"
+            victims = self._node_plan(w, pool, strategy, static)
+            if victims is None:
+                if self._any_victim(w, pool, list(itertools.islice(self._candidates(w, pool, strategy), self._wide_scan()))):
+                    self.hopeless.add(group, pod_size(w))
+                    return False
+                return "no victims"
+            for v, choices in victims:
+                work.give(v, choices)
+            placed = self._place(w, pool) if self._admitted(w, pool, strategy) else None
+            if placed is None:
+                work.rollback(cp)
+                return False
         # Fewest evictions: only victims on the nodes it landed on can matter; of those,
         # spare each one it still fits without, higher priorities first.
         used = {c.node for c in placed}
@@ -541,6 +626,8 @@ class _Cycle:
         if not (self._admitted(w, pool, strategy) and self._place(w, pool)):  # pragma: no cover - seen to fit above
             work.rollback(cp)
             return False
+        self.hopeless.clear()  # evictions change what room there is and who may be taken
+        self.no_fit_after_release.clear()
         for v, _ in needed:
             self.evicted.add(v.name)
             self.decisions.evictions.append(Evict(v.name, self._evict_reason(v, w, strategy), v.grace_period_s))

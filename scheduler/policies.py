@@ -258,6 +258,18 @@ class _BaseCache:
     def __init__(self, n: int):
         self.stamp = np.full(n, -1, dtype=np.int64)
         self.data: dict[str, np.ndarray] = {}
+        self.lookups = self.hits = 0  # of the per-state memos (``_RowCache.memo``)
+
+    def memo_pays(self) -> bool:
+        """Whether looking node states up in the memos is worth its cost in incremental
+        refreshes: it is where many nodes share states (big, evenly used clusters;
+        rolled-back trials), not where every node's free CPU differs (the FGD simulator's
+        small heterogeneous cluster). Either way the scores are the same."""
+        return self.lookups < 2000 or self.hits * 4 >= self.lookups
+
+    def memo_seen(self, lookups: int, hits: int) -> None:
+        self.lookups += lookups
+        self.hits += hits
 
     def rows(self, bound: _Bound, arrays: ClusterArrays, rows: np.ndarray) -> dict[str, np.ndarray]:
         stale = rows[self.stamp[rows] != arrays.stamp[rows]]
@@ -282,7 +294,7 @@ class _RowCache:
     back returns a node to a state already scored, so a moved stamp is mostly a memo hit.
     """
 
-    __slots__ = ("stamp", "score", "slot", "memo", "cpu_cap", "log", "seen")
+    __slots__ = ("stamp", "score", "slot", "memo", "cpu_cap", "log", "seen", "out")
 
     MEMO_MAX = 200_000  # states remembered per pod shape before the memo starts afresh
 
@@ -294,21 +306,42 @@ class _RowCache:
         self.cpu_cap = cpu_cap
         self.log: list[int] | None = None  # the ``changed`` log of the arrays last refreshed
         self.seen = 0  # how much of it the rows here are up to date with
+        self.out = np.zeros(n, dtype=bool)  # stale rows a call's mask left out
 
-    def dirty(self, arrays: ClusterArrays) -> np.ndarray:
-        """Rows whose stamp moved since they were scored: from the arrays' change log when
-        this cache has followed it, else by comparing every stamp."""
-        log = arrays.changed
-        if self.log is log:
-            rows = log[self.seen :]
-            self.seen = len(log)
-            if len(rows) <= SMALL:  # the usual case: a handful of rows, done in Python
-                mine, theirs = self.stamp, arrays.stamp
-                return sorted(r for r in set(rows) if mine[r] != theirs[r])
-            rows = np.unique(np.array(rows, dtype=np.int64))
-            return rows[self.stamp[rows] != arrays.stamp[rows]]
-        self.log, self.seen = log, len(log)
-        return np.flatnonzero(self.stamp != arrays.stamp)
+    def dirty(self, arrays: ClusterArrays, mask: np.ndarray | None):
+        """Rows in ``mask`` whose stamp moved since they were scored (a list when few, else
+        an array). Rows outside the mask are left stale and marked in ``out`` until a call
+        needs them. Found from the arrays' change log when this cache has followed it,
+        else by comparing every stamp."""
+        log, mine, theirs = arrays.changed, self.stamp, arrays.stamp
+        if self.log is not log:
+            self.log, self.seen = log, len(log)
+            stale = mine != theirs
+            if mask is None:
+                self.out[:] = False
+                return np.flatnonzero(stale)
+            self.out = stale & ~mask
+            return np.flatnonzero(stale & mask)
+        new = log[self.seen :]
+        self.seen = len(log)
+        waiting = np.flatnonzero(self.out if mask is None else self.out & mask)
+        if len(new) + len(waiting) <= SMALL:  # the usual case: a handful of rows, in Python
+            rows, out = [], self.out
+            for r in sorted(set(new).union(waiting.tolist())):
+                if mine[r] != theirs[r]:
+                    if mask is None or mask[r]:
+                        rows.append(r)
+                        out[r] = False
+                    else:
+                        out[r] = True
+            return rows
+        cand = np.union1d(np.array(new, dtype=np.int64), waiting)
+        cand = cand[mine[cand] != theirs[cand]]
+        if mask is not None:
+            self.out[cand[~mask[cand]]] = True
+            cand = cand[mask[cand]]
+        self.out[cand] = False
+        return cand
 
     def states(self, arrays: ClusterArrays, rows, demand: PodDemand) -> list[tuple]:
         """One hashable key per row that names everything its score depends on."""
@@ -386,7 +419,7 @@ class FragPolicy:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Per node: best score and GPU slot for ``demand``; NEG where the pod cannot fit on
         the GPUs (CPU, memory, pool and model are the caller's ``mask``, not checked here).
-        Every row whose stamp moved is rescored, whatever ``mask`` says: they are few."""
+        Rows outside ``mask`` may be stale: they are rescored when a later call needs them."""
         bound, rows_by_shape, base = self._state(arrays)
         key = _demand_key(demand)
         rc = rows_by_shape.get(key)
@@ -394,37 +427,49 @@ class FragPolicy:
             if len(rows_by_shape) >= self.cache_size:
                 rows_by_shape.clear()
             rc = rows_by_shape[key] = _RowCache(len(arrays.names), bound.cpu_cap(demand))
-        dirty = rc.dirty(arrays)
-        if len(dirty):
+        dirty = rc.dirty(arrays, mask)
+        if not len(dirty):
+            return rc.score, rc.slot
+        few = isinstance(dirty, list)  # an incremental refresh, where the memo's worth shows
+        use_memo = not few or base.memo_pays()
+        if use_memo:
             states = rc.states(arrays, dirty, demand)
             memo = rc.memo
             known = [memo.get(s) for s in states]
             miss = [i for i, k in enumerate(known) if k is None]
-            if miss:
-                rows = np.asarray(dirty, dtype=np.int64)
-                rows = rows[miss] if len(miss) < len(dirty) else rows
-                delta = bound.deltas(arrays, rows, demand, _need(arrays, demand), base.rows(bound, arrays, rows))
-                score, slot = self._reduce(arrays, rows, delta, demand)
-                if len(memo) + len(miss) > rc.MEMO_MAX:
-                    memo.clear()
-                for i, sc, sl in zip(miss, score.tolist(), slot.tolist()):
-                    known[i] = memo[states[i]] = (sc, sl)
-            if isinstance(dirty, list):
-                score, slot, stamp, now = rc.score, rc.slot, rc.stamp, arrays.stamp
-                for r, (sc, sl) in zip(dirty, known):
-                    score[r], slot[r], stamp[r] = sc, sl, now[r]
-            else:
-                sc, sl = zip(*known)
-                rc.score[dirty] = sc
-                rc.slot[dirty] = sl
-                rc.stamp[dirty] = arrays.stamp[dirty]
+            if few:
+                base.memo_seen(len(known), len(known) - len(miss))
+        else:
+            known, miss = [None] * len(dirty), list(range(len(dirty)))
+        if miss:
+            rows = np.asarray(dirty, dtype=np.int64)
+            rows = rows[miss] if len(miss) < len(dirty) else rows
+            delta = bound.deltas(arrays, rows, demand, _need(arrays, demand), base.rows(bound, arrays, rows))
+            score, slot = self._reduce(arrays, rows, delta, demand)
+            if use_memo and len(memo) + len(miss) > rc.MEMO_MAX:
+                memo.clear()
+            for i, sc, sl in zip(miss, score.tolist(), slot.tolist()):
+                known[i] = (sc, sl)
+                if use_memo:
+                    memo[states[i]] = known[i]
+        if few:
+            score, slot, stamp, now = rc.score, rc.slot, rc.stamp, arrays.stamp
+            for r, (sc, sl) in zip(dirty, known):
+                score[r], slot[r], stamp[r] = sc, sl, now[r]
+        else:
+            sc, sl = zip(*known)
+            rc.score[dirty] = sc
+            rc.slot[dirty] = sl
+            rc.stamp[dirty] = arrays.stamp[dirty]
         return rc.score, rc.slot
 
     def place(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand) -> Choice | None:
-        # The scores are NEG wherever the GPUs cannot hold the pod (every changed row is
-        # rescored), so the mask of pool, model, CPU and memory is all that is left to apply.
-        score, slot = self.node_scores(arrays, demand, mask)
-        s = np.where(mask, score, NEG)
+        # Whole GPUs: a cheap exact fit test, which also spares scoring nodes that cannot
+        # take the pod. Fractions: the deltas are NEG where no GPU has room, so the mask is
+        # enough (testing every slot here would cost N x G per call).
+        fit = mask & (arrays.full_free >= demand.gpus) if demand.gpus else mask
+        score, slot = self.node_scores(arrays, demand, fit)
+        s = np.where(fit, score, NEG)
         node = self.ties.pick(s)
         if node is None:
             return None
