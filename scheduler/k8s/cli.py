@@ -91,7 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    return asyncio.run(_amain(args))
+    # uvloop: the scheduler's CPU per pod is mostly event-loop, TLS and socket work (watch
+    # events, Bindings); under a burst that CPU is what keeps it behind the pod creators
+    import uvloop
+
+    return uvloop.run(_amain(args))
 
 
 if __name__ == "__main__":
