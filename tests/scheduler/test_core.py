@@ -130,6 +130,38 @@ def test_reclaim_evicts_over_quota_work_of_project_furthest_above_fair_share():
     assert "reclaiming GPUs from 2 workloads of project b" in d.reason("a1")
 
 
+def test_reclaim_clears_one_node_when_the_eviction_order_is_spread_over_many():
+    # b holds all 16 GPUs (8 over its quota), one-GPU pods; the most recent ones (first in
+    # eviction order) sit one per node. a, below its quota, needs a whole 4-GPU node: the
+    # first max_victim_scan candidates free one GPU on each node, which is no room; the
+    # per-node plan takes the four pods of one node instead (fewest evictions, lowest index).
+    ds, ps = org(("a", 8), ("b", 8))
+    nodes = [make_node(f"n{k}", gpus=4) for k in range(4)]
+    running = [make_workload(f"b-n{k}-g{g}").project("b").gpus(1).submitted(g * 4 + k)
+               .running((f"n{k}", (g,), 1000)).obj() for k in range(4) for g in range(4)]
+    pending = [make_workload("a1").project("a").gpus(4).submitted(100).obj()]
+    d = decide(snapshot(nodes, ds, ps, running + pending, max_victim_scan=4))
+    assert sorted(e.workload for e in d.evictions) == [f"b-n0-g{g}" for g in range(4)]
+    assert "reclaiming GPUs from 4 workloads of project b" in d.reason("a1")
+
+
+def test_reclaim_node_plan_keeps_the_victims_quota():
+    # Same cluster, but b may only lose 3 GPUs (quota 13): 3 of one node's pods go for a
+    # 3-GPU pod, and nothing for a 4-GPU pod.
+    ds, ps = org(("a", 3), ("b", 13))
+    nodes = [make_node(f"n{k}", gpus=4) for k in range(4)]
+    running = [make_workload(f"b-n{k}-g{g}").project("b").gpus(1).submitted(g * 4 + k)
+               .running((f"n{k}", (g,), 1000)).obj() for k in range(4) for g in range(4)]
+    pending = [make_workload("a1").project("a").gpus(3).submitted(100).obj()]
+    d = decide(snapshot(nodes, ds, ps, running + pending, max_victim_scan=4))
+    assert sorted(e.workload for e in d.evictions) == [f"b-n0-g{g}" for g in range(1, 4)]
+    # A whole node for a would take b 1 below its quota: nothing is evicted.
+    ds, ps = org(("a", 4), ("b", 13))
+    pending = [make_workload("a1").project("a").gpus(4).submitted(100).obj()]
+    d = decide(snapshot(nodes, ds, ps, running + pending, max_victim_scan=4))
+    assert d.evictions == []
+
+
 def test_reclaim_never_evicts_non_preemptible_work():
     ds, ps = org(("a", 4), ("b", 2))
     running = [make_workload(f"b{i}").project("b").kind(Kind.WORKSPACE).over_quota().gpus(1)
