@@ -109,9 +109,15 @@ class HubInference:
                            api_url=f"http://127.0.0.1:{self.rt.cfg.hub_port}/hub/api")
         self.server = activator.Server(self.controller, f"/services/{NAME}/",
                                        HubTokenAuth(hub_auth, self.rt.Session))
-        asyncio.ensure_future(self.server.listen(self.port))
+        asyncio.ensure_future(self.server.listen(self.port)).add_done_callback(self._listening)
         self.controller.start()
         asyncio.ensure_future(self._follow())
+
+    def _listening(self, fut: asyncio.Future) -> None:
+        if fut.cancelled() or fut.exception() is None:
+            return
+        log.error("inference activator cannot listen on 127.0.0.1:%d (GPUPOOL_SERVE_PORT): %s",
+                  self.port, fut.exception())
 
     async def _follow(self) -> None:
         while True:
