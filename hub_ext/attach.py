@@ -133,9 +133,10 @@ class Delivery:
             if d.kind == "hostpath" and links is not None:
                 links.mkdir(parents=True, exist_ok=True)
                 link = links / d.name
-                if link.is_symlink() or link.exists():
+                if link.is_symlink():
                     link.unlink()
-                link.symlink_to(d.spec["path"], target_is_directory=True)
+                if not link.exists():  # never replace a user's own file or folder there
+                    link.symlink_to(d.spec["path"], target_is_directory=True)
         if links is not None and att.datasources:
             env["GPUPOOL_DATA_DIR"] = str(links)
         return env

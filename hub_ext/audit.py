@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import JSON, Float, Integer, String, func, select
+from sqlalchemy import JSON, Float, Integer, String, and_, func, or_, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from .db import Base
@@ -121,11 +121,13 @@ def _int(raw: str | None, key: str, default: int, lo: int, hi: int) -> int:
 
 def query(s, actor: str | None = None, action: str | None = None, project: str | None = None,
           since: str | None = None, until: str | None = None, limit: str | None = None,
-          offset: str | None = None, projects: set[str] | None = None) -> dict:
+          offset: str | None = None, projects: set[str] | None = None,
+          departments: set[str] | None = None) -> dict:
     """Entries newest first, filtered, one page: ``{items, total, limit, offset}``.
     Arguments arrive as query-string text and are checked here (FieldError names the
-    field). ``action`` may be a prefix ending in '.' (``credential.``). ``projects``
-    bounds what a non-platform admin sees."""
+    field). ``action`` may be a prefix ending in '.' (``credential.``). ``projects`` and
+    ``departments`` bound what a department admin sees: entries of those projects, and
+    department and role changes in those departments."""
     lo, hi = _time(since, "since"), _time(until, "until")
     if lo is not None and hi is not None and hi < lo:
         raise FieldError("until", f"must be >= since ({lo:g}), got {hi:g}")
@@ -142,7 +144,13 @@ def query(s, actor: str | None = None, action: str | None = None, project: str |
     if project:
         conds.append(AuditRow.project == project)
     if projects is not None:
-        conds.append(AuditRow.project.in_(sorted(projects)))
+        depts = sorted(departments or ())
+        conds.append(or_(
+            AuditRow.project.in_(sorted(projects)),
+            and_(AuditRow.action.startswith("department."), AuditRow.target.in_(depts)),
+            and_(AuditRow.action.startswith("role."),
+                 AuditRow.details["department"].as_string().in_(depts)),
+        ))
     if lo is not None:
         conds.append(AuditRow.ts >= lo)
     if hi is not None:

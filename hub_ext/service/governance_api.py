@@ -28,15 +28,17 @@ def _require(h: ApiHandler, action: str, project: str | None = None) -> None:
     h.require(action, project=project)
 
 
-def audit_scope(who: roles.Who) -> set[str] | None:
-    """Projects whose audit entries ``who`` may read: None = all (platform admins); a
-    department admin reads their departments' projects; anyone else gets 403."""
+def audit_scope(who: roles.Who) -> dict:
+    """What audit entries ``who`` may read, as audit.query's ``projects``/``departments``:
+    everything (platform admins); a department admin their departments and their projects;
+    anyone else gets 403."""
     if who.platform_admin:
-        return None
+        return {}
     if who.admin_of:
-        return {p for p, d in who.departments.items() if d in who.admin_of}
+        return {"projects": {p for p, d in who.departments.items() if d in who.admin_of},
+                "departments": set(who.admin_of)}
     roles.check(who, "view_audit")  # raises Forbidden with the reason
-    return set()
+    return {"projects": set(), "departments": set()}
 
 
 def _project_exists(h: ApiHandler, s, project: str) -> None:
@@ -101,7 +103,7 @@ class AuditHandler(ApiHandler):
             out = audit.query(s, actor=arg("actor", None), action=arg("action", None),
                               project=arg("project", None), since=arg("since", None),
                               until=arg("until", None), limit=arg("limit", None),
-                              offset=arg("offset", None), projects=scope)
+                              offset=arg("offset", None), **scope)
         self.send(out)
 
 

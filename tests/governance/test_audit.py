@@ -149,8 +149,14 @@ def test_department_admin_sees_their_departments(gov_hub):
     call(gov_hub, "admin", "PATCH", "/projects/serving", {"over_quota_weight": 4}, expect=200)
     call(gov_hub, "admin", "PATCH", "/projects/serving", {"over_quota_weight": 1}, expect=200)
     assert entries(gov_hub, "project=serving")
+    for dept in ("research", "ops"):
+        call(gov_hub, "admin", "PATCH", f"/departments/{dept}", {"limit": 10}, expect=200)
+        call(gov_hub, "admin", "PATCH", f"/departments/{dept}", {"limit": None}, expect=200)
     seen = entries(gov_hub, "", user="erin")
-    assert seen and {e["project"] for e in seen} <= {"nlp", "vision"}
+    assert seen and {e["project"] for e in seen} <= {"nlp", "vision", ""}
+    changed = {e["target"] for e in seen if e["action"] == "department.updated"}
+    assert changed == {"research"}  # their department's changes, not ops'
+    assert all(e["details"]["department"] == "research" for e in seen if e["action"].startswith("role."))
 
 
 def _page(user: str, password: str, hub, path: str) -> tuple[int, str]:

@@ -53,7 +53,7 @@ class AuditPage(PageHandler):
         with self.Session() as s:
             try:
                 out = audit.query(s, **{k: v or None for k, v in filters.items()},
-                                  limit=str(page_size), offset=str(offset), projects=scope)
+                                  limit=str(page_size), offset=str(offset), **scope)
             except FieldError as e:
                 out, error = {"items": [], "total": 0, "limit": page_size, "offset": 0}, str(e)
         self.render_page("audit.html", out=out, filters=filters, error=error, when=_when,
