@@ -23,6 +23,13 @@ The pod:
   ``storage_pvc_ensure`` on by default); ``/lab`` or ``/vscode/`` (jupyter-vscode-proxy
   in the image) as the default URL; the image from ``environment_images``.
 
+Credentials and data sources attached to the request (``attach``): checked with the
+request (the attach is audited), their values read from the vault and written to one
+Secret per workspace (``POD-credentials``) just before KubeSpawner creates the pod (the
+delivery is audited); the pod references that Secret by ``secretKeyRef`` or a secret
+volume of mode 0400 and mounts each data source (``attach.kube_spawner_settings``), so no
+value is in the pod spec. ``stop`` deletes the Secret.
+
 While the pod waits, progress repeats gpupool-scheduler's reason (the pod's
 ``PodScheduled=False`` message) whenever it changes. A pod that cannot start
 (``pod_failure``: image pull errors, a crash loop, a failed pod, a request the scheduler
@@ -34,9 +41,11 @@ from __future__ import annotations
 
 import asyncio
 
+from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
 from traitlets import Dict, Unicode, default
 
+from . import attach
 from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest
 from .spawner import GpupoolSpawnerMixin
 
@@ -147,10 +156,15 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
     _BASE = ("extra_annotations", "extra_resource_limits", "extra_resource_guarantees",
              "extra_container_config", "environment", "image", "volumes", "volume_mounts")
 
-    def apply_request(self, req: WorkloadRequest) -> None:
-        """Set this spawner's pod settings from a checked request (no I/O). Each call starts
-        from the configured values, so a restart with another request keeps nothing of the
-        previous one."""
+    @property
+    def credentials_secret_name(self) -> str:
+        return attach.secret_name(self.pod_name)
+
+    def apply_request(self, req: WorkloadRequest,
+                      att: attach.Attachments | None = None) -> None:
+        """Set this spawner's pod settings from a checked request and its checked attachments
+        (no I/O). Each call starts from the configured values, so a restart with another
+        request keeps nothing of the previous one."""
         if not hasattr(self, "_gp_base"):
             self._gp_base = {k: getattr(self, k) for k in self._BASE}
         base = self._gp_base
@@ -183,6 +197,11 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
             mounts.append({"name": PRELOAD_VOLUME, "mountPath": self.preload_mount_dir,
                            "readOnly": True})
             env["LD_PRELOAD"] = f"{self.preload_mount_dir.rstrip('/')}/{self.preload_name}"
+        if att:
+            parts = attach.kube_spawner_settings(att, self.credentials_secret_name)
+            env.update(parts["environment"])
+            volumes += parts["volumes"]
+            mounts += parts["volume_mounts"]
         self.extra_annotations = {**base["extra_annotations"], **ann}
         self.extra_resource_limits = {**base["extra_resource_limits"], **limits}
         self.extra_resource_guarantees = {**base["extra_resource_guarantees"], **limits}
@@ -196,20 +215,61 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
         self.image = self.environment_images.get(req.environment, base["image"])
 
     # -- start / stop / progress -------------------------------------------------------------
+    def _attachments(self, req: WorkloadRequest) -> attach.Attachments:
+        """The request's credentials and data sources, checked in its project; the attach
+        is audited as in embedded mode. FieldError names the field."""
+        if not req.credentials and not req.datasources:
+            return attach.Attachments(req.project)
+        taken = {self.home_mount_path: "the workspace's home",
+                 self.preload_mount_dir: "gpupool's GPU library"}
+        with self.gpupool.Session() as s:
+            att = attach.check(s, req.project, req.credentials, req.datasources, taken)
+            attach.record_use(s, self.user.name, self.workload, att, "attach")
+            s.commit()
+        return att
+
     def start(self):
-        """Check the request, set the pod up, then KubeSpawner's start (creates the pod; the
-        scheduler places it). Returns KubeSpawner's future, as KubeSpawner.start does."""
+        """Check the request and its attachments, set the pod up, then KubeSpawner's start
+        (``_start`` below writes the Secret, then creates the pod; the scheduler places it).
+        Returns KubeSpawner's future, as KubeSpawner.start does."""
         try:
             req = self.request()
+            att = self._attachments(req)
         except FieldError as e:
             raise RuntimeError(f"Invalid request: {e}") from None
         self.gpupool.store.save_options(self.user.name, req.to_dict())
-        self.apply_request(req)
+        self.apply_request(req, att)
+        self._gp_attached = att
         kind = WORKSPACE_KINDS[req.workspace_kind]
         self._gp_submitted = (f"Submitted {kind} to project {req.project}: {req.gpu_label()}, "
                               f"{req.cpu:g} CPU, {req.memory_gib:g} GiB memory; "
                               f"waiting for gpupool-scheduler")
+        if att:
+            self._gp_submitted += (
+                f". Attached credentials: {', '.join(req.credentials) or '(none)'}; "
+                f"data sources: {', '.join(req.datasources) or '(none)'}")
         return KubeSpawner.start(self)
+
+    async def _start(self):
+        # KubeSpawner.start wraps this coroutine in the future progress() follows; the
+        # Secret the pod references must exist before the pod is created.
+        att = getattr(self, "_gp_attached", None)
+        if att and att.credentials:
+            rt = self.gpupool
+            try:
+                with rt.Session() as s:
+                    vals = attach.values(s, rt.delivery.vault, att)
+                    attach.record_use(s, self.user.name, self.workload, att, "deliver")
+                    s.commit()
+            except FieldError as e:  # deleted since the request was checked
+                raise RuntimeError(f"Invalid request: {e}") from None
+            await attach.ensure_secret(self.api, attach.secret_manifest(
+                self.credentials_secret_name, self.namespace, vals, {"gpupool.io/kind": "workspace"}))
+        elif att:  # data sources only: no values, the delivery is still audited
+            with self.gpupool.Session() as s:
+                attach.record_use(s, self.user.name, self.workload, att, "deliver")
+                s.commit()
+        return await KubeSpawner._start(self)
 
     def is_pod_running(self, pod):
         """KubeSpawner's check while it waits for the pod; a pod that cannot start raises
@@ -261,4 +321,16 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
 
     async def stop(self, now=False):
         # Deleting the pod is what frees its GPUs: gpupool-scheduler watches it go.
-        return await KubeSpawner.stop(self, now=now)
+        try:
+            await KubeSpawner.stop(self, now=now)
+        finally:
+            await self._delete_secret()
+
+    async def _delete_secret(self) -> None:
+        """The workspace's credentials Secret goes with it (none is fine: no credentials,
+        or a hub restarted since, which keeps no record of what was attached)."""
+        try:
+            await self.api.delete_namespaced_secret(self.credentials_secret_name, self.namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise

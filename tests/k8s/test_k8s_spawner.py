@@ -407,3 +407,157 @@ def test_progress_shows_the_scheduler_reason(k8s_cluster: ClusterInfo, ns, sched
     assert cond["status"] == "False"
     assert waiting == f"Waiting for gpupool-scheduler: {cond['message']}"
     assert not pod["spec"].get("nodeName")
+
+
+# ------------------------------------------------------------- credentials and data sources
+S3_KEY, S3_SECRET, TOKEN = "AKIAKSPAWNTEST0001", "s3-secret-kspawn-7c2a", "registry-kspawn-e41f"
+
+
+class _DbRuntime(_Runtime):
+    """The parts of the hub's Runtime the attachments need: a real database (credentials
+    sealed with a real vault key, data sources, the audit log) and the delivery's vault."""
+
+    def __init__(self, project: str, state_dir):
+        from hub_ext import attach, credentials, datasources
+        from hub_ext.db import DepartmentRow, ProjectRow, make_sessionmaker
+
+        super().__init__(project)
+        self.Session = make_sessionmaker(f"sqlite:///{state_dir}/gpupool.sqlite")
+        self.delivery = attach.Delivery(self.Session, credentials.Vault(state_dir / "key"),
+                                        state_dir)
+        with self.Session() as s:
+            s.add(DepartmentRow(name="d-kcred", gpus=8))
+            s.add(ProjectRow(name=project, department="d-kcred", gpus=1))
+            s.flush()
+            credentials.create(s, self.delivery.vault, project, {
+                "name": "s3", "data": {"AWS_ACCESS_KEY_ID": S3_KEY,
+                                       "AWS_SECRET_ACCESS_KEY": S3_SECRET}}, "admin")
+            credentials.create(s, self.delivery.vault, project, {
+                "name": "registry", "delivery": "files", "data": {"token": TOKEN}}, "admin")
+            datasources.create(s, project, {"name": "imagenet", "kind": "pvc",
+                                            "claim": "imagenet-ro"}, "admin")
+            s.commit()
+
+
+@pytest.mark.slow
+def test_spawner_delivers_credentials_and_data_sources(k8s_cluster: ClusterInfo, ns, sched,
+                                                       tmp_path, monkeypatch):
+    """A workspace with an env credential, a files credential and a PVC data source: the
+    Secret holds the values, the pod references its keys (secretKeyRef; a secret volume of
+    mode 0400) and mounts the claim; the use is audited; no value is in the pod or the
+    progress; stop deletes the Secret."""
+    import base64
+
+    from sqlalchemy import select
+
+    from hub_ext.audit import AuditRow
+    from hub_ext.k8s_spawner import GpupoolKubeSpawner
+    from scheduler.k8s.client import ApiError
+
+    Spawner, c = _kspawner(k8s_cluster, ns, "p-kcred", monkeypatch)
+    rt = _DbRuntime("p-kcred", tmp_path)
+    Spawner.gpupool = property(lambda self: rt)
+    assert issubclass(Spawner, GpupoolKubeSpawner)
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            await create_org(kc, "d-kcred", 8, {"p-kcred": {"gpus": 1}})
+            await kc.post(f"/api/v1/namespaces/{ns}/persistentvolumeclaims", {
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "imagenet-ro"},
+                "spec": {"accessModes": ["ReadOnlyMany"],
+                         "resources": {"requests": {"storage": "1Gi"}}}})
+            sp = Spawner(config=c, _mock=True)
+            try:
+                sp.user_options = {"project": "p-kcred", "gpu_fraction": 0.25, "cpu": 1,
+                                   "memory_gib": 1, "credentials": ["s3", "registry"],
+                                   "datasources": ["imagenet"]}
+                start = sp.start()
+                messages = []
+
+                async def follow():
+                    async for ev in sp.progress():
+                        messages.append(ev)
+
+                follower = asyncio.ensure_future(follow())
+                await asyncio.wait_for(start, 300)
+                await asyncio.wait_for(follower, 60)
+                pod = await kc.get(f"/api/v1/namespaces/{ns}/pods/{sp.pod_name}")
+                secret = await kc.get(f"/api/v1/namespaces/{ns}/secrets/{sp.credentials_secret_name}")
+                events = (await kc.get(f"/api/v1/namespaces/{ns}/events"))["items"]
+                await sp.stop(now=True)
+                try:
+                    await kc.get(f"/api/v1/namespaces/{ns}/secrets/{sp.credentials_secret_name}")
+                    after = "still there"
+                except ApiError as e:
+                    after = e.status
+                return sp.workload, pod, secret, events, messages, after
+            finally:
+                await delete_org(kc, "d-kcred", ["p-kcred"])
+                await _stop_reflectors()
+
+    workload, pod, secret, events, messages, after = run(go())
+    assert pod["spec"]["nodeName"]  # placed by gpupool-scheduler, running under kwok
+    stored = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert stored == {"s3.AWS_ACCESS_KEY_ID": S3_KEY, "s3.AWS_SECRET_ACCESS_KEY": S3_SECRET,
+                      "registry.token": TOKEN}
+    (ctr,) = pod["spec"]["containers"]
+    env = {e["name"]: e for e in ctr["env"]}
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert env[var]["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"],
+                                                         "key": f"s3.{var}"}
+    assert env["GPUPOOL_CREDENTIALS_REGISTRY"]["value"] == "/var/run/gpupool/credentials/registry"
+    assert env["GPUPOOL_DATA_IMAGENET"]["value"] == "/data/imagenet"
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert vols["cred-registry"]["secret"] == {
+        "secretName": secret["metadata"]["name"], "defaultMode": 0o400,
+        "items": [{"key": "registry.token", "path": "token"}]}
+    assert vols["data-imagenet"]["persistentVolumeClaim"] == {"claimName": "imagenet-ro",
+                                                              "readOnly": True}
+    assert {"home", "gpupool-preload"} <= set(vols)  # the request's own volumes stay
+    mounts = {m["name"]: m for m in ctr["volumeMounts"]}
+    assert mounts["data-imagenet"] == {"name": "data-imagenet", "mountPath": "/data/imagenet",
+                                       "readOnly": True}
+    assert mounts["cred-registry"]["mountPath"] == "/var/run/gpupool/credentials/registry"
+    assert mounts["cred-registry"]["readOnly"] is True
+    assert after == 404, "the Secret outlived the workspace"
+    text = [m.get("message", "") for m in messages]
+    assert any("Attached credentials: s3, registry; data sources: imagenet" in m for m in text)
+    for value in (S3_KEY, S3_SECRET, TOKEN):
+        assert value not in str(pod) and value not in str(messages) and value not in str(events)
+    with rt.Session() as s:
+        used = [(r.action, r.target, r.details["stage"]) for r in s.scalars(
+            select(AuditRow).where(AuditRow.action.like("%.used")).order_by(AuditRow.id))]
+        assert all(r.details.get("workload") == workload for r in s.scalars(
+            select(AuditRow).where(AuditRow.action.like("%.used"))))
+    assert sorted(used) == sorted(
+        (a, t, stage) for stage in ("attach", "deliver") for a, t in (
+            ("credential.used", "p-kcred/s3"), ("credential.used", "p-kcred/registry"),
+            ("datasource.used", "p-kcred/imagenet")))
+
+
+def test_unknown_attachment_is_a_field_error(tmp_path, monkeypatch, manifest):
+    """A credential the project does not have ends the start with the field named; no pod."""
+    from traitlets.config import Config
+
+    from hub_ext.k8s_spawner import GpupoolKubeSpawner
+
+    rt = _DbRuntime("p-kbad", tmp_path)
+
+    class Spawner(GpupoolKubeSpawner):
+        gpupool = property(lambda self: rt)
+
+    async def go():
+        c = Config()
+        c.KubeSpawner.namespace = "hub"
+        sp = Spawner(config=c, _mock=True)
+        sp.user_options = {"project": "p-kbad", "gpu_fraction": 0.5, "credentials": ["nope"]}
+        with pytest.raises(RuntimeError, match="Invalid request: credentials: .*'nope'"):
+            sp.start()
+        sp.user_options = {"project": "p-kbad", "gpu_fraction": 0.5,
+                           "datasources": ["imagenet"]}
+        sp.home_mount_path = "/data"
+        with pytest.raises(RuntimeError, match="datasources: .*conflicts with /data"):
+            sp.start()
+
+    asyncio.run(go())
