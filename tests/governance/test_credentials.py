@@ -30,8 +30,6 @@ from hubkernel import run_code
 from hubproc import ADMIN_PW, USER_PW
 from openapi_check import spec, validate
 
-from tests.k8s.conftest import k8s_cluster  # noqa: F401  (the local Kubernetes cluster)
-
 from .conftest import api
 
 pytestmark = pytest.mark.slow

@@ -1,85 +1,15 @@
-"""Session fixture: a real local Kubernetes control plane (scripts/test-cluster).
-
-etcd + kube-apiserver built from the pinned upstream sources, kwok for fake GPU nodes;
-nothing is mocked. The first run on a machine builds the binaries (``make k8s`` does it
-ahead of pytest so that no test's timeout includes the build); later runs reuse the cache
-under ``$GPUPOOL_CACHE`` (default ``~/.cache/gpupool``) and start in seconds.
-"""
+"""Fixtures of the tests against the local Kubernetes cluster. ``k8s_cluster`` (the one
+session cluster) and ``ns`` (a fresh namespace) live in tests/conftest.py; they are not
+imported here, so that ``from tests.k8s.conftest import ...`` never makes a second one."""
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import shutil
-import signal
-
 import pytest
 
-from scheduler.k8s.testcluster import (
-    ClusterInfo,
-    TestCluster,
-    apply_crds,
-    binaries_cached,
-    build_binaries,
-)
+from scheduler.k8s.testcluster import ClusterInfo
+from tests.conftest import GPUS_PER_NODE, NODES
 
-NODES = 4
-GPUS_PER_NODE = 8
-
-
-def pytest_collection_modifyitems(config, items):
-    # Without Go nothing can be built: say so once instead of failing every test.
-    if shutil.which("go") is None:
-        skip = pytest.mark.skip(reason="Go is needed to build the local Kubernetes test cluster")
-        for item in items:
-            if "k8s_cluster" in getattr(item, "fixturenames", ()):
-                item.add_marker(skip)
-
-
-def _build_first() -> None:
-    """``make k8s`` builds before pytest starts. When pytest runs alone on a machine that
-    has not built yet, build here; the build outlasts a test's timeout on a cold machine, so
-    the per-test alarm of pytest-timeout is switched off for this (first) test only."""
-    if binaries_cached():
-        return
-    if hasattr(signal, "setitimer"):
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    build_binaries()
-
-
-@pytest.fixture(scope="session")
-def k8s_cluster() -> ClusterInfo:
-    _build_first()
-    cluster = TestCluster(nodes=NODES, gpus_per_node=GPUS_PER_NODE)
-    info = cluster.start()
-    try:
-        asyncio.run(apply_crds(info))
-        yield info
-    finally:
-        cluster.stop()
-
-
-@pytest.fixture
-def ns(k8s_cluster: ClusterInfo, request) -> str:
-    """A fresh namespace for one test; its pods are deleted afterwards."""
-    from .helpers import create_namespace, delete_pods, kube
-
-    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:8]
-    name = request.node.originalname.lower().replace("_", "-")[:40].strip("-")
-    name = f"{name}-{digest}"
-
-    async def setup():
-        async with kube(k8s_cluster) as kc:
-            await create_namespace(kc, name)
-            await delete_pods(kc, name)
-
-    async def teardown():
-        async with kube(k8s_cluster) as kc:
-            await delete_pods(kc, name)
-
-    asyncio.run(setup())
-    yield name
-    asyncio.run(teardown())
+__all__ = ["GPUS_PER_NODE", "NODES"]
 
 
 @pytest.fixture

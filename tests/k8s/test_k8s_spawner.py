@@ -537,7 +537,8 @@ def test_spawner_delivers_credentials_and_data_sources(k8s_cluster: ClusterInfo,
 
 
 def test_unknown_attachment_is_a_field_error(tmp_path, monkeypatch, manifest):
-    """A credential the project does not have ends the start with the field named; no pod."""
+    """A credential the project does not have ends the start with the field named; no pod.
+    (``manifest``: for its fake kubeconfig, which the spawner loads when constructed.)"""
     from traitlets.config import Config
 
     from hub_ext.k8s_spawner import GpupoolKubeSpawner

@@ -1,0 +1,86 @@
+"""Fixtures every test folder may use: the local Kubernetes cluster (scripts/test-cluster).
+
+One session cluster for the whole run: etcd + kube-apiserver built from the pinned upstream
+sources, kwok for fake GPU nodes; nothing is mocked. Tests anywhere under tests/ ask for
+``k8s_cluster`` (and ``ns``, a fresh namespace) by name; no module imports them, since a
+fixture imported into a module is a second fixture there (a second cluster). tests/chart
+starts its own cluster with controllers (``chart_cluster``). The first run on a machine
+builds the binaries (``make k8s`` does it ahead of pytest so that no test's timeout
+includes the build); later runs reuse the cache under ``$GPUPOOL_CACHE`` (default
+``~/.cache/gpupool``) and start in seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import shutil
+import signal
+
+import pytest
+
+from scheduler.k8s.testcluster import (
+    ClusterInfo,
+    TestCluster,
+    apply_crds,
+    binaries_cached,
+    build_binaries,
+)
+
+NODES = 4
+GPUS_PER_NODE = 8
+
+
+def pytest_collection_modifyitems(config, items):
+    # Without Go nothing can be built: say so once instead of failing every test.
+    if shutil.which("go") is None:
+        skip = pytest.mark.skip(reason="Go is needed to build the local Kubernetes test cluster")
+        for item in items:
+            if "k8s_cluster" in getattr(item, "fixturenames", ()):
+                item.add_marker(skip)
+
+
+def _build_first() -> None:
+    """``make k8s`` builds before pytest starts. When pytest runs alone on a machine that
+    has not built yet, build here; the build outlasts a test's timeout on a cold machine, so
+    the per-test alarm of pytest-timeout is switched off for this (first) test only."""
+    if binaries_cached():
+        return
+    if hasattr(signal, "setitimer"):
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    build_binaries()
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster() -> ClusterInfo:
+    _build_first()
+    cluster = TestCluster(nodes=NODES, gpus_per_node=GPUS_PER_NODE)
+    info = cluster.start()
+    try:
+        asyncio.run(apply_crds(info))
+        yield info
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def ns(k8s_cluster: ClusterInfo, request) -> str:
+    """A fresh namespace for one test; its pods are deleted afterwards."""
+    from tests.k8s.helpers import create_namespace, delete_pods, kube
+
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:8]
+    name = request.node.originalname.lower().replace("_", "-")[:40].strip("-")
+    name = f"{name}-{digest}"
+
+    async def setup():
+        async with kube(k8s_cluster) as kc:
+            await create_namespace(kc, name)
+            await delete_pods(kc, name)
+
+    async def teardown():
+        async with kube(k8s_cluster) as kc:
+            await delete_pods(kc, name)
+
+    asyncio.run(setup())
+    yield name
+    asyncio.run(teardown())
