@@ -503,9 +503,12 @@ class _Cycle:
         cannot make room (a pod that needs a whole node, say, while the candidates are
         spread over many), look at each node on its own: its candidates in eviction order
         until the pod fits there. The node that needs the fewest evictions wins (then the
-        lowest index). Looks further down the eviction order than the global trials. For
-        reclaim (quota, fair share): a project owed GPUs must not wait forever because its
-        pods are big; preemption inside a project keeps to the global order."""
+        lowest index). Looks further down the eviction order than the global trials.
+
+        Fair-share reclaim only: there a project below its fair share whose pods need a
+        whole node otherwise never gets its share (skewed replay: speech and genai). For
+        quota reclaim the replay got worse with it (balanced: resumed work taken again,
+        thrash 15, Jain 0.89), and preemption inside a project keeps to the global order."""
         gpu_work = w.demand.gpu_count > 0
         per_node: dict[int, list] = defaultdict(list)
         for v, floor in itertools.islice(self._candidates(w, pool, strategy), self._wide_scan()):
@@ -593,7 +596,7 @@ class _Cycle:
                     break
         if placed is None:
             work.rollback(cp)
-            if w.pods > 1 or strategy == "preempt":
+            if w.pods > 1 or strategy != "fair share":
                 return False if victims else "no victims"
             victims = self._node_plan(w, pool, strategy, static)
             if victims is None:
