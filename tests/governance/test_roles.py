@@ -370,8 +370,19 @@ def test_lists_never_leak_other_projects(world, person):
             if path in ("/workloads", "/trainings", "/inferences", "/projects"):  # not vacuous
                 assert {"nlp", "serving"} <= got, (person, path, got)
             continue
-        leaked = got - allowed
+        if path == "/audit":  # department and role changes carry a department, not a project
+            depts = {DEPTS[p] for p in seen}
+            leaked = {(i["action"], i["project"] or i["target"]) for i in data["items"]
+                      if not (i["project"] in seen if i["project"] else _audit_department(i) in depts)}
+        else:
+            leaked = got - allowed
         assert not leaked, f"{person} sees {path} items of {leaked}"
+
+
+def _audit_department(item: dict) -> str | None:
+    if item["action"].startswith("department."):
+        return item["target"]
+    return (item.get("details") or {}).get("department") if item["action"].startswith("role.") else None
 
 
 def test_nodes_hide_other_projects_workload_names(world):
