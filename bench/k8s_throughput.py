@@ -50,6 +50,7 @@ from scheduler.k8s.testcluster import (  # noqa: E402
 )
 
 NS = "bench"
+BIND_CONCURRENCY = 48  # Bindings in flight, gpupool and the bare loop alike (--bind-concurrency)
 PROFILE = os.environ.get("GPUPOOL_BENCH_PROFILE", "")  # a folder: cProfile the scheduler
 GROUP = "/apis/gpupool.io/v1alpha1"
 
@@ -263,7 +264,8 @@ def start_gpupool(info: ClusterInfo, log_dir: Path) -> subprocess.Popen:
     prof = ["-m", "cProfile", "-o", str(Path(PROFILE) / f"gpupool-{time.time():.0f}.prof")] \
         if PROFILE else []
     return subprocess.Popen([sys.executable, *prof, "-m", "scheduler.k8s", "--kubeconfig",
-                             str(info.kubeconfig), "--lease-name", "gpupool-bench", "-v"],
+                             str(info.kubeconfig), "--lease-name", "gpupool-bench", "-v",
+                             "--bind-concurrency", str(BIND_CONCURRENCY)],
                             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
 
@@ -272,7 +274,7 @@ def start_bare_binder(info: ClusterInfo, log_dir: Path, nodes: list[str],
     out = open(log_dir / "bare-binder.log", "wb")  # noqa: SIM115
     job = log_dir / "bare-binder.json"
     job.write_text(json.dumps({"nodes": nodes, "host": info.host, "token": info.token,
-                               "ca_file": str(info.ca_file)}))
+                               "ca_file": str(info.ca_file), "concurrency": BIND_CONCURRENCY}))
     return subprocess.Popen([sys.executable, __file__, "--bare-binder", str(job),
                              "--gpus-per-node", str(gpus)], stdout=out, stderr=subprocess.STDOUT)
 
@@ -285,9 +287,10 @@ def run_bare_binder(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         stopped = asyncio.Event()
         loop.add_signal_handler(signal.SIGTERM, stopped.set)
-        async with KubeClient(job["host"], job["token"], job["ca_file"], max_connections=64) as kb:
+        async with KubeClient(job["host"], job["token"], job["ca_file"],
+                              max_connections=job["concurrency"] + 16) as kb:
             task = asyncio.create_task(bare_binder(kb, job["nodes"], args.gpus_per_node,
-                                                   "bench-bare", 48))
+                                                   "bench-bare", job["concurrency"]))
             await asyncio.wait([task, asyncio.create_task(stopped.wait())],
                                return_when=asyncio.FIRST_COMPLETED)
             task.cancel()
@@ -384,8 +387,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", choices=("kube_scheduler", "gpupool", "ceiling"),
                     help="run only these (the ratios then need the others)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    ap.add_argument("--bind-concurrency", type=int, default=48,
+                    help="Bindings in flight for gpupool-scheduler and the bare loop")
     ap.add_argument("--bare-binder", metavar="JOB.json", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    global BIND_CONCURRENCY
+    BIND_CONCURRENCY = args.bind_concurrency
     if args.bare_binder:
         return run_bare_binder(args)
     load0 = os.getloadavg()
