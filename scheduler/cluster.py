@@ -19,6 +19,8 @@ import numpy as np
 
 from .model import MILLI, Node, PodDemand
 
+CHANGE_LOG_MAX = 1 << 16
+
 
 class Lineage:
     """Shared by an array set and its copies: the stamp clock and policies' per-node caches."""
@@ -121,7 +123,7 @@ class ClusterArrays:
         self.cpu_free[node] -= cpu
         self.mem_free[node] -= mem
         self.stamp[node] = next(self.lineage.clock)
-        self.changed.append(node)
+        self._log_change(node)
 
     def give(self, node: int, gpus: tuple[int, ...], milli: int, cpu: int, mem: int) -> None:
         for j in gpus:
@@ -131,6 +133,13 @@ class ClusterArrays:
         self.cpu_free[node] += cpu
         self.mem_free[node] += mem
         self.stamp[node] = next(self.lineage.clock)
+        self._log_change(node)
+
+    def _log_change(self, node: int) -> None:
+        # A long-lived array set (the snapshot's, fed for days) starts a fresh log now and
+        # then; a cache that followed the old one then compares every stamp once.
+        if len(self.changed) >= CHANGE_LOG_MAX:
+            self.changed = []
         self.changed.append(node)
 
     def eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import scheduler.cluster as cluster_module
 from scheduler.cluster import ClusterArrays
 from scheduler.model import GPU, MILLI, Node, PodDemand
 from scheduler.placement import POLICIES, Choice, get_policy
@@ -136,9 +137,14 @@ def test_gpupool_delta_is_mean_of_fgd_and_capacity_deltas(demand):
             assert mixed[n, j] == pytest.approx(0.5 * (fgd[n, j] + cap))
 
 
+@pytest.mark.parametrize("log_max", [None, 7])
 @pytest.mark.parametrize("name", ["fgd", "gpupool"])
-def test_stamp_cache_equals_fresh_computation(name):
-    """Scores from the cache stay equal to a recomputation through takes, gives and copies."""
+def test_stamp_cache_equals_fresh_computation(name, log_max, monkeypatch):
+    """Scores from the cache (per-node stamps, the change log, the per-state memo) stay equal
+    to a recomputation through takes, gives and copies; also when the change log restarts
+    often (``log_max``)."""
+    if log_max is not None:
+        monkeypatch.setattr(cluster_module, "CHANGE_LOG_MAX", log_max)
     base = random_cluster(2)
     policy = get_policy(name)
     policy.mix = MIX
