@@ -79,7 +79,9 @@ def test_submit_describe_logs_suspend_resume_delete(tmp_path, fake_login):
                 assert [i["name"] for i in items["items"]] == ["hello"]
                 _, items = await api("GET", "/trainings", user="dave", expect=200)
                 assert items["items"] == []
-                await api("GET", "/trainings/hello", user="dave", expect=404)
+                # another project's job: denied with the reason (403), not hidden as a 404
+                _, err = await api("GET", "/trainings/hello", user="dave", expect=403)
+                assert "not a member" in err["error"]["message"], err
                 for _ in range(100):
                     _, logs = await api("GET", "/trainings/hello/logs?rank=1", expect=200)
                     if any(ln.startswith("rank") for ln in logs["lines"]):
