@@ -7,7 +7,6 @@ scope -> 403; every error body is ``{"error": {"status", "field", "message"}}``.
 from __future__ import annotations
 
 import json
-import traceback
 
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
@@ -118,8 +117,7 @@ class ApiHandler(BaseHandler):
         exc = kwargs.get("exc_info")
         if message is None and exc and isinstance(exc[1], web.HTTPError):
             message = exc[1].log_message or self._reason
-        elif message is None and exc:
-            self.log.error("".join(traceback.format_exception(*exc)))
+        elif message is None and exc:  # tornado has logged the traceback (log_exception)
             message = "internal error; see the service log"
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": {
