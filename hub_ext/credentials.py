@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
-from sqlalchemy import JSON, Float, ForeignKey, String, Text, select
+from sqlalchemy import JSON, Float, ForeignKey, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from . import audit
+from . import audit, project_items
 from .db import Base, ProjectRow
 from .org import Conflict, NotFound
 from .requests import FieldError
@@ -174,34 +174,22 @@ def create(s, vault: Vault, project: str, data: dict, actor: str) -> dict:
 
 
 def delete(s, project: str, name: str, actor: str) -> None:
-    row = s.get(CredentialRow, (project, name))
-    if row is None:
-        raise NotFound(f"credential {name!r} does not exist in project {project!r}")
+    row = project_items.row(s, CredentialRow, "credential", project, name)
     s.delete(row)
     audit.record(s, actor, "credential.deleted", f"{project}/{name}", {"keys": list(row.keys)},
                  project)
 
 
 def get(s, project: str, name: str) -> dict:
-    row = s.get(CredentialRow, (project, name))
-    if row is None:
-        raise NotFound(f"credential {name!r} does not exist in project {project!r}")
-    return credential_dict(row)
+    return credential_dict(project_items.row(s, CredentialRow, "credential", project, name))
 
 
 def list_for(s, project: str) -> list[dict]:
-    rows = s.scalars(select(CredentialRow).where(CredentialRow.project == project)
-                     .order_by(CredentialRow.name)).all()
-    return [credential_dict(r) for r in rows]
+    return [credential_dict(r) for r in project_items.rows(s, CredentialRow, project)]
 
 
 def names_by_project(s, projects) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {p: [] for p in projects}
-    q = select(CredentialRow.project, CredentialRow.name).where(
-        CredentialRow.project.in_(list(projects))).order_by(CredentialRow.name)
-    for project, name in s.execute(q):
-        out[project].append(name)
-    return out
+    return project_items.names_by_project(s, CredentialRow, projects)
 
 
 def rows_for(s, project: str, names: list[str], field_name: str = "credentials") -> list[CredentialRow]:

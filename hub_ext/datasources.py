@@ -23,10 +23,10 @@ import posixpath
 import re
 import time
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, String, Text, select
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from . import audit
+from . import audit, project_items
 from .credentials import NAME_RE
 from .db import Base, ProjectRow
 from .org import Conflict, NotFound
@@ -160,33 +160,21 @@ def create(s, project: str, data: dict, actor: str) -> dict:
 
 
 def delete(s, project: str, name: str, actor: str) -> None:
-    row = s.get(DataSourceRow, (project, name))
-    if row is None:
-        raise NotFound(f"data source {name!r} does not exist in project {project!r}")
+    row = project_items.row(s, DataSourceRow, "data source", project, name)
     s.delete(row)
     audit.record(s, actor, "datasource.deleted", f"{project}/{name}", {"kind": row.kind}, project)
 
 
 def get(s, project: str, name: str) -> dict:
-    row = s.get(DataSourceRow, (project, name))
-    if row is None:
-        raise NotFound(f"data source {name!r} does not exist in project {project!r}")
-    return datasource_dict(row)
+    return datasource_dict(project_items.row(s, DataSourceRow, "data source", project, name))
 
 
 def list_for(s, project: str) -> list[dict]:
-    rows = s.scalars(select(DataSourceRow).where(DataSourceRow.project == project)
-                     .order_by(DataSourceRow.name)).all()
-    return [datasource_dict(r) for r in rows]
+    return [datasource_dict(r) for r in project_items.rows(s, DataSourceRow, project)]
 
 
 def names_by_project(s, projects) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {p: [] for p in projects}
-    q = select(DataSourceRow.project, DataSourceRow.name).where(
-        DataSourceRow.project.in_(list(projects))).order_by(DataSourceRow.name)
-    for project, name in s.execute(q):
-        out[project].append(name)
-    return out
+    return project_items.names_by_project(s, DataSourceRow, projects)
 
 
 def rows_for(s, project: str, names: list[str], taken: dict[str, str] | None = None,
