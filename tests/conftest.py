@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import shutil
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +86,24 @@ def ns(k8s_cluster: ClusterInfo, request) -> str:
     asyncio.run(setup())
     yield name
     asyncio.run(teardown())
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Debian chromium (tests/chromium.py), one per test module."""
+    from playwright.sync_api import sync_playwright
+
+    from tests import chromium
+
+    with sync_playwright() as p:
+        b = chromium.launch(p)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    """Folder for screenshots: $GPUPOOL_SCREENSHOTS, or a temporary one."""
+    d = Path(os.environ.get("GPUPOOL_SCREENSHOTS") or tmp_path_factory.mktemp("shots"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d

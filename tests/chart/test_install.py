@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import time
 import urllib.request
 
 import pytest
@@ -20,6 +19,7 @@ import yaml
 from scheduler.k8s.client import ApiError
 from scheduler.k8s.testcluster import ClusterInfo, client_for
 from tests.hub.hubclient import HubClient
+from tests.k8s.helpers import wait_until
 
 from . import procs
 from .chartlib import (
@@ -36,24 +36,12 @@ from .conftest import NODES
 pytestmark = pytest.mark.slow
 
 NS = "gpupool-system"
-WAIT_S = 180
 ECHO = {"name": "echo", "project": "serving", "command": ["python", "-m", "http.server"],
         "gpu": 0.25, "min_replicas": 1, "image": "python:3.12-slim", "port": 8000}
 INSTALL_VALUES = {
     "hub": {"workspaces": {"httpTimeoutSeconds": 20}},
     "activator": {"services": [ECHO]},
 }
-
-
-async def wait_for(pred, what: str, timeout: float = WAIT_S, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = await pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 def run(coro_fn, info: ClusterInfo):
@@ -119,7 +107,7 @@ def test_install_creates_every_object_and_kwok_runs_the_pods(helm, chart_cluster
                 missing.append(f"{o['kind']}/{o['metadata']['name']}: {e}")
         deps = (await kc.get(f"/apis/apps/v1/namespaces/{NS}/deployments"))["items"]
         ds = await kc.get(f"/apis/apps/v1/namespaces/{NS}/daemonsets/gpupool-node-agent")
-        pods = await wait_for(lambda: _all_running(kc), "the chart's pods running")
+        pods = await wait_until(lambda: _all_running(kc), "the chart's pods running")
         crds = [await kc.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{n}")
                 for n in ("departments.gpupool.io", "projects.gpupool.io")]
         pvc = await kc.get(f"/api/v1/namespaces/{NS}/persistentvolumeclaims/gpupool-hub-db")
@@ -193,7 +181,7 @@ def test_hub_workspace_and_inference_replica_bound_by_gpupool_scheduler(chart_cl
                                      labelSelector="component=singleuser-server"))["items"]
                 return [p for p in pods if p["spec"].get("nodeName")]
 
-            (ws,) = await wait_for(workspace, "the workspace pod bound by gpupool-scheduler")
+            (ws,) = await wait_until(workspace, "the workspace pod bound by gpupool-scheduler")
             ws_cm = await _configmap_data(kc, ws["metadata"]["annotations"]["gpupool.io/config-map"])
 
             async def replica():
@@ -201,7 +189,7 @@ def test_hub_workspace_and_inference_replica_bound_by_gpupool_scheduler(chart_cl
                                      labelSelector="gpupool.io/inference-service=echo"))["items"]
                 return [p for p in pods if p["spec"].get("nodeName")]
 
-            (rep,) = await wait_for(replica, "the inference replica bound by gpupool-scheduler")
+            (rep,) = await wait_until(replica, "the inference replica bound by gpupool-scheduler")
             rep_cm = await _configmap_data(kc, f"{rep['metadata']['name']}-gpupool")
             lease = await kc.get(f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/"
                                  "gpupool-scheduler")
@@ -210,7 +198,7 @@ def test_hub_workspace_and_inference_replica_bound_by_gpupool_scheduler(chart_cl
                                           method="DELETE",
                                           headers={"Authorization": f"token {token}"})
             await asyncio.to_thread(urllib.request.urlopen, stop, timeout=60)
-            gone = await wait_for(lambda: _gone(kc, ws["metadata"]["name"]),
+            gone = await wait_until(lambda: _gone(kc, ws["metadata"]["name"]),
                                   "the hub to delete the workspace pod")
             return ws, ws_cm, rep, rep_cm, lease, gone
 
@@ -265,11 +253,11 @@ def test_upgrade_changes_take_effect(helm, chart_cluster, release):
              "-f", str(values_file(release, values, "upgrade.yaml")), info=chart_cluster)
 
     async def after(kc):
-        sched = await wait_for(lambda: _ready(kc, "gpupool-scheduler", 2), "2 scheduler replicas")
+        sched = await wait_until(lambda: _ready(kc, "gpupool-scheduler", 2), "2 scheduler replicas")
         nlp = await kc.get("/apis/gpupool.io/v1alpha1/projects/nlp")
         cfg = (await _configmap_data(kc, "gpupool-hub-config"))["gpupool_config.py"]
         new_checksum, new_secret = await state(kc)
-        hub_pods = await wait_for(lambda: _hub_pods_with(kc, new_checksum), "the new hub pod")
+        hub_pods = await wait_until(lambda: _hub_pods_with(kc, new_checksum), "the new hub pod")
         return sched, nlp, cfg, new_checksum, new_secret, hub_pods
 
     sched, nlp, cfg, new_checksum, new_secret, hub_pods = run(after, chart_cluster)
@@ -323,7 +311,7 @@ def test_uninstall_leaves_nothing_behind(helm, chart_cluster, release):
 
     async def go(kc):
         try:
-            await wait_for(lambda: nothing(kc), "every object of the release gone")
+            await wait_until(lambda: nothing(kc), "every object of the release gone")
         except AssertionError:
             raise AssertionError(f"left behind: {await left(kc)}") from None
         return [await kc.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{n}")

@@ -18,6 +18,7 @@ from hub_ext import accounting
 from hub_ext.accounting import Allocation, Utilization, allocations, parse_range, usage
 from hub_ext.db import EventRow, GpuSampleRow, NodeRow, make_sessionmaker
 from hub_ext.requests import FieldError
+from tests import chromium
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hub"))
 
@@ -333,8 +334,7 @@ def test_usage_page_in_the_browser(ahub, tmp_path):
 
     _run_training(ahub, "acct-browser")
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True,
-                              args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        b = chromium.launch(p)
         try:
             page = b.new_context(accept_downloads=True).new_page()
             page.set_default_timeout(60_000)

@@ -30,6 +30,8 @@ from hubkernel import run_code
 from hubproc import ADMIN_PW, USER_PW
 from openapi_check import spec, validate
 
+from tests import chromium
+
 from .conftest import api
 
 pytestmark = pytest.mark.slow
@@ -268,9 +270,8 @@ def test_spawn_form_attaches_them(gov_hub):
     from playwright.sync_api import sync_playwright
 
     ensure_credentials(gov_hub)
-    args = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=args)
+        browser = chromium.launch(p)
         try:
             page = browser.new_context().new_page()
             page.set_default_timeout(60_000)

@@ -5,7 +5,6 @@ Login through the provider's form, logout, a user whose groups change at the pro
 the new project membership at the next login, a group mapped to a role gives that role, and
 a user with no mapped group sees a page that says so (403 with the reason, not a 500)."""
 
-import os
 import re
 import shutil
 from pathlib import Path
@@ -20,8 +19,6 @@ pytestmark = [
     pytest.mark.skipif(not shutil.which("chromium"), reason="Debian's chromium is not installed "
                        "(scripts/setup-system installs it)"),
 ]
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
 ORG = Path(__file__).parent / "org.yaml"
 USERS = {
     "ann": {"password": "ann-pw-1", "groups": ["nlp-team"]},
@@ -56,23 +53,6 @@ def sso(tmp_path_factory):
     finally:
         hub.stop()
         dex.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory):
-    d = Path(os.environ.get("GPUPOOL_SCREENSHOTS") or tmp_path_factory.mktemp("shots"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 def sso_login(browser, hub, user, expect_home=True):

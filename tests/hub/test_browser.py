@@ -4,10 +4,8 @@ second user waits with the scheduler's reason in the spawn progress; the admin r
 quota in the admin panel and the waiting workspace starts; a non-admin is read-only and
 gets 403 on admin actions. Screenshots go to $GPUPOOL_SCREENSHOTS (default: tmp)."""
 
-import os
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 from hubclient import HubClient
@@ -19,8 +17,6 @@ pytestmark = [
     pytest.mark.skipif(not shutil.which("chromium"), reason="Debian's chromium is not installed "
                        "(scripts/setup-system installs it)"),
 ]
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
 
 
 @pytest.fixture(scope="module")
@@ -28,23 +24,6 @@ def bhub(tmp_path_factory):
     h = Hub(tmp_path_factory.mktemp("bhub")).start()
     yield h
     h.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory):
-    d = Path(os.environ.get("GPUPOOL_SCREENSHOTS") or tmp_path_factory.mktemp("shots"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 def login(browser, hub, user, password=USER_PW):
