@@ -14,6 +14,7 @@ both printed, with the load average: on a shared machine wall time also measures
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -102,6 +103,20 @@ def build(scale: float, seed: int = 7):
     return nodes, depts, projects, running, pending
 
 
+def decisions_sha(d) -> str:
+    """A digest of what a cycle decided (binds, evictions, pending reasons and positions), so
+    that a speed change can be checked to decide exactly the same."""
+    h = hashlib.sha256()
+    for b in d.binds:
+        h.update(repr((b.workload, b.pods, b.over_quota)).encode())
+    for e in d.evictions:
+        h.update(repr((e.workload, e.reason, e.grace_period_s)).encode())
+    for p in d.pending:
+        h.update(repr((p.workload, p.reason, p.queue_position)).encode())
+    h.update(repr(sorted(d.fair_share_milli.items())).encode())
+    return h.hexdigest()[:16]
+
+
 def measure(scale: float, policy: str = "gpupool") -> dict:
     nodes, depts, projects, running, pending = build(scale)
     snap = Snapshot.build(nodes, depts, projects, running[: len(running) * 99 // 100], SchedulerConfig(policy=policy))
@@ -130,6 +145,7 @@ def measure(scale: float, policy: str = "gpupool") -> dict:
         "running_pods": len(running),
         "pending_workloads": len(pending),
         "nodes": len(nodes),
+        "decisions_sha": decisions_sha(d),
     }
 
 
@@ -161,6 +177,9 @@ def main() -> None:
         "pending_left": full["pending_left"],
         "running_pods": full["running_pods"],
         "nodes": full["nodes"],
+        "decisions_sha": full["decisions_sha"],
+        "decisions_sha_quarter": quarter["decisions_sha"],
+        "decisions_sha_half": half["decisions_sha"],
         "loadavg": [round(x, 2) for x in os.getloadavg()],
         "build_and_cycle_cpu_s": round(full_cpu_s, 2),
     }

@@ -20,6 +20,9 @@ import numpy as np
 from .model import MILLI, Node, PodDemand
 
 CHANGE_LOG_MAX = 1 << 16
+# Changed nodes up to which eligible() updates a kept mask row by row (else it recomputes).
+MASK_ROWS_BY_HAND = 64
+MASKS_KEPT = 256
 
 
 class Lineage:
@@ -57,6 +60,8 @@ class ClusterArrays:
         # Nodes changed through this object, in order (a copy starts a log of its own): lets
         # a cache that saw the log up to some point find the rows changed since.
         self.changed: list[int] = []
+        # eligible()'s masks, kept in step with ``changed``: key -> [mask, log, seen, static].
+        self._masks: dict[tuple, list] = {}
         if self.stamp is None:
             self.stamp = np.zeros(len(self.names), dtype=np.int64)
         if self.lineage is None:
@@ -143,20 +148,46 @@ class ClusterArrays:
         self.changed.append(node)
 
     def eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> np.ndarray:
-        """Nodes whose pool, GPU model, CPU and memory allow one pod of ``demand``."""
-        key = (pool, models, demand.gpu_count)
+        """Nodes whose pool, GPU model, CPU and memory allow one pod of ``demand`` (a fresh
+        array the caller may change).
+
+        The mask is kept per question and brought up to date from the change log: a cycle
+        asks the same few questions thousands of times with a node or two changed between."""
+        cpu, mem = demand.cpu_milli, demand.memory_mib
+        key = (pool, models, demand.gpu_count, cpu, mem)
+        entry = self._masks.get(key)
+        log = self.changed
+        if entry is None or entry[1] is not log or len(log) - entry[2] > MASK_ROWS_BY_HAND:
+            static = self._static(pool, models, demand.gpu_count)
+            mask = static & (self.cpu_free >= cpu) & (self.mem_free >= mem)
+            if len(self._masks) >= MASKS_KEPT:  # a long-lived array set asked many questions
+                self._masks.clear()
+            self._masks[key] = [mask, log, len(log), static]
+            return mask.copy()
+        mask, _, seen, static = entry
+        if seen < len(log):
+            cpu_free, mem_free = self.cpu_free, self.mem_free
+            for node in log[seen:]:
+                mask[node] = static[node] and cpu_free[node] >= cpu and mem_free[node] >= mem
+            entry[2] = len(log)
+        return mask.copy()
+
+    def _static(self, pool: str | None, models: tuple[str, ...], gpu_count: int) -> np.ndarray:
+        """Nodes whose pool, GPU model and GPU count allow a pod; these never change within
+        a lineage, so the mask is kept there."""
+        key = (pool, models, gpu_count)
         static = self.lineage.static.get(key)
-        if static is None:  # pool, model and GPU count never change within a lineage
+        if static is None:
             static = np.ones(len(self.names), dtype=bool)
             if pool is not None:
                 static &= self.pool_id == (self.pools.index(pool) if pool in self.pools else -1)
             if models:
                 ids = [self.models.index(m) for m in models if m in self.models]
                 static &= np.isin(self.model_id, ids)
-            if demand.gpu_count:
-                static &= self.gpu_count >= demand.gpu_count
+            if gpu_count:
+                static &= self.gpu_count >= gpu_count
             self.lineage.static[key] = static
-        return static & (self.cpu_free >= demand.cpu_milli) & (self.mem_free >= demand.memory_mib)
+        return static
 
     def need_milli(self, demand: PodDemand) -> np.ndarray | int:
         """Milli-GPUs the pod needs per GPU: a number, or per slot for memory requests."""
