@@ -153,6 +153,14 @@ class ClusterArrays:
 
         The mask is kept per question and brought up to date from the change log: a cycle
         asks the same few questions thousands of times with a node or two changed between."""
+        return self._eligible(pool, models, demand).copy()
+
+    def any_eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> bool:
+        """Whether any node's pool, GPU model, CPU and memory allow one pod of ``demand``."""
+        return bool(self._eligible(pool, models, demand).any())
+
+    def _eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> np.ndarray:
+        """The kept mask for ``eligible``, up to date (not to be changed by the caller)."""
         cpu, mem = demand.cpu_milli, demand.memory_mib
         key = (pool, models, demand.gpu_count, cpu, mem)
         entry = self._masks.get(key)
@@ -163,14 +171,14 @@ class ClusterArrays:
             if len(self._masks) >= MASKS_KEPT:  # a long-lived array set asked many questions
                 self._masks.clear()
             self._masks[key] = [mask, log, len(log), static]
-            return mask.copy()
+            return mask
         mask, _, seen, static = entry
         if seen < len(log):
             cpu_free, mem_free = self.cpu_free, self.mem_free
             for node in log[seen:]:
                 mask[node] = static[node] and cpu_free[node] >= cpu and mem_free[node] >= mem
             entry[2] = len(log)
-        return mask.copy()
+        return mask
 
     def _static(self, pool: str | None, models: tuple[str, ...], gpu_count: int) -> np.ndarray:
         """Nodes whose pool, GPU model and GPU count allow a pod; these never change within

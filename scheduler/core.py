@@ -37,7 +37,7 @@ from .model import (
     Workload,
 )
 from .placement import Choice
-from .quota import admit, department_quota, fair_shares
+from .quota import IN_QUOTA, admit, department_quota, fair_shares
 from .snapshot import Snapshot
 from .working import Working
 
@@ -113,6 +113,9 @@ class _Cycle:
             self.dept_projects[p.department].append(p)
         self.pools = self.work.arrays.pools
         self.dept_quotas: dict[tuple[str, str], Quota] = {}
+        # Per (project, pool): what a quota verdict reads besides usage (see _verdict).
+        self.quota_rules: dict[tuple[str, str], tuple] = {}
+        self.capacity_reasons: dict[tuple, tuple[str, str]] = {}
         self.project_pools: dict[str, list[str]] = {}
         a = self.work.arrays
         self.pool_gpu_mem = {
@@ -126,7 +129,9 @@ class _Cycle:
             self.decisions.fair_share_milli[(project, pool)] = milli
         self.placed: set[str] = set()
         self.why: dict[str, str | tuple[str, str]] = {}
-        self.failed: dict[tuple, int] = {}  # placement key -> epoch it failed at
+        self.failed: dict[tuple, int] = {}  # (pool, shape id) -> epoch it failed at
+        self.shape_ids: dict[tuple, int] = {}  # what placement looks at -> shape id
+        self.shape_of: dict[str, tuple] = {}  # workload -> _shape(w)
         # Single pods that found no room since capacity last grew, per pool and GPU models.
         self.no_room, self.no_room_epoch = _TooBig(), 0
         # In make-room, since the last plan that evicted: sizes no eviction could make room
@@ -187,15 +192,26 @@ class _Cycle:
     def _verdict(self, w: Workload, pool: str, freed: int = 0):
         """The quota rule's answer for ``w``, as things are or with ``freed`` milli-GPU of
         its own project's work gone."""
-        project = self.snap.projects[w.project]
+        rule = self.quota_rules.get((w.project, pool))
+        if rule is None:
+            project = self.snap.projects[w.project]
+            dept_quota = self._dept_quota(project.department, pool)
+            key, dept = (w.project, pool), (self.work.dept_of.get(w.project, ""), pool)
+            rule = self.quota_rules[key] = (
+                project, dept_quota, key, dept, project.quotas.get(pool, Quota()).quota_milli, dept_quota.quota_milli
+            )
+        project, dept_quota, key, dept, quota, dept_in_quota_max = rule
+        milli = self._milli(w, pool)
+        work = self.work
+        if not freed:  # the common question, answered here when it is "in quota"
+            used, dept_in_quota = work.usage[key], work.dept_in_quota[dept]
+            if used + milli <= quota and dept_in_quota + milli <= dept_in_quota_max:
+                return IN_QUOTA
+            return admit(
+                project, dept_quota, pool, w.kind, w.may_go_over_quota, milli, used, dept_in_quota, work.dept_usage[dept]
+            )
         return admit(
-            project,
-            self._dept_quota(project.department, pool),
-            pool,
-            w.kind,
-            w.may_go_over_quota,
-            self._milli(w, pool),
-            *self.work.usage_after(w.project, pool, -freed),
+            project, dept_quota, pool, w.kind, w.may_go_over_quota, milli, *work.usage_after(w.project, pool, -freed)
         )
 
     def _admitted(self, w: Workload, pool: str, strategy: str) -> bool:
@@ -205,17 +221,20 @@ class _Cycle:
 
     def _place(self, w: Workload, pool: str) -> list[Choice] | None:
         """Place the whole gang in ``pool`` (taking its capacity), or nothing."""
-        key = (pool, w.gpu_models, w.demand, w.pods, w.topology_key)
-        size, group = pod_size(w), (pool, w.gpu_models)
-        if self.failed.get(key) == self.work.epoch:
+        shape = self.shape_of.get(w.name)
+        if shape is None:  # worked out once per workload and cycle
+            shape = self.shape_of[w.name] = self._shape(w)
+        sid, size, topo = shape
+        key, group = (pool, sid), (pool, w.gpu_models)
+        epoch = self.work.epoch
+        if self.failed.get(key) == epoch:
             return None
-        if self.no_room_epoch != self.work.epoch:  # capacity grew: what found no room may now
+        if self.no_room_epoch != epoch:  # capacity grew: what found no room may now
             self.no_room.clear()
-            self.no_room_epoch = self.work.epoch
+            self.no_room_epoch = epoch
         elif self.no_room.covers(group, size):
             return None
         a = self.work.arrays
-        topo = w.topology_key or (self.cfg.default_topology_key if w.pods > 1 else None)
         for domain in self._domains(topo, pool):
             cp = self.work.checkpoint()
             choices: list[Choice] = []
@@ -234,6 +253,12 @@ class _Cycle:
         self.failed[key] = self.work.epoch
         self.no_room.add(group, size)
         return None
+
+    def _shape(self, w: Workload) -> tuple[int, tuple | None, str | None]:
+        """(a number for everything placement looks at, its pod size, its topology key)."""
+        placement = (w.gpu_models, w.demand, w.pods, w.topology_key)
+        sid = self.shape_ids.setdefault(placement, len(self.shape_ids))
+        return sid, pod_size(w), w.topology_key or (self.cfg.default_topology_key if w.pods > 1 else None)
 
     def _domains(self, key: str | None, pool: str) -> Iterator[np.ndarray | None]:
         """Topology domains to try for a gang, fullest first, then the whole pool."""
@@ -665,14 +690,17 @@ class _Cycle:
             self.decisions.pending.append(Pending(w.name, reason, position))
 
     def _capacity_reason(self, w: Workload, pool: str) -> tuple[str, str]:
-        a = self.work.arrays
-        eligible = a.eligible(pool, w.gpu_models, w.demand)
-        where = f"pool {pool}" + (f" with GPU model {'/'.join(w.gpu_models)}" if w.gpu_models else "")
-        if not eligible.any():
-            what = f"{w.demand.cpu_milli / 1000:g} CPU and {w.demand.memory_mib / 1024:g} GiB memory"
-        else:
-            what = describe_demand(w) if w.pods == 1 else f"room for the whole gang of {describe_demand(w)}"
-        return (where, what)
+        anywhere = self.work.arrays.any_eligible(pool, w.gpu_models, w.demand)
+        key = (pool, w.gpu_models, w.demand, w.pods, anywhere)
+        reason = self.capacity_reasons.get(key)
+        if reason is None:  # the same few texts for thousands of workloads: made once each
+            where = f"pool {pool}" + (f" with GPU model {'/'.join(w.gpu_models)}" if w.gpu_models else "")
+            if not anywhere:
+                what = f"{w.demand.cpu_milli / 1000:g} CPU and {w.demand.memory_mib / 1024:g} GiB memory"
+            else:
+                what = describe_demand(w) if w.pods == 1 else f"room for the whole gang of {describe_demand(w)}"
+            reason = self.capacity_reasons[key] = (where, what)
+        return reason
 
     def _over_quota_reason(self, w: Workload) -> str:
         pool = self._pools_for(w)[0]

@@ -29,6 +29,7 @@ class Working:
                 self.dept_usage[dept] += milli
                 self.dept_in_quota[dept] += min(milli, self.quota.get((project, pool), 0))
         self.nodes = snap.nodes
+        self._pool_of = [self.arrays.pools[i] for i in self.arrays.pool_id.tolist()]
         self._log: list[tuple[bool, Workload, list[Choice]]] = []
         self._choices: dict[str, list[Choice]] = {}
         self._milli: dict[str, int] = {}
@@ -36,7 +37,7 @@ class Working:
         self.epoch = 0
 
     def pool_of(self, node: int) -> str:
-        return self.arrays.pools[self.arrays.pool_id[node]]
+        return self._pool_of[node]
 
     def choices_of(self, w: Workload) -> list[Choice]:
         """A holding workload's placement in this cycle's node numbering (a holding
@@ -86,12 +87,20 @@ class Working:
 
     def _apply(self, w: Workload, choices: list[Choice], take: bool) -> None:
         sign = 1 if take else -1
-        dept = self.dept_of.get(w.project, "")
+        project, demand = w.project, w.demand
+        dept = self.dept_of.get(project, "")
         op = self.arrays.take if take else self.arrays.give
+        usage, dept_in_quota, dept_usage = self.usage, self.dept_in_quota, self.dept_usage
         for c in choices:
-            op(c.node, c.gpus, c.milli, w.demand.cpu_milli, w.demand.memory_mib)
-            pool = self.pool_of(c.node)
-            after = self.usage_after(w.project, pool, sign * c.milli * len(c.gpus))
-            self.usage[(w.project, pool)], self.dept_in_quota[(dept, pool)], self.dept_usage[(dept, pool)] = after
+            op(c.node, c.gpus, c.milli, demand.cpu_milli, demand.memory_mib)
+            pool = self._pool_of[c.node]
+            key, dkey = (project, pool), (dept, pool)
+            # usage_after, written out: this runs for every pod placed or undone
+            before = usage[key]
+            after = before + sign * c.milli * len(c.gpus)
+            q = self.quota.get(key, 0)
+            usage[key] = after
+            dept_in_quota[dkey] += min(after, q) - min(before, q)
+            dept_usage[dkey] += after - before
         if not take:
             self.epoch += 1
