@@ -69,9 +69,11 @@ class AdapterConfig:
     core: SchedulerConfig | None = None
 
 
-def _life(p: PodRequest) -> tuple:
-    """What of a pod, besides its request, the snapshot is built from."""
-    return (p.workload, p.node, p.placement, p.plan, p.over_quota, p.deleting, p.done)
+def _life(p: PodRequest, assumed: tuple[PodPlacement, bool] | None) -> tuple:
+    """What of a pod, besides its request, its workload in the snapshot is built from
+    (``_refresh``); a bind in flight counts as its placement."""
+    placement, over_quota = assumed if assumed is not None else (p.placement, p.over_quota)
+    return (p.uid, p.workload, placement, p.plan, over_quota, p.deleting, p.done)
 
 
 def _pod_path(ns: str, name: str, sub: str = "") -> str:
@@ -229,6 +231,8 @@ class GpupoolScheduler:
 
     def _on_department(self, etype: str, obj: dict) -> None:
         d = parse_department(obj)
+        if etype != "DELETED" and self.departments.get(d.name) == d:
+            return  # a status write (ours, every few seconds): nothing the core reads
         if etype == "DELETED":
             self.departments.pop(d.name, None)
             try:
@@ -246,6 +250,8 @@ class GpupoolScheduler:
 
     def _on_project(self, etype: str, obj: dict) -> None:
         p = parse_project(obj)
+        if etype != "DELETED" and self.projects.get(p.name) == p:
+            return  # our own status write (allocated, fair share): nothing the core reads
         if etype == "DELETED":
             self.projects.pop(p.name, None)
             self.snap.remove_project(p.name)
@@ -284,14 +290,18 @@ class GpupoolScheduler:
                              "InvalidRequest", f"gpupool cannot schedule this pod: {msg}")
             return
         self.bad.pop(key, None)
-        if old is not None and old.uid == pod.uid and _life(old) == _life(pod):
+        assumed = self.assumed.get(key)
+        if pod.node and assumed is not None:
+            del self.assumed[key]  # the bind we made is now visible
+            if old is not None and _life(old, assumed) == _life(pod, None):
+                self.pods[key] = pod  # where we assumed it: the snapshot has it already
+                return
+        elif old is not None and _life(old, assumed) == _life(pod, assumed):
             self.pods[key] = pod  # a status update (kwok's, the kubelet's): nothing to redo
             return
         if old is not None and old.uid != pod.uid:  # same name, new pod
             self._forget_pod(key)
             old = None
-        if pod.node and key in self.assumed:
-            del self.assumed[key]  # the bind we made is now visible
         if old is not None and old.workload != pod.workload:
             self._forget_pod(key)
         self.pods[key] = pod

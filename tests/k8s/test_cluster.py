@@ -110,3 +110,41 @@ def test_project_without_department_is_rejected(k8s_cluster: ClusterInfo):
 
     err = run(go())
     assert err.status == 422 and "department" in err.message
+
+
+def test_client_reads_the_kubeconfig_both_ways(k8s_cluster: ClusterInfo, tmp_path):
+    """A plain kubeconfig (server, CA data, token) is read without kubernetes_asyncio; one
+    with fields the short reader does not know goes through kubernetes_asyncio; both reach
+    the same API server, and a wrong token is refused."""
+    import yaml
+
+    from scheduler.k8s.client import KubeClient, _simple_kubeconfig
+
+    doc = yaml.safe_load(k8s_cluster.kubeconfig.read_text())
+    simple = _simple_kubeconfig(str(k8s_cluster.kubeconfig))
+    assert simple is not None and simple["token"] == k8s_cluster.token and simple["ca_data"]
+    other = dict(doc)
+    other["preferences"] = {}
+    other["users"] = [{"name": u["name"], "user": {**u["user"], "username": "ignored"}}
+                      for u in doc["users"]]
+    full = tmp_path / "full-kubeconfig"
+    full.write_text(yaml.safe_dump(other))
+    assert _simple_kubeconfig(str(full)) is None
+    bad = dict(doc)
+    bad["users"] = [{"name": u["name"], "user": {"token": "wrong"}} for u in doc["users"]]
+    wrong = tmp_path / "wrong-kubeconfig"
+    wrong.write_text(yaml.safe_dump(bad))
+
+    async def go():
+        versions = []
+        for path in (k8s_cluster.kubeconfig, full):
+            async with await KubeClient.from_kubeconfig(str(path)) as kc:
+                versions.append((await kc.get("/version"))["gitVersion"])
+        async with await KubeClient.from_kubeconfig(str(wrong)) as kc:
+            with pytest.raises(ApiError) as err:
+                await kc.get("/api/v1/nodes")
+        return versions, err.value.status
+
+    versions, status = run(go())
+    assert versions[0] == versions[1] and versions[0].startswith("v1.")
+    assert status == 401
