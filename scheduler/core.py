@@ -138,6 +138,9 @@ class _Cycle:
         # for (per project, priority, pool, strategy, models), or that would not fit even
         # after the evicted work exits (per project, pool, models, over-quota permission).
         self.hopeless, self.no_fit_after_release = _TooBig(), _TooBig()
+        # In make-room, since the last plan that evicted: per candidate group (see
+        # ``_plan_candidates``) its candidates, and what they free (``_room_with_all_gone``).
+        self.plan_memo: dict[tuple, object] = {}
         self.evicted: set[str] = set()
         self.reserved: set[str] = set()  # placed behind evictions; bound in a later cycle
         self.decisions.timings["snapshot_s"] = time.perf_counter() - t0
@@ -361,6 +364,8 @@ class _Cycle:
     # -- 4. make room -----------------------------------------------------------------
     def _make_room(self, waiting: list[Workload]) -> None:
         releasing = sorted(self.snap.releasing.values(), key=lambda r: r.name)
+        if not (releasing or self.cfg.reclaim or self.cfg.fair_share_reclaim or self.cfg.preempt):
+            return  # nothing to wait for and no way to make room (every plan: "no victims")
         tried: set[tuple] = set()
         fits_cache: dict[tuple, bool] = {}
         for w in waiting:
@@ -476,12 +481,28 @@ class _Cycle:
             return bool((a.gpu_free[node] >= need).any())
         return True
 
-    def _admissible_after(self, w: Workload, pool: str, strategy: str, candidates: list) -> bool:
+    def _plan_candidates(self, w: Workload, pool: str, strategy: str) -> tuple[tuple, list]:
+        """The first ``max_victim_scan`` candidates of ``_candidates`` and the key of their
+        group. They depend on ``w`` only through its project (and its priority, for
+        preemption), and on usage and the evicted set, which in make-room change only when
+        a plan evicts (that clears ``plan_memo``): so they are worked out once per group."""
+        key = (w.project, pool, strategy, w.effective_priority if strategy == "preempt" else None)
+        candidates = self.plan_memo.get(key)
+        if candidates is None:
+            candidates = self.plan_memo[key] = list(itertools.islice(self._candidates(w, pool, strategy), self.cfg.max_victim_scan))
+        return key, candidates
+
+    def _admissible_after(self, w: Workload, pool: str, strategy: str, candidates: list, key: tuple | None = None) -> bool:
         """Would ``w`` pass its quota rule if all ``candidates`` went? Only preemption frees
-        the waiting workload's own project; reclaim frees others', so its verdict stands."""
+        the waiting workload's own project; reclaim frees others', so its verdict stands.
+        ``key``: the candidates' group in ``plan_memo`` (their sum is kept there)."""
         if strategy != "preempt":
             return self._admitted(w, pool, strategy)
-        freed = sum(self.work.milli_of(v) for v, _ in candidates)
+        freed = self.plan_memo.get(("milli", key)) if key else None
+        if freed is None:
+            freed = sum(self.work.milli_of(v) for v, _ in candidates)
+            if key:
+                self.plan_memo[("milli", key)] = freed
         return self._verdict(w, pool, freed).allowed
 
     def _victims_of(self, w: Workload, pool: str, candidates: list) -> Iterator[tuple[Workload, list[Choice], int]]:
@@ -503,21 +524,30 @@ class _Cycle:
     def _any_victim(self, w: Workload, pool: str, candidates: list) -> bool:
         return next(self._victims_of(w, pool, candidates), None) is not None
 
-    def _room_with_all_gone(self, w: Workload, pool: str, candidates: list, static: np.ndarray) -> bool:
+    def _room_with_all_gone(
+        self, w: Workload, pool: str, candidates: list, static: np.ndarray, key: tuple | None = None
+    ) -> bool:
         """Would one pod of ``w`` have room on a node that a victim frees room on, with every
         victim the trial loop may take gone? Room only grows as victims go, so when this is
-        False that loop cannot place ``w`` (it tries only such nodes): it is skipped."""
-        a = self.work.arrays
-        freed: dict[int, list] = {}  # node -> [GPU free per slot, CPU free, memory free]
-        for v, choices, _ in self._victims_of(w, pool, candidates):
-            for c in choices:
-                room = freed.get(c.node)
-                if room is None:
-                    room = freed[c.node] = [a.gpu_free[c.node].tolist(), int(a.cpu_free[c.node]), int(a.mem_free[c.node])]
-                for j in c.gpus:
-                    room[0][j] += c.milli
-                room[1] += v.demand.cpu_milli
-                room[2] += v.demand.memory_mib
+        False that loop cannot place ``w`` (it tries only such nodes): it is skipped.
+        ``key``: the candidates' group in ``plan_memo``; the room per node depends on ``w``
+        only through whether it asks for GPUs, and is kept there."""
+        gpu_work = w.demand.gpu_count > 0
+        freed = self.plan_memo.get(("freed", key, gpu_work)) if key else None
+        if freed is None:
+            a = self.work.arrays
+            freed = {}  # node -> [GPU free per slot, CPU free, memory free]
+            for v, choices, _ in self._victims_of(w, pool, candidates):
+                for c in choices:
+                    room = freed.get(c.node)
+                    if room is None:
+                        room = freed[c.node] = [a.gpu_free[c.node].tolist(), int(a.cpu_free[c.node]), int(a.mem_free[c.node])]
+                    for j in c.gpus:
+                        room[0][j] += c.milli
+                    room[1] += v.demand.cpu_milli
+                    room[2] += v.demand.memory_mib
+            if key:
+                self.plan_memo[("freed", key, gpu_work)] = freed
         return any(static[node] and self._fits_room(w, node, *room) for node, room in freed.items())
 
     def _wide_scan(self) -> int:
@@ -593,16 +623,16 @@ class _Cycle:
         group = (w.project, w.effective_priority, pool, strategy, w.gpu_models, gpu_work)
         if self.hopeless.covers(group, pod_size(w)):
             return False  # a smaller pod found victims but no room with them all gone
-        static = work.arrays.eligible(pool, w.gpu_models, PodDemand(gpus=w.demand.gpus))
-        candidates = list(itertools.islice(self._candidates(w, pool, strategy), self.cfg.max_victim_scan))
+        key, candidates = self._plan_candidates(w, pool, strategy)
         if not candidates:
             return "no victims"
-        if not self._admissible_after(w, pool, strategy, candidates):
+        static = work.arrays.eligible(pool, w.gpu_models, PodDemand(gpus=w.demand.gpus))
+        if not self._admissible_after(w, pool, strategy, candidates, key):
             # Even evicting every candidate would not let it in: skip the trials.
             return False if any(v.demand.gpu_count or not gpu_work for v, _ in candidates) else "no victims"
         victims: list[tuple[Workload, list[Choice]]] = []
         placed = None
-        if w.pods == 1 and not self._room_with_all_gone(w, pool, candidates, static):
+        if w.pods == 1 and not self._room_with_all_gone(w, pool, candidates, static, key):
             candidates = []  # the trials below cannot make room: go to the per-node plan
         for v, floor in candidates:
             if gpu_work and not v.demand.gpu_count:
@@ -655,6 +685,7 @@ class _Cycle:
             work.rollback(cp)
             return False
         self.hopeless.clear()  # evictions change what room there is and who may be taken
+        self.plan_memo.clear()
         self.no_fit_after_release.clear()
         for v, _ in needed:
             self.evicted.add(v.name)

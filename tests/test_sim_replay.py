@@ -253,3 +253,78 @@ def test_jain_over_time_counts_turns():
     assert m.jain_mean(window=True) == pytest.approx(0.5)
     assert m.jain_over_time(window=True) == pytest.approx(1.0)
     assert m.over_quota_ratios(window=True) == {"a": 1.0, "b": 1.0}
+
+
+def _decisions_of(monkeypatch, memo: bool, skip_quiet: bool, run):
+    """Every cycle's decisions (binds, evictions, pending reasons) of ``run()``, with the
+    core's make-room memo on or off, and how often ``_candidates`` was asked."""
+    from scheduler import core
+    from scheduler.sim import replay as replay_mod
+
+    class NoMemo(dict):
+        def __setitem__(self, key, value):  # forgets: every plan works its inputs out again
+            pass
+
+    log, asked = [], [0]
+    init, candidates, real = core._Cycle.__init__, core._Cycle._candidates, core.decide
+
+    def patched_init(self, snap):
+        init(self, snap)
+        if not memo:
+            self.plan_memo = NoMemo()
+
+    def counting(self, *a):
+        asked[0] += 1
+        return candidates(self, *a)
+
+    def recording(snap):
+        d = real(snap)
+        log.append((snap.now, d.binds, d.evictions, d.pending))
+        return d
+
+    monkeypatch.setattr(core._Cycle, "__init__", patched_init)
+    monkeypatch.setattr(core._Cycle, "_candidates", counting)
+    monkeypatch.setattr(replay_mod, "decide", recording)
+    metrics = {k: v for k, v in run(skip_quiet).metrics.items() if k not in TIMING | {"cycles_skipped_quiet"}}
+    monkeypatch.undo()
+    return log, metrics, asked[0]
+
+
+def test_make_room_memo_and_quiet_cycles_change_no_decision(monkeypatch):
+    # The make-room memo (candidates and the room they free, kept until a plan evicts) and
+    # skipping quiet cycles (same snapshot as a cycle that decided nothing, no protection
+    # ended since) are pure savings: every cycle decides exactly what it decided without
+    # them, and the replay's results are the same.
+    pods = synthetic(n=400, seed=11)
+    scn = scenario(thrash_window_s=600)
+
+    def run(skip_quiet):
+        return replay(nodes(3, 4), pods, scn, "gpupool", check=True, skip_quiet=skip_quiet)
+
+    plain, m_plain, asked_plain = _decisions_of(monkeypatch, memo=False, skip_quiet=False, run=run)
+    memo, m_memo, asked_memo = _decisions_of(monkeypatch, memo=True, skip_quiet=False, run=run)
+    assert m_plain["preemptions"] > 0 and any(e for _, _, e, _ in plain)  # plans were made and evicted
+    assert asked_memo < asked_plain  # the memo answered some plans
+    assert memo == plain
+    assert m_memo == m_plain
+    skipping, m_skip, _ = _decisions_of(monkeypatch, memo=True, skip_quiet=True, run=run)
+    assert len(skipping) < len(plain)  # some cycles were skipped ...
+    assert m_skip == m_plain  # ... and the results are the same
+    acting = lambda log: [x for x in log if x[1] or x[2]]  # noqa: E731 - cycles that bound or evicted
+    assert acting(skipping) == acting(plain)
+
+
+@pytest.mark.parametrize("name", ["balanced", "skewed"])
+def test_make_room_memo_changes_no_decision_on_openb(openb, monkeypatch, name):
+    all_nodes, pods = openb
+    scn = load(name)
+    scn.pods = type(scn.pods)(True, True, (0.6, 0.64))
+
+    def run(skip_quiet):  # on an eighth of the scenario's nodes, so that plans evict
+        return replay(scn.select_nodes(all_nodes)[::8], pods, scn, "gpupool", skip_quiet=skip_quiet)
+
+    plain, m_plain, _ = _decisions_of(monkeypatch, memo=False, skip_quiet=False, run=run)
+    memo, m_memo, _ = _decisions_of(monkeypatch, memo=True, skip_quiet=True, run=run)
+    assert m_memo == m_plain
+    assert [x for x in plain if x[1] or x[2]] == [x for x in memo if x[1] or x[2]]
+    assert any(e for _, _, e, _ in plain)

@@ -316,7 +316,8 @@ class _Queues:
         self.waiting: dict[str, Workload] = {}
         self.count = 0
 
-    def add(self, w: Workload) -> None:
+    def add(self, w: Workload) -> bool:
+        """Queue ``w``; True if the scheduler sees it (the snapshot changed), False if parked."""
         self.count += 1
         key = queue_key(w)
         q = (w.project, w.kind)
@@ -325,13 +326,14 @@ class _Queues:
             if key > vis[-1]:
                 self.waiting[w.name] = w
                 heapq.heappush(self.parked.setdefault(q, []), key)
-                return
+                return False
             worst = vis.pop()
             self.waiting[worst[2]] = self.snap.workloads[worst[2]]
             self.snap.remove_workload(worst[2])
             heapq.heappush(self.parked.setdefault(q, []), worst)
         bisect.insort(vis, key)
         self.snap.upsert_workload(w)
+        return True
 
     def placed(self, w: Workload) -> None:
         """``w`` (visible) was bound: it leaves the queue."""
@@ -353,7 +355,9 @@ class _Queues:
 
 
 class _Replay:
-    def __init__(self, nodes: list[Node], jobs: list[Job], scn: Scenario, policy: str, placement: str, check: bool):
+    def __init__(
+        self, nodes: list[Node], jobs: list[Job], scn: Scenario, policy: str, placement: str, check: bool, skip_quiet: bool
+    ):
         self.scn = scn
         self.policy = policy
         self.check = check
@@ -381,6 +385,16 @@ class _Replay:
         self.thrash = 0
         self.thrash_by_reason: dict[str, int] = {}
         self.lost_gpu_s = 0.0
+        # Skipping quiet cycles: a cycle whose input is the last cycle's, when that one
+        # decided nothing, would decide nothing again (``decide`` is a function of the
+        # snapshot, and reads the clock only for the resume protection). ``version`` counts
+        # the replay's changes to the snapshot; ``quiet`` is (version, time) of the last
+        # cycle if it decided nothing; ``expiries`` the times protections end.
+        self.skip_quiet = skip_quiet
+        self.version = 0
+        self.quiet: tuple[int, float] | None = None
+        self.expiries: list[float] = []
+        self.skipped = 0
         for j in jobs:
             self._push(j.submit, _ARRIVE, j.name, 0)
 
@@ -430,19 +444,22 @@ class _Replay:
         p = job.project
         job.in_quota = self.meter.held[p] + self.pend_all[p] + job.milli <= self.quota[p]
         self._pending(job, +1)
-        self.queues.add(self.to_workload(job))
+        if self.queues.add(self.to_workload(job)):
+            self.version += 1
         self._changed(t)
 
     def _finish(self, job: Job, t: float) -> None:
         job.finish = t
         job.remaining = 0.0
         self.snap.remove_workload(job.name)
+        self.version += 1
         self.meter.change(job.project, -job.milli)
         self._changed(t)
 
     def _released(self, job: Job, t: float) -> None:
         w = self.snap.workloads[job.name]
         self.snap.remove_workload(job.name)
+        self.version += 1
         self.meter.change(job.project, -job.milli)
         self._pending(job, +1)
         self.queues.add(dataclasses.replace(w, state=State.PENDING, placement=(), over_quota=False, resumed=True))
@@ -453,10 +470,15 @@ class _Replay:
         self.dirty_since = None
         snap = self.snap
         snap.now = t  # resume protection: the core compares it with each started_at
+        self.cycles += 1
+        if self._quiet_since_last(t):
+            self.skipped += 1
+            self._after_cycle(t)
+            return
         t0 = time.perf_counter()
         d = decide(snap)
         self.decide_s += time.perf_counter() - t0
-        self.cycles += 1
+        self.quiet = None if d.binds or d.evictions else (self.version, t)
         for b in d.binds:
             job = self.jobs[b.workload]
             w = snap.workloads[b.workload]
@@ -467,18 +489,36 @@ class _Replay:
             job.start = t
             if job.first_start is None:
                 job.first_start = t
+            if w.resumed:
+                heapq.heappush(self.expiries, t + snap.config.resume_protection_s)
             self._push(t + job.remaining, _FINISH, job.name, job.gen)
             self.meter.change(job.project, job.milli)
             self._pending(job, -1)
         for e in d.evictions:
             self._evict(self.jobs[e.workload], t, e)
+        self.version += len(d.binds) + len(d.evictions)
+        self._after_cycle(t)
+
+    def _quiet_since_last(self, t: float) -> bool:
+        """Would ``decide`` now see what the last cycle saw, which decided nothing? Same
+        snapshot (no change since), and no resume protection ended in between (the only
+        thing the clock changes: a workload protected then, s + P > t0, is not now, s + P <= t)."""
+        if not self.skip_quiet or self.quiet is None or self.quiet[0] != self.version:
+            return False
+        ends, t0 = self.expiries, self.quiet[1]
+        while ends and ends[0] <= t0:
+            heapq.heappop(ends)
+        return not (ends and ends[0] <= t)
+
+    def _after_cycle(self, t: float) -> None:
         if self.queues.refill():
+            self.version += 1
             self._changed(t)  # the next pods of a queue get a cycle at once
         self.meter.pend_over = dict(self.pend_over)
         self.meter.pending_seen = self.queues.count > 0
         self.meter.record()
         if self.check:
-            check_conservation(snap)
+            check_conservation(self.snap)
 
     def _evict(self, job: Job, t: float, e: Evict) -> None:
         w = self.snap.workloads[job.name]
@@ -536,6 +576,7 @@ class _Replay:
             "pending_time_s": round(m.pending_time[1], 1),
             "end_s": round(end, 1),
             "cycles": self.cycles,
+            "cycles_skipped_quiet": self.skipped,
             "decide_s": round(self.decide_s, 2),
             "wall_s": round(wall, 2),
             "cpu_s": round(cpu, 2),
@@ -577,11 +618,13 @@ def replay(
     policy: str,
     placement: str = "gpupool",
     check: bool = False,
+    skip_quiet: bool = True,
 ) -> PolicyResult:
-    """Replay the scenario's pods under one policy."""
+    """Replay the scenario's pods under one policy. ``skip_quiet=False`` calls ``decide``
+    even in cycles that provably decide nothing (same results, slower: for checking)."""
     if policy not in SETUPS:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(SETUPS)}")
-    return _Replay(nodes, make_jobs(pods, scn), scn, policy, placement, check).run()
+    return _Replay(nodes, make_jobs(pods, scn), scn, policy, placement, check, skip_quiet).run()
 
 
 def offered_load(nodes: list[Node], pods: list[TracePod], scn: Scenario) -> dict:
@@ -626,9 +669,10 @@ def replay_all(
     policies: tuple[str, ...] = POLICY_NAMES,
     placement: str = "gpupool",
     check: bool = False,
+    skip_quiet: bool = True,
 ) -> tuple[dict, list[PolicyResult]]:
     """Every policy on the same pods; the JSON document and the per-policy results."""
-    results = [replay(nodes, pods, scn, p, placement, check) for p in policies]
+    results = [replay(nodes, pods, scn, p, placement, check, skip_quiet) for p in policies]
     by = {r.policy: r.metrics for r in results}
     doc = {
         "scenario": scn.to_json(),
