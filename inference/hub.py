@@ -25,7 +25,7 @@ from sqlalchemy import select
 from hub_ext import org, roles
 
 from . import activator
-from .activator import Request
+from .activator import Exchange
 from .backends.embedded import EmbeddedBackend, free_port
 from .controller import Controller
 from .db import InferenceRow, ensure_table
@@ -50,7 +50,7 @@ class HubTokenAuth:
         self._users: dict[str, tuple[float, dict | None]] = {}
 
     @staticmethod
-    def _token(req: Request) -> str:
+    def _token(req: Exchange) -> str:
         scheme, _, value = req.header("Authorization").partition(" ")
         if scheme.lower() in ("token", "bearer") and value:
             return value.strip()
@@ -66,7 +66,7 @@ class HubTokenAuth:
         self._projects[user] = (now, mine)
         return mine
 
-    def check(self, req: Request, svc: Service):
+    def check(self, req: Exchange, svc: Service):
         token = self._token(req)
         if not token:
             return (401, ("authenticate with a JupyterHub token (Authorization: token ...); "

@@ -7,33 +7,30 @@ The names are a contract (a dashboard reads them):
 arrival to the first ready replica of a service at zero) and
 ``gpupool_activator_replicas{service}`` (gauge: live replicas, pending to ready).
 
-The hot path pays one dict lookup and one ``inc`` per request (``count``); the gauges are
-read from the controllers when scraped, so they cost nothing between scrapes.
+The hot path pays one dict increment per request (``count``: a plain count, turned into
+the counter family when scraped); the gauges are read from the controllers when scraped,
+so they cost nothing between scrapes.
 """
 
 from __future__ import annotations
 
 import weakref
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 REGISTRY = CollectorRegistry(auto_describe=True)
-REQUESTS = Counter("gpupool_activator_requests", "Requests answered by the activator",
-                   ["service", "code"], registry=REGISTRY)
 COLD_START = Histogram("gpupool_activator_cold_start_seconds",
                        "From the first request held at zero replicas to the first ready replica",
                        ["service"], registry=REGISTRY,
                        buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
-_children: dict[tuple[str, int], object] = {}
+_requests: dict[tuple[str, int], int] = {}  # (service, code) -> requests answered
 _controllers: weakref.WeakSet = weakref.WeakSet()
 
 
 def count(service: str, code: int) -> None:
-    c = _children.get((service, code))
-    if c is None:
-        c = _children[(service, code)] = REQUESTS.labels(service, str(code))
-    c.inc()
+    key = (service, code)
+    _requests[key] = _requests.get(key, 0) + 1
 
 
 def cold_start(service: str, seconds: float) -> None:
@@ -45,8 +42,15 @@ def follow(controller) -> None:
     _controllers.add(controller)
 
 
-class _Gauges:
+class _Scraped:
+    """What is read when scraped: the request counts and the services' gauges."""
+
     def collect(self):
+        requests = CounterMetricFamily("gpupool_activator_requests",
+                                       "Requests answered by the activator",
+                                       labels=["service", "code"])
+        for (service, code), n in sorted(_requests.items()):
+            requests.add_metric([service, str(code)], n)
         held = GaugeMetricFamily("gpupool_activator_held_requests",
                                  "Requests held while the service has no ready replica",
                                  labels=["service"])
@@ -57,13 +61,13 @@ class _Gauges:
             for name, svc in list(ctl.services.items()):
                 held.add_metric([name], len(svc.held))
                 replicas.add_metric([name], len(svc.live()))
-        return [held, replicas]
+        return [requests, held, replicas]
 
     def describe(self):
         return []
 
 
-REGISTRY.register(_Gauges())
+REGISTRY.register(_Scraped())
 
 
 def exposition() -> bytes:

@@ -7,6 +7,13 @@ shared 2-core machine, a coroutine per request and a ``readline`` await per head
 cost more CPU than the rest of the activator; callbacks on a protocol do the same work in
 a fraction of it (see bench/activator.py, ``activator_cpu_us_per_req``).
 
+The response head is not taken apart header by header: the parser validates it (strict
+CRLF framing, one Content-Length), and its bytes are then read as they came. A head the
+client can take as it is -- HTTP/1.1, framed by Content-Length, no hop-by-hop header --
+goes to the client unchanged (``Sink.on_raw_head``); any other is split into headers and
+rebuilt by the sink (``Sink.on_head``: hop-by-hop headers dropped, chunked or close framing
+for the client).
+
 Errors reach the sink's ``on_error``: ``NotSent`` means the replica cannot have seen the
 request (connect refused, or a pooled connection found closed before any byte of a
 response): the caller may retry it on another replica. ``UpstreamError`` means it may
@@ -16,15 +23,21 @@ have been seen: the caller answers 502 (or cuts a response already under way).
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from typing import Protocol
 
 import httptools
 
+# headers that describe one hop, not the message: never passed on in either direction
+# (Host and Content-Length are set anew for the next hop)
 HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
     b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length", b"expect",
 })
+# any of them in a response head: the names as they occur (the head is already validated)
+_HOP_IN_HEAD = re.compile(rb"\r\n(" + b"|".join(re.escape(h) for h in sorted(HOP_BY_HOP))
+                          + rb"):", re.IGNORECASE)
 
 
 class NotSent(ConnectionError):
@@ -43,8 +56,11 @@ class UpstreamError(ConnectionError):
 class Sink(Protocol):
     """Where one response goes (the activator's exchange)."""
 
+    plain: bool  # the client may take an HTTP/1.1 keep-alive Content-Length head as it is
+
+    def on_raw_head(self, code: int, head: bytes) -> None: ...  # only when ``plain``
     def on_head(self, code: int, reason: bytes, headers: list[tuple[bytes, bytes]],
-                length: bytes | None, bodyless: bool) -> None: ...
+                length: bytes | None, bodyless: bool) -> None: ...  # hop-by-hop ones removed
     def on_body(self, data: bytes) -> None: ...
     def flush(self) -> None: ...  # the end of one read: send what head and body gave
     def on_done(self) -> None: ...
@@ -60,15 +76,19 @@ class Upstream(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.sink: Sink | None = None
         self.closed = False
-        self._got = self._reused = self._head = self._until_close = False
-        self._reason = b""
-        self._headers: list[tuple[bytes, bytes]] = []
+        self._got = self._reused = self._head_only = self._until_close = False
+        self._raw: bytes | None = None  # the response so far, until its head is complete
 
     # -- use -------------------------------------------------------------------------
-    def send(self, sink: Sink, data: bytes, reused: bool, head: bool = False) -> None:
-        self.sink, self._reused, self._head = sink, reused, head
+    def send(self, sink: Sink, head: bytes, body: bytes, reused: bool,
+             head_only: bool = False) -> None:
+        self.sink, self._reused, self._head_only = sink, reused, head_only
         self._got = self._until_close = False
-        self.transport.write(data)
+        self._raw = b""
+        if body:
+            self.transport.writelines((head, body))
+        else:
+            self.transport.write(head)
 
     def abort(self) -> None:
         """Drop the connection mid-exchange (the client went away): no more callbacks."""
@@ -83,11 +103,13 @@ class Upstream(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        if self.sink is None:  # bytes nobody asked for: this connection is not reusable
+        sink = self.sink
+        if sink is None:  # bytes nobody asked for: this connection is not reusable
             self.transport.close()
             return
         self._got = True
-        sink = self.sink
+        if self._raw is not None:
+            self._raw = self._raw + data if self._raw else data
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
@@ -116,20 +138,25 @@ class Upstream(asyncio.Protocol):
             sink.on_error(exc)
 
     # -- httptools -------------------------------------------------------------------
-    def on_message_begin(self) -> None:
-        self._headers = []
-        self._reason = b""
-
-    def on_status(self, reason: bytes) -> None:
-        self._reason += reason
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name, value))
-
     def on_headers_complete(self) -> None:
+        raw, self._raw = self._raw, None
+        sink = self.sink
+        if sink is None or raw is None:
+            return
         code = self.parser.get_status_code()
+        end = raw.find(b"\r\n\r\n")  # the parser took the head: CRLF lines, no folding
+        hop = _HOP_IN_HEAD.findall(raw, 0, end)
+        bodyless = self._head_only or code in (204, 304) or code < 200
+        if (sink.plain and not bodyless and len(hop) == 1 and hop[0].lower() == b"content-length"
+                and raw.startswith(b"HTTP/1.1 ")):
+            sink.on_raw_head(code, raw[:end + 4])
+            return
+        lines = raw[:end].split(b"\r\n")
+        status = lines[0].split(b" ", 2)
         length, chunked, headers = None, False, []
-        for k, v in self._headers:
+        for line in lines[1:]:
+            k, _, v = line.partition(b":")
+            v = v.strip(b" \t")
             lk = k.lower()
             if lk == b"content-length":
                 length = v
@@ -137,16 +164,13 @@ class Upstream(asyncio.Protocol):
                 chunked = b"chunked" in v.lower()
             elif lk not in HOP_BY_HOP:
                 headers.append((k, v))
-        bodyless = self._head or code in (204, 304) or 100 <= code < 200
         if not bodyless and length is None and not chunked:
             self._until_close = True
-        if self.sink is not None:
-            self.sink.on_head(code, self._reason, headers, length, bodyless)
-        if self._head:  # the parser cannot know there is no body: finish here, don't reuse
-            sink, self.sink = self.sink, None
+        sink.on_head(code, status[2] if len(status) > 2 else b"", headers, length, bodyless)
+        if self._head_only:  # the parser cannot know there is no body: finish here, don't reuse
+            self.sink = None
             self.transport.close()
-            if sink is not None:
-                sink.on_done()
+            sink.on_done()
 
     def on_body(self, data: bytes) -> None:
         if self.sink is not None:
@@ -198,18 +222,4 @@ class Pool:
         self.idle.clear()
 
 
-def request_bytes(pool: Pool, method: bytes, uri: bytes, headers: list[tuple[bytes, bytes]],
-                  body: bytes) -> bytes:
-    """The request as the replica gets it: hop-by-hop headers dropped, Host rewritten."""
-    out = [method, b" ", uri, b" HTTP/1.1\r\nHost: ", pool.hostport, b"\r\n"]
-    for k, v in headers:
-        if k.lower() not in HOP_BY_HOP:
-            out += (k, b": ", v, b"\r\n")
-    if body or method in (b"POST", b"PUT", b"PATCH"):
-        out.append(b"Content-Length: %d\r\n" % len(body))
-    out.append(b"\r\n")
-    out.append(body)
-    return b"".join(out)
-
-
-__all__ = ["NotSent", "Pool", "Sink", "Upstream", "UpstreamError", "request_bytes"]
+__all__ = ["HOP_BY_HOP", "NotSent", "Pool", "Sink", "Upstream", "UpstreamError"]

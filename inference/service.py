@@ -44,6 +44,7 @@ class RState(str, enum.Enum):
 
 
 LIVE = (RState.PENDING, RState.STARTING, RState.READY)
+READY = RState.READY
 
 
 @dataclass(eq=False)
@@ -96,18 +97,30 @@ class Service:
         return [r for r in self.replicas if r.state in LIVE]
 
     def _pick(self) -> Replica | None:
-        ready = self.ready()
-        if ready and any(r.cooldown_until for r in ready):
-            now = self.clock()
-            ready = [r for r in ready if r.cooldown_until <= now] or ready
-        if not ready:
+        """The ready replica with the fewest requests in flight (ties taken in turn),
+        counted; one that refused a connection lately only when no other is ready."""
+        reps = self.replicas
+        n = len(reps)
+        if not n:
             return None
-        self._rr = (self._rr + 1) % len(ready)
-        best = ready[self._rr]
-        for r in ready:
-            if r.inflight < best.inflight:
+        self._rr = first = (self._rr + 1) % n
+        best = cooling = None
+        now = 0.0
+        for i in range(first, first + n):
+            r = reps[i % n]
+            if r.state is not READY:
+                continue
+            if r.cooldown_until:
+                now = now or self.clock()
+                if r.cooldown_until > now:
+                    if cooling is None or r.inflight < cooling.inflight:
+                        cooling = r
+                    continue
+            if best is None or r.inflight < best.inflight:
                 best = r
-        best.inflight += 1
+        best = best or cooling
+        if best is not None:
+            best.inflight += 1
         return best
 
     def pick_now(self) -> Replica | None:
@@ -188,14 +201,18 @@ class Service:
         self._mark = now
 
     def begin(self) -> None:
-        self._advance()
+        now = self.clock()  # _advance, inline: this runs per request
+        self._integral += self.inflight * (now - self._mark)
+        self._mark = now
         self.inflight += 1
         self._requests += 1
         self.total += 1
-        self.autoscaler.request_seen(self._mark)
+        self.autoscaler.request_seen(now)
 
     def end(self) -> None:
-        self._advance()
+        now = self.clock()
+        self._integral += self.inflight * (now - self._mark)
+        self._mark = now
         self.inflight -= 1
 
     def sample(self) -> None:

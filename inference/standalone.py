@@ -8,6 +8,8 @@ controller and the activator in one process (benchmarks, local use).
 ``default`` unless they say otherwise. ``GET /_status`` lists the services' state,
 ``GET /metrics`` the activator's Prometheus metrics. The event loop is uvloop by default
 (it roughly halves the activator's CPU per request); ``--loop asyncio`` is the stock one.
+``GPUPOOL_PROFILE=FILE`` profiles the process with cProfile and writes the stats to FILE
+on SIGTERM (how bench/activator.py's load was profiled).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import signal
 
 from scheduler.embedded import EmbeddedScheduler
 from scheduler.model import DEFAULT_POOL, GPU, Department, Node, Project, Quota
@@ -71,7 +75,10 @@ async def serve(args) -> None:
 
     await activator.Server(controller, "/", local={"/_status": status}).listen(args.port)
     print(f"activator listening on 127.0.0.1:{args.port}", flush=True)
-    await asyncio.Event().wait()
+    stop = asyncio.Event()
+    if os.environ.get("GPUPOOL_PROFILE"):  # end normally, so that main() writes the stats
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
 
 
 def main(argv=None) -> None:
@@ -85,9 +92,18 @@ def main(argv=None) -> None:
     p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    profile_to = os.environ.get("GPUPOOL_PROFILE")
+    if profile_to:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     if args.loop == "uvloop":
         import uvloop
 
         uvloop.run(serve(args))
     else:
         asyncio.run(serve(args))
+    if profile_to:
+        prof.disable()
+        prof.dump_stats(profile_to)

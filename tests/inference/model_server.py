@@ -5,7 +5,9 @@
 Sleeps ``--startup-s`` before it listens (a model load). Routes:
 ``/health``; ``/predict?client=C&seq=S&ms=M`` answers JSON with its pid after M ms
 (default ``--delay-ms``); ``/stream?n=N&ms=M`` sends N server-sent events M ms apart;
-``/big?kb=K`` answers K KiB. Bodies sent to ``/predict`` are counted in ``body_len``.
+``/big?kb=K`` answers K KiB; ``/headers?set=Name:Value`` answers the request's headers as
+JSON, with the response headers named in ``set``. Bodies sent to ``/predict`` are counted
+in ``body_len``.
 """
 
 import argparse
@@ -50,6 +52,14 @@ class Big(web.RequestHandler):
         self.write(b"x" * (1024 * int(self.get_argument("kb", "1024"))))
 
 
+class Headers(web.RequestHandler):
+    def get(self):
+        for item in self.get_arguments("set"):
+            name, _, value = item.partition(":")
+            self.set_header(name, value)
+        self.write(json.dumps(dict(self.request.headers.get_all())))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
@@ -60,7 +70,7 @@ def main():
 
     async def run():
         app = web.Application([("/health", Health), ("/predict", Predict), ("/stream", Stream),
-                               ("/big", Big)], delay_ms=a.delay_ms)
+                               ("/big", Big), ("/headers", Headers)], delay_ms=a.delay_ms)
         app.listen(a.port, "127.0.0.1")
         await asyncio.Event().wait()
 

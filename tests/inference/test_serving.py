@@ -208,3 +208,73 @@ def test_http_details_pass_through_the_activator():
             assert out.startswith(b"HTTP/1.1 400") and b"malformed HTTP request" in out
 
     run(main())
+
+
+async def exchange(port: int, data: bytes) -> tuple[bytes, bytes, bool]:
+    """One request on a new connection: (head, body, whether the activator then closed it).
+    The response must have a Content-Length."""
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(data)
+    head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 30)
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    body = await asyncio.wait_for(r.readexactly(length), 30)
+    try:
+        closed = await asyncio.wait_for(r.read(1), 0.5) == b""
+    except asyncio.TimeoutError:
+        closed = False
+    w.close()
+    return head, body, closed
+
+
+def names(head: bytes) -> set[bytes]:
+    return {line.split(b":")[0].lower() for line in head.split(b"\r\n")[1:] if line}
+
+
+def test_headers_on_the_way_to_the_replica_and_back():
+    """The replica gets the client's headers less hop-by-hop ones and credentials, its own
+    Host and an extended X-Forwarded-For. A plain response head (HTTP/1.1, Content-Length,
+    nothing hop-by-hop) reaches a keep-alive client byte for byte as the replica sent it;
+    one with hop-by-hop headers, or for a client that asked to close, is rebuilt."""
+    async def main():
+        async with stack() as st:
+            svc = st.put(name="hdr", min_replicas=1, scale_to_zero_after_s=60)
+            await until(lambda: svc.ready(), what="a ready replica")
+            port = int(st.url.rsplit(":", 1)[1].split("/")[0])
+            replica = svc.ready()[0]
+            sent = (b"GET /serve/hdr/headers?x=1 HTTP/1.1\r\nHost: front.example\r\n"
+                    b"Authorization: token secret\r\nCookie: s=1\r\nX-Forwarded-For: 10.1.2.3\r\n"
+                    b"Keep-Alive: 300\r\nTE: trailers\r\nConnection: keep-alive\r\n"
+                    b"X-Request-Id: abc\r\nAccept: */*\r\n\r\n")
+            head, body, closed = await exchange(port, sent)
+            seen = {k.lower(): v for k, v in json.loads(body).items()}
+            assert seen["host"] == f"{replica.host}:{replica.port}"
+            assert seen["x-forwarded-for"] == "10.1.2.3, 127.0.0.1"
+            assert seen["x-request-id"] == "abc" and seen["accept"] == "*/*"
+            for gone in ("authorization", "cookie", "keep-alive", "te", "connection"):
+                assert gone not in seen, gone
+            assert not closed
+
+            # a plain response: through the activator, the head the replica sends directly,
+            # byte for byte but the date (it was passed on as it came)
+            get = "GET {}predict?ms=0&client=c HTTP/1.1\r\nHost: x\r\n\r\n"
+            head, body, _ = await exchange(port, get.format("/serve/hdr/").encode())
+            direct, direct_body, _ = await exchange(replica.port, get.format("/").encode())
+            strip = lambda h: [x for x in h.split(b"\r\n") if not x.startswith(b"Date:")]  # noqa: E731
+            assert strip(head) == strip(direct) and body == direct_body
+            assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"etag" in names(head)
+
+            # hop-by-hop headers from the replica are not passed on; the rest are
+            head, body, closed = await exchange(port, (
+                b"GET /serve/hdr/headers?set=Keep-Alive:timeout%3D5&set=X-Model:m1 HTTP/1.1\r\n"
+                b"Host: x\r\n\r\n"))
+            assert b"keep-alive" not in names(head) and b"X-Model: m1\r\n" in head
+            assert head.startswith(b"HTTP/1.1 200 OK\r\n") and not closed
+
+            # a client that closes gets Connection: close, and the close
+            head, body, closed = await exchange(port, b"GET /serve/hdr/headers HTTP/1.1\r\n"
+                                                      b"Host: x\r\nConnection: close\r\n\r\n")
+            assert b"Connection: close\r\n" in head and closed
+            assert json.loads(body)["Host"] == f"{replica.host}:{replica.port}"
+
+    run(main())
