@@ -86,7 +86,13 @@ class _TooBig:
         self.sizes: dict[tuple, list[tuple[int, int, int, int]]] = {}
 
     def covers(self, group: tuple, size: tuple | None) -> bool:
-        return size is not None and any(all(a >= b for a, b in zip(size, s)) for s in self.sizes.get(group, ()))
+        if size is None:
+            return False
+        g, m, c, mem = size  # asked for every single pod placed: written out
+        for s in self.sizes.get(group, ()):
+            if g >= s[0] and m >= s[1] and c >= s[2] and mem >= s[3]:
+                return True
+        return False
 
     def add(self, group: tuple, size: tuple | None) -> None:
         if size is not None:

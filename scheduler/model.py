@@ -133,7 +133,21 @@ class PodDemand:
     cpu_milli: int = 0
     memory_mib: int = 0
 
+    def __hash__(self) -> int:
+        # Kept once worked out (a demand never changes): snapshots and cycles key tables on
+        # demands for every workload that comes and goes.
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash((self.gpus, self.gpu_fraction, self.gpu_memory_mib, self.cpu_milli, self.memory_mib))
+        return h
+
     def validate(self, where: str) -> None:
+        if self.__dict__.get("_valid"):  # checked before (a demand never changes)
+            return
+        self._check(where)
+        self.__dict__["_valid"] = True
+
+    def _check(self, where: str) -> None:
         forms = sum(1 for v in (self.gpus, self.gpu_fraction, self.gpu_memory_mib) if v)
         if forms > 1:
             raise ValidationError(where, "give only one of gpus, gpu_fraction, gpu_memory_mib")

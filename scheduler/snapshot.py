@@ -152,20 +152,22 @@ class Snapshot:
     # -- workloads -----------------------------------------------------------------------
     def upsert_workload(self, w: Workload) -> None:
         w.validate()
-        total = self.total_gpus()
+        total = self._total_gpus
         need = w.pods * w.demand.gpu_count
-        if self.nodes and need > total:
+        if need > total and self.nodes:
             raise ValidationError(
                 f"workload[{w.name}].pods",
                 f"the gang needs {need} GPUs and the whole cluster has {total}",
             )
-        self.remove_workload(w.name)
-        self.workloads[w.name] = w
+        name, state = w.name, w.state
+        if name in self.workloads:
+            self.remove_workload(name)
+        self.workloads[name] = w
         self.shape_counts[(w.demand, w.gpu_models)] += w.pods
-        victim = victim_key(w) if w.state == State.RUNNING and w.is_preemptible else None
-        self._filed[w.name] = ((w.demand, w.gpu_models, w.pods, w.project, w.placement), victim)
-        if w.state == State.PENDING:
-            self.pending[w.name] = w
+        victim = victim_key(w) if state == State.RUNNING and w.is_preemptible else None
+        self._filed[name] = ((w.demand, w.gpu_models, w.pods, w.project, w.placement), victim)
+        if state == State.PENDING:
+            self.pending[name] = w
             return
         for p in w.placement:
             if p.node not in self.nodes:
