@@ -450,17 +450,30 @@ class _Cycle:
                 floor = self.fair.get((p, pool), 0)
                 if self.work.usage[(p, pool)] <= floor:
                     continue
-            for prio, _, name in snap.victims.get(p, ()):
+            for prio, v, protected in self._pool_victims(p, pool):
                 if strategy == "preempt" and prio >= w.effective_priority:
                     break
-                v = snap.workloads[name]
-                if name in self.evicted or v.state != State.RUNNING or not self._in_pool(v, pool):
-                    continue
-                if not self._protected(v):
+                if not protected:
                     yield v, floor
                 elif strategy == "reclaim":  # a guarantee outranks the protection, but last
                     deferred.append((v, floor))
         yield from deferred
+
+    def _pool_victims(self, project: str, pool: str) -> list[tuple[int, Workload, bool]]:
+        """``project``'s running preemptible work in ``pool`` not evicted this cycle, in
+        eviction order, each with its priority and whether it is protected. Kept in
+        ``plan_memo``: only a plan that evicts changes it within a cycle."""
+        key = ("victims", project, pool)
+        out = self.plan_memo.get(key)
+        if out is None:
+            snap, evicted = self.snap, self.evicted
+            out = []
+            for prio, _, name in snap.victims.get(project, ()):
+                v = snap.workloads[name]
+                if name not in evicted and v.state == State.RUNNING and self._in_pool(v, pool):
+                    out.append((prio, v, self._protected(v)))
+            self.plan_memo[key] = out
+        return out
 
     def _protected(self, v: Workload) -> bool:
         """Just restarted after a preemption: evicting it again would be thrash."""
