@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -64,14 +65,19 @@ def main() -> int:
         "cpu_s": round(cpu, 2),
         "target_s": TARGET_S,
         "ok": wall < TARGET_S,
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
         "per_policy": {
-            p: {k: m[k] for k in ("wall_s", "cpu_s", "decide_s", "cycles")} for p, m in doc["policies"].items()
+            p: {k: m[k] for k in ("wall_s", "cpu_s", "decide_s", "cycles", "cycles_skipped_quiet")}
+            for p, m in doc["policies"].items()
         },
     }
     if not args.json:
         for p, m in out["per_policy"].items():
-            print(f"{p:<12} wall {m['wall_s']:>7.1f} s  cpu {m['cpu_s']:>7.1f} s  decide {m['decide_s']:>7.1f} s  cycles {m['cycles']}")
-        print(f"total: wall {out['wall_s']} s, cpu {out['cpu_s']} s (target wall < {TARGET_S:g} s)")
+            print(
+                f"{p:<12} wall {m['wall_s']:>7.1f} s  cpu {m['cpu_s']:>7.1f} s  decide {m['decide_s']:>7.1f} s  "
+                f"cycles {m['cycles']} ({m['cycles_skipped_quiet']} without decide: nothing changed)"
+            )
+        print(f"total: wall {out['wall_s']} s, cpu {out['cpu_s']} s (target wall < {TARGET_S:g} s), load {out['load_avg']}")
     print(json.dumps(out))
     return 0
 
