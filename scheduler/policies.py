@@ -597,7 +597,7 @@ class RandomFit:
 
 
 class _GpupoolBound(_Bound):
-    """FGD's fragmentation averaged with a capacity-aware one.
+    """FGD's fragmentation and a capacity-aware one; a placement is scored by the worse.
 
     Capacity-aware fragmentation: against shape t a node's usable GPU milli is what the most
     pods of t it can still take would use, counting CPU as well as GPU room,
@@ -606,7 +606,9 @@ class _GpupoolBound(_Bound):
     one pod as fully usable once one pod fits: blind to the CPU that later pods need and to
     the slack a pod leaves on a GPU (530 free is 60 of waste for 470-milli pods). Alone the
     capacity view spends the few nodes that can take 8-GPU pods (FGD's view guards them by
-    how it scores emptiness), so gpupool uses the mean of the two deltas.
+    how it scores emptiness). Each view sees a waste the other misses, so a placement counts
+    as growing fragmentation by the larger of the two growths: ``min`` of the two deltas
+    (their mean, used before, let one view's gain hide the other's loss).
     """
 
     def __init__(self, mix: Mix, models: list[str], g: int):
@@ -672,15 +674,15 @@ class _GpupoolBound(_Bound):
             cap = before[:, None] + nd + self._cap_usable(fl1, fit_after, weight)
         else:
             cap[:, 0] = before + self._cap_usable(fl, fit_after, weight)
-        return np.where(fgd > NEG / 2, 0.5 * (fgd + cap), NEG)
+        return np.where(fgd > NEG / 2, np.minimum(fgd, cap), NEG)
 
 
 class GpupoolPolicy(FragPolicy):
     """gpupool's placement: the FGD paper's policy on a better fragmentation measure.
 
     Score per node: ``int(100 * sigmoid(delta / 1000))`` as FGD, where ``delta`` is the
-    growth of fragmentation avoided, averaged over FGD's measure and a capacity-aware one
-    (``_GpupoolBound``). The integer score is kept on purpose: it makes near-equal nodes tie,
+    growth of fragmentation avoided, the smaller of FGD's measure's and a capacity-aware
+    one's (``_GpupoolBound``). The integer score is kept on purpose: it makes near-equal nodes tie,
     and a fixed tie order (lowest node index; the simulator: a seeded node order, as for the
     baselines) then fills nodes one after another, which keeps whole nodes free for large
     pods; exact deltas with packing tie-breaks did worse in the simulator. Deterministic

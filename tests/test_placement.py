@@ -113,7 +113,7 @@ def cap_frag_by_definition(left: list[int], cpu: int, model: str | None) -> floa
 
 
 @pytest.mark.parametrize("demand", DEMANDS)
-def test_gpupool_delta_is_mean_of_fgd_and_capacity_deltas(demand):
+def test_gpupool_delta_is_worse_of_fgd_and_capacity_deltas(demand):
     arrays = random_cluster(5)
     rows = np.arange(len(arrays.names))
     fgd = _Bound(MIX, arrays.models, arrays.gpu_free.shape[1]).deltas(arrays, rows, demand, arrays.need_milli(demand))
@@ -134,7 +134,7 @@ def test_gpupool_delta_is_mean_of_fgd_and_capacity_deltas(demand):
                 for i in [i for i, x in enumerate(left) if x == MILLI][: demand.gpus]:
                     after[i] = 0
             cap = before - cap_frag_by_definition(after, cpu - demand.cpu_milli, model)
-            assert mixed[n, j] == pytest.approx(0.5 * (fgd[n, j] + cap))
+            assert mixed[n, j] == pytest.approx(min(fgd[n, j], cap))
 
 
 @pytest.mark.parametrize("log_max", [None, 7])
@@ -208,6 +208,29 @@ def test_gpupool_is_deterministic_and_fills_holes():
     mask = arrays.eligible(None, (), d)
     picks = {get_policy("gpupool").place(arrays, mask, d) for _ in range(3)}
     assert picks == {Choice(1, (2,), 500)}
+
+
+def test_gpupool_counts_a_loss_only_one_view_sees():
+    """A cost that only one of the two fragmentation views sees is not averaged away.
+
+    A CPU-only pod (4 CPUs); node 0: 8 free GPUs, 48 CPUs free; node 1: 6 free GPUs, 12 CPUs
+    free. Both views charge node 0 the 8-GPU shape's place (0.1 x 8000 = -800). On node 1
+    FGD sees no loss (every shape still fits), the capacity view sees GPUs stranded for
+    want of CPU (one 1-GPU pod: 0.6 x 1000, two 500-milli pods: 0.3 x 1000; -900). The mean
+    (-450) sent the pod to node 1; the worse view's growth sends it to node 0."""
+    mix = Mix([Shape(4000, 1000, 1), Shape(2000, 500, 1), Shape(48000, 1000, 8)], [6, 3, 1])
+    nodes = [Node("a", [GPU(j, "A100", 81920) for j in range(8)], cpu_milli=64000), Node("b", [GPU(j, "A100", 81920) for j in range(8)], cpu_milli=16000)]
+    arrays = ClusterArrays.from_nodes(nodes)
+    arrays.take(0, (), 0, 16000, 0)
+    arrays.take(1, (0, 1), MILLI, 4000, 0)
+    d = PodDemand(cpu_milli=4000)
+    rows = np.arange(2)
+    fgd = _Bound(mix, arrays.models, 8).deltas(arrays, rows, d, arrays.need_milli(d))[:, 0]
+    ours = _GpupoolBound(mix, arrays.models, 8).deltas(arrays, rows, d, arrays.need_milli(d))[:, 0]
+    assert fgd.tolist() == pytest.approx([-800, 0]) and ours.tolist() == pytest.approx([-800, -900])
+    policy = get_policy("gpupool")
+    policy.mix = mix
+    assert policy.place(arrays, arrays.eligible(None, (), d), d) == Choice(0, (), 0)
 
 
 def test_get_policy_rejects_unknown():
