@@ -166,7 +166,7 @@ class PodDemand:
         if self.memory_mib < 0:
             raise ValidationError(f"{where}.memory_mib", "must be >= 0")
 
-    @property
+    @functools.cached_property  # asked for every pod placed; a demand never changes
     def is_fractional(self) -> bool:
         return bool(self.gpu_fraction or self.gpu_memory_mib)
 
@@ -180,7 +180,7 @@ class PodDemand:
             return min(MILLI, math.ceil(self.gpu_memory_mib * MILLI / gpu_memory_mib))
         return 0
 
-    @property
+    @functools.cached_property
     def gpu_count(self) -> int:
         """Physical GPUs one pod touches."""
         return self.gpus if self.gpus else (1 if self.is_fractional else 0)
