@@ -4,16 +4,21 @@ cold start from zero against the model server's own start.
 Three processes: the model server (tests/inference/model_server.py), the activator
 (``python -m inference``: embedded scheduler + controller + activator) and this one, the
 load generator (a bare keep-alive HTTP/1.1 client per simulated user, so the client's own
-cost stays small and equal on both paths). At each concurrency the same number of
-requests goes to the replica directly and through the activator, alternating in rounds
-(so both see the same background load); added latency = p50/p99 through the activator
-minus p50/p99 direct.
+cost stays small and equal on both paths). At each concurrency every user keeps one
+connection per way (direct to the replica, through the activator) for the whole
+measurement, warmed first (``--warmup`` untimed requests each: connections, the
+activator's pool, caches); then ``--rounds`` rounds, each sending the same number of
+requests along every way, the order reversed every other round (direct, activator,
+activator, direct, ...) so that a load that drifts during the run weighs on both ways
+alike. Added latency = p50/p99 of all rounds through the activator minus the same
+direct; ``added_p50_ms_cN_round_quartiles`` says how much the per-round difference moved.
+By default 20,000 requests per way at c > 1 (1,000 at c = 1) in 10 rounds.
 
 CPU: the machine this runs on has 2 cores shared with other work, and at 50 clients the
 three processes saturate them, so added latency there is mostly the activator's CPU per
 request times the queue in front of the cores. The bench therefore also reports each
 process's CPU time per request (``activator_cpu_us_per_req_cN``, ``replica_cpu_us_...``,
-``client_cpu_us_...``, from /proc and ``time.process_time``), which does not depend on the
+``client_cpu_us_...``, from /proc/PID/task/*/schedstat and ``time.process_time``), which does not depend on the
 others' load, and the load average before and after.
 
 Two placements, each with its own interleaved direct/activated rounds: the headline keys
@@ -23,19 +28,24 @@ own and the client and replica to the other(s) in both runs, as deployed (the ac
 its own pod), so the added latency is the activator's own and not the CPU it takes from the
 replica. Other work on the machine still runs on all cores.
 
+Before/after in one run: ``--baseline-rev REV`` also starts the activator of git revision
+REV (its ``inference`` package unpacked to a temporary folder, with a replica of its own)
+and measures it as a third way in the same rounds (``baseline_*`` keys).
+
 Cold start: a service at zero replicas gets one request; the time to its response minus
 the model server's own start (exec until it answers, measured by starting it directly
 the same number of times). Targets: p50 < 1 ms and p99 < 5 ms added at 50 clients; cold
 start added < 500 ms (Knative's published hello-world cold start: 2-4 s).
 
-    python bench/activator.py [--json] [--requests 3000] [--delay-ms 5] [--startup-s 0.3]
-                              [--loop uvloop|asyncio]
+    python bench/activator.py [--json] [--requests 20000] [--rounds 10] [--delay-ms 5]
+                              [--startup-s 0.3] [--loop uvloop|asyncio] [--baseline-rev REV]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import glob
 import json
 import os
 import signal
@@ -45,6 +55,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "tests" / "inference" / "model_server.py"
@@ -68,26 +79,42 @@ async def one(reader, writer, path: bytes) -> None:
     await reader.readexactly(length)
 
 
-async def load(port: int, path: str, clients: int, total: int) -> list[float]:
-    lat: list[float] = []
-    per = max(1, total // clients)
-    p = path.encode()
+Users = list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]
 
-    async def user():
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        await one(r, w, p)  # warm the connection (and the activator's pool)
+
+async def connect(port: int, clients: int) -> Users:
+    """One keep-alive connection per simulated user, kept for all the rounds."""
+    return await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port)
+                                  for _ in range(clients)))
+
+
+async def run_round(users: Users, path: bytes, per: int) -> list[float]:
+    """Every user sends ``per`` requests, one after the other; the latency of each."""
+    lat: list[float] = []
+
+    async def user(r, w):
         for _ in range(per):
             t = time.perf_counter()
-            await one(r, w, p)
+            await one(r, w, path)
             lat.append(time.perf_counter() - t)
-        w.close()
 
-    await asyncio.gather(*(user() for _ in range(clients)))
+    await asyncio.gather(*(user(r, w) for r, w in users))
     return lat
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of one process (not its children)."""
+    """CPU seconds of one process, all its threads, not its children: schedstat's
+    nanoseconds where the kernel has them, else /proc/PID/stat's clock ticks."""
+    total, found = 0, False
+    for f in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            with open(f) as fh:
+                total += int(fh.read().split()[0])
+            found = True
+        except (OSError, ValueError, IndexError):  # a thread that just ended
+            pass
+    if found:
+        return total / 1e9
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -111,9 +138,9 @@ async def wait_http(port: int, path: str, timeout: float = 60) -> float:
     raise RuntimeError(f"nothing answered on {port}{path}")
 
 
-def start(cmd: list[str]) -> subprocess.Popen:
+def start(cmd: list[str], **kw) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, **kw)
 
 
 def stop(p: subprocess.Popen) -> None:
@@ -124,35 +151,82 @@ def stop(p: subprocess.Popen) -> None:
     p.wait()
 
 
-async def measure(out: dict, prefix: str, c: int, args, apid: int, rpid: int, rport: int,
-                  aport: int, path: str) -> None:
-    """Direct and through the activator, alternating in rounds; CPU per request of each."""
-    direct: list[float] = []
-    via: list[float] = []
-    cpu = {"act": 0.0, "rep_d": 0.0, "rep_v": 0.0, "cli_d": 0.0, "cli_v": 0.0}
-    n = args.requests if c > 1 else max(200, args.requests // 10)
-    for _ in range(args.rounds):
-        a0, r0, c0 = cpu_s(apid), cpu_s(rpid), time.process_time()
-        direct += await load(rport, path, c, n // args.rounds)
-        a1, r1, c1 = cpu_s(apid), cpu_s(rpid), time.process_time()
-        via += await load(aport, "/warm" + path, c, n // args.rounds)
-        a2, r2, c2 = cpu_s(apid), cpu_s(rpid), time.process_time()
-        cpu["act"] += (a2 - a1) - (a1 - a0)  # minus its idle ticking meanwhile
-        cpu["rep_d"] += r1 - r0
-        cpu["rep_v"] += r2 - r1
-        cpu["cli_d"] += c1 - c0
-        cpu["cli_v"] += c2 - c1
-    per = 1e6 / len(via)
-    out[f"{prefix}activator_cpu_us_per_req_c{c}"] = round(cpu["act"] * per, 1)
-    out[f"{prefix}replica_cpu_us_per_req_c{c}"] = round(cpu["rep_v"] * per, 1)
-    out[f"{prefix}client_cpu_us_per_req_c{c}"] = round(cpu["cli_v"] * per, 1)
+class Way(NamedTuple):
+    """One way to the model server: directly, or through an activator (its pid)."""
+
+    label: str
+    port: int
+    path: bytes
+    pid: int | None
+
+
+async def measure(out: dict, prefix: str, c: int, args, ways: list[Way], rpid: int) -> None:
+    """Rounds over every way (direct first), alternating the order (forward, then
+    backward: a load that drifts during the run weighs on all ways alike); latency
+    percentiles over all rounds, CPU per request of each process."""
+    n = args.requests if c > 1 else args.requests_c1
+    per = max(1, n // (args.rounds * c))
+    users = {w.label: await connect(w.port, c) for w in ways}
+    for w in ways:  # warm: connections, the activator's pool to the replica, caches
+        await run_round(users[w.label], w.path, args.warmup)
+    pids = [rpid] + [w.pid for w in ways if w.pid]
+    lat: dict[str, list[float]] = {w.label: [] for w in ways}
+    p50s: dict[str, list[float]] = {w.label: [] for w in ways}
+    wall = dict.fromkeys(lat, 0.0)
+    client = dict.fromkeys(lat, 0.0)
+    used = {w.label: dict.fromkeys(pids, 0.0) for w in ways}  # CPU of each pid in w's rounds
+    for i in range(args.rounds):
+        for w in ways if i % 2 == 0 else ways[::-1]:
+            before = {p: cpu_s(p) for p in pids}
+            c0, t0 = time.process_time(), time.perf_counter()
+            got = await run_round(users[w.label], w.path, per)
+            wall[w.label] += time.perf_counter() - t0
+            client[w.label] += time.process_time() - c0
+            for p in pids:
+                used[w.label][p] += cpu_s(p) - before[p]
+            lat[w.label] += got
+            p50s[w.label].append(pct(got, 0.5))
+    for u in users.values():
+        for _, wr in u:
+            wr.close()
+
+    direct = ways[0].label
+    per_req = 1e6 / (per * c * args.rounds)
+    out[f"{prefix}requests_per_way_c{c}"] = per * c * args.rounds
     out[f"{prefix}direct_client_plus_replica_cpu_us_per_req_c{c}"] = round(
-        (cpu["rep_d"] + cpu["cli_d"]) * per, 1)
+        (client[direct] + used[direct][rpid]) * per_req, 1)
     for q, key in ((0.5, "p50"), (0.99, "p99")):
-        d, v = pct(direct, q), pct(via, q)
-        out[f"{prefix}direct_{key}_ms_c{c}"] = round(d, 3)
-        out[f"{prefix}activator_{key}_ms_c{c}"] = round(v, 3)
-        out[f"{prefix}added_{key}_ms_c{c}"] = round(v - d, 3)
+        out[f"{prefix}direct_{key}_ms_c{c}"] = round(pct(lat[direct], q), 3)
+    for w in ways[1:]:
+        name = "activator" if w.label == "activator" else f"{w.label}_activator"
+        added = "added" if w.label == "activator" else f"{w.label}_added"
+        # the activator's own CPU in its rounds, less its idle ticking (controller,
+        # scheduler), which is read from the other ways' rounds
+        others = [o.label for o in ways if o.label != w.label]
+        idle = sum(used[o][w.pid] for o in others) / max(1e-9, sum(wall[o] for o in others))
+        own = max(0.0, used[w.label][w.pid] - idle * wall[w.label])
+        out[f"{prefix}{name}_cpu_us_per_req_c{c}"] = round(own * per_req, 1)
+        if w.label == "activator":
+            out[f"{prefix}replica_cpu_us_per_req_c{c}"] = round(used[w.label][rpid] * per_req, 1)
+            out[f"{prefix}client_cpu_us_per_req_c{c}"] = round(client[w.label] * per_req, 1)
+        for q, key in ((0.5, "p50"), (0.99, "p99")):
+            d, v = pct(lat[direct], q), pct(lat[w.label], q)
+            out[f"{prefix}{name}_{key}_ms_c{c}"] = round(v, 3)
+            out[f"{prefix}{added}_{key}_ms_c{c}"] = round(v - d, 3)
+        # how much the added p50 moved from round to round (quartiles of round pairs)
+        diffs = sorted(v - d for v, d in zip(p50s[w.label], p50s[direct]))
+        out[f"{prefix}{added}_p50_ms_c{c}_round_quartiles"] = [
+            round(diffs[len(diffs) // 4], 3), round(diffs[(3 * len(diffs)) // 4], 3)]
+
+
+def baseline_tree(rev: str) -> Path:
+    """Another revision's ``inference`` package, unpacked where ``python -m inference``
+    run from that folder finds it before this checkout's."""
+    where = Path(tempfile.mkdtemp(prefix="activator-baseline-"))
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "inference"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
+    return where
 
 
 async def main_async(args) -> dict:
@@ -168,19 +242,28 @@ async def main_async(args) -> dict:
         own.append(time.perf_counter() - t)
         stop(p)
 
-    services = [{"name": "warm", "command": model_cmd, "ready_path": "/health",
-                 "min_replicas": 1, "max_replicas": 1, "gpu": 0.25}]
-    services += [{"name": f"cold{i}", "command": model_cmd, "ready_path": "/health",
-                  "max_replicas": 1, "gpu": 0.25} for i in range(args.cold_runs)]
-    spec_file = Path(tempfile.mkdtemp()) / "services.json"
-    spec_file.write_text(json.dumps(services))
+    warm = {"name": "warm", "command": model_cmd, "ready_path": "/health",
+            "min_replicas": 1, "max_replicas": 1, "gpu": 0.25}
+    services = [warm] + [{"name": f"cold{i}", "command": model_cmd, "ready_path": "/health",
+                          "max_replicas": 1, "gpu": 0.25} for i in range(args.cold_runs)]
+    spec_dir = Path(tempfile.mkdtemp())
+    (spec_dir / "services.json").write_text(json.dumps(services))
+    (spec_dir / "warm.json").write_text(json.dumps([warm]))
     aport = free_port()
     act = start([sys.executable, "-m", "inference", "--port", str(aport), "--services",
-                 str(spec_file), "--gpus", "4", "--quota", "4", "--loop", args.loop])
+                 str(spec_dir / "services.json"), "--gpus", "4", "--quota", "4", "--loop", args.loop])
+    base = bport = None
+    if args.baseline_rev:  # the same activator at another revision, with a replica of its own
+        bport = free_port()
+        base = start([sys.executable, "-m", "inference", "--port", str(bport), "--services",
+                      str(spec_dir / "warm.json"), "--loop", args.loop],
+                     cwd=baseline_tree(args.baseline_rev), env={**os.environ, "PYTHONPATH": str(ROOT)})
     out: dict = {}
     try:
         await wait_http(aport, "/_status")
         await wait_http(aport, "/warm/health")
+        if base is not None:
+            await wait_http(bport, "/warm/health")
         r, w = await asyncio.open_connection("127.0.0.1", aport)
         w.write(b"GET /_status HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n")
         status = json.loads((await r.read()).split(b"\r\n\r\n", 1)[1])
@@ -201,35 +284,46 @@ async def main_async(args) -> dict:
         out["cold_start_total_ms"] = round(cold_med * 1000, 1)
         out["cold_start_added_ms"] = round((cold_med - own_med) * 1000, 1)
 
-        path = "/predict"
+        ways = [Way("direct", rport, b"/predict", None),
+                Way("activator", aport, b"/warm/predict", act.pid)]
+        if base is not None:
+            ways.append(Way("baseline", bport, b"/warm/predict", base.pid))
+        acts = [w.pid for w in ways if w.pid]
         everyone = set(range(os.cpu_count() or 1))
         placements = {"": {}}  # shared: every process may run on every core
         if len(everyone) >= 2 and args.own_core:
             # the activator on a core of its own, as deployed (its own pod or machine);
             # client and replica share the rest, in both the direct and the activated runs
             rest = everyone - {max(everyone)}
-            placements["own_core_"] = {act.pid: {max(everyone)}, rpid: rest, os.getpid(): rest}
+            placements["own_core_"] = {**{a: {max(everyone)} for a in acts},
+                                       rpid: rest, os.getpid(): rest}
         for c in args.concurrency:
             for prefix, pins in placements.items():
-                for pid in (act.pid, rpid, os.getpid()):
+                for pid in (*acts, rpid, os.getpid()):
                     os.sched_setaffinity(pid, pins.get(pid, everyone))
                 try:
-                    await measure(out, prefix, c, args, act.pid, rpid, rport, aport, path)
+                    await measure(out, prefix, c, args, ways, rpid)
                 finally:
-                    for pid in (act.pid, rpid, os.getpid()):
+                    for pid in (*acts, rpid, os.getpid()):
                         os.sched_setaffinity(pid, everyone)
     finally:
         stop(act)
+        if base is not None:
+            stop(base)
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    ap.add_argument("--requests", type=int, default=3000, help="requests per path at c>1")
-    ap.add_argument("--rounds", type=int, default=6, help="alternations direct/activator")
+    ap.add_argument("--requests", type=int, default=20000, help="requests per way at c>1")
+    ap.add_argument("--requests-c1", type=int, default=1000, help="requests per way at c=1")
+    ap.add_argument("--rounds", type=int, default=10, help="rounds over the ways, order alternating")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed requests per user first")
     ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                     help="the activator's event loop")
+    ap.add_argument("--baseline-rev", default="",
+                    help="also measure the activator of this git revision (baseline_* keys)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 50, 500])
     ap.add_argument("--no-own-core", dest="own_core", action="store_false",
                     help="skip the second placement (the activator on a core of its own)")
@@ -241,7 +335,9 @@ def main() -> None:
     out = asyncio.run(main_async(args))
     out.update(cpus=os.cpu_count(), loadavg_before=round(load0, 2),
                loadavg_after=round(os.getloadavg()[0], 2), delay_ms=args.delay_ms,
-               loop=args.loop)
+               loop=args.loop, rounds=args.rounds)
+    if args.baseline_rev:
+        out["baseline_rev"] = args.baseline_rev
     if not args.json:
         for k, v in out.items():
             print(f"{k:28} {v}")

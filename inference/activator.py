@@ -312,20 +312,21 @@ class Exchange:
     # -- routing ---------------------------------------------------------------------
     def start(self) -> None:
         server, url = self.front.server, self.url
-        local = server.local_bytes.get(url.partition(b"?")[0] if b"?" in url else url)
-        if local is not None:
-            code, ctype, body = local(self)
-            return self.answer(code, ctype.encode(), body)
         m = server.route(url)
         svc = None if m is None else server.controller.services.get(m[1].decode())
+        rest = b"" if m is None else url[m.end():]
+        if rest[:1] == b"/":
+            self.uri = rest
+        else:  # the service's root, or not a service: perhaps a local route (/metrics)
+            local = server.local_bytes.get(url.partition(b"?")[0])
+            if local is not None:
+                code, ctype, body = local(self)
+                return self.answer(code, ctype.encode(), body)
+            if rest:  # a query on the service's root
+                self.uri = b"/" + rest
         if svc is None:
             return self._unknown()
         self.svc, self.name = svc, svc.spec.name
-        rest = url[m.end():]
-        if rest[:1] == b"/":
-            self.uri = rest
-        elif rest:  # a query on the service's root
-            self.uri = b"/" + rest
         if server.auth is not None and not svc.spec.public:
             verdict = server.auth.check(self, svc)
             if inspect.isawaitable(verdict):

@@ -35,9 +35,9 @@ HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
     b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length", b"expect",
 })
-# any of them in a response head: the names as they occur (the head is already validated)
+# any of them in a response head: (name as it occurs, value); the parser validated the head
 _HOP_IN_HEAD = re.compile(rb"\r\n(" + b"|".join(re.escape(h) for h in sorted(HOP_BY_HOP))
-                          + rb"):", re.IGNORECASE)
+                          + rb"):[ \t]*([^\r\n]*)", re.IGNORECASE)
 
 
 class NotSent(ConnectionError):
@@ -58,7 +58,8 @@ class Sink(Protocol):
 
     plain: bool  # the client may take an HTTP/1.1 keep-alive Content-Length head as it is
 
-    def on_raw_head(self, code: int, head: bytes) -> None: ...  # only when ``plain``
+    def on_raw_head(self, code: int, head: bytes) -> None: ...  # only when ``plain``; may
+    # hold the whole response (then no on_body follows)
     def on_head(self, code: int, reason: bytes, headers: list[tuple[bytes, bytes]],
                 length: bytes | None, bodyless: bool) -> None: ...  # hop-by-hop ones removed
     def on_body(self, data: bytes) -> None: ...
@@ -78,12 +79,13 @@ class Upstream(asyncio.Protocol):
         self.closed = False
         self._got = self._reused = self._head_only = self._until_close = False
         self._raw: bytes | None = None  # the response so far, until its head is complete
+        self._whole = False  # the sink got the whole response with its head: skip the body
 
     # -- use -------------------------------------------------------------------------
     def send(self, sink: Sink, head: bytes, body: bytes, reused: bool,
              head_only: bool = False) -> None:
         self.sink, self._reused, self._head_only = sink, reused, head_only
-        self._got = self._until_close = False
+        self._got = self._until_close = self._whole = False
         self._raw = b""
         if body:
             self.transport.writelines((head, body))
@@ -147,9 +149,13 @@ class Upstream(asyncio.Protocol):
         end = raw.find(b"\r\n\r\n")  # the parser took the head: CRLF lines, no folding
         hop = _HOP_IN_HEAD.findall(raw, 0, end)
         bodyless = self._head_only or code in (204, 304) or code < 200
-        if (sink.plain and not bodyless and len(hop) == 1 and hop[0].lower() == b"content-length"
+        if (sink.plain and not bodyless and len(hop) == 1 and hop[0][0].lower() == b"content-length"
                 and raw.startswith(b"HTTP/1.1 ")):
-            sink.on_raw_head(code, raw[:end + 4])
+            if len(raw) == end + 4 + int(hop[0][1]):  # all of it came in this read
+                self._whole = True
+                sink.on_raw_head(code, raw)
+            else:
+                sink.on_raw_head(code, raw[:end + 4])
             return
         lines = raw[:end].split(b"\r\n")
         status = lines[0].split(b" ", 2)
@@ -173,7 +179,7 @@ class Upstream(asyncio.Protocol):
             sink.on_done()
 
     def on_body(self, data: bytes) -> None:
-        if self.sink is not None:
+        if self.sink is not None and not self._whole:
             self.sink.on_body(data)
 
     def on_message_complete(self) -> None:
