@@ -7,20 +7,33 @@ Each of the three runs twice over single-GPU pods:
   burst    the scheduler runs while the pods are created (``--create-concurrency``
            requests in flight): pods/s = bound / (last bind - first create), and each
            pod's latency runs from its create returning to its bind showing in a watch;
-           every run is capped by how fast this machine creates pods.
+           on this 2-core machine every burst is capped by its CPU (kube-apiserver
+           takes most of it; see cpu_ms_per_pod_by_process).
   backlog  all pods exist before the scheduler starts: pods/s = the binding rate from
            the first bind to the last (the scheduler's own speed).
 All three are measured the same way: each runs in a process of its own (the bare binder
-too, so it does not share the creator's event loop), and in burst mode the clock starts
-only once a probe pod was bound (the scheduler is up and synced; its start-up is not
-scheduling speed); the probe keeps its GPU, so a burst has one bindable pod less. Each
-run reports the scheduler process's CPU seconds per bound pod (``*_cpu_ms_per_pod``), which
-other work on the machine does not change, and the load average is printed.
+too), and in burst mode the clock starts only once a probe pod was bound (the scheduler is
+up and synced; its start-up is not scheduling speed); the probe keeps its GPU, so a burst
+has one bindable pod less. The pods are created the same way for all three: by
+``--create-procs`` processes of their own (default 2, ``--create-concurrency`` requests in
+flight in all over keep-alive connections, bodies serialised before the clock starts), so
+the creator neither shares the bench's event loop nor favours any scheduler.
+Each run reports the scheduler process's CPU seconds per bound pod (``cpu_ms_per_pod``:
+its whole life; ``binding_cpu_ms_per_pod``: from its first bind to its last, what its
+binding rate costs), the CPU per bound pod of every process on the machine in the measured
+window (``cpu_ms_per_pod_by_process``: kube-apiserver, etcd, kwok, the creators, the bench,
+the scheduler), how busy the machine's cores were (``machine_busy``, everyone's work
+included: 1.0 means the cores were the limit), and what the API server was asked
+(``api_requests_per_pod``, from its ``apiserver_request_total``). The load average is
+printed. kube-scheduler runs with its defaults (``--leader-elect=false`` and its own
+serving ports aside): its client's 50 QPS is what limits it, as in the published anchor.
 The headline ``*_pods_s`` and ``ratio`` are the backlog rates, ``*_p99_bind_s`` the burst
 latencies; ``burst_*`` and ``backlog_*`` keys hold everything. The ceiling is a client loop
 that binds each pod to the next free GPU with no scheduling at all: what the API server
 allows on this machine. Published anchors on KWOK (YuniKorn's docs): kube-scheduler
 ~50 pods/s (its default client QPS is 50), YuniKorn 833 pods/s.
+``GPUPOOL_BENCH_PROFILE=DIR`` runs gpupool-scheduler under cProfile with the CPU clock
+and writes DIR/gpupool-*.prof.
 Note 500 x 8 = 4,000 GPUs for 5,000 pods: the last 1,000 stay pending (as they would on a
 full cluster); the rates count the pods that can be bound.
 """
@@ -36,6 +49,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import uvloop
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -95,8 +110,8 @@ async def measure(kc: KubeClient, scheduler: str, n: int, expect: int, concurren
     binds. burst: ``start()`` runs first, pods arrive while it schedules; pods/s is
     bound / (last bind - first create). backlog: every pod exists before ``start()``;
     pods/s is the binding rate from the first bind to the last."""
-    created: dict[str, float] = {}
     bound: dict[str, float] = {}
+    cpu_first = [0.0]  # the scheduler's CPU seconds when its first bind showed
     done = asyncio.Event()
 
     async def watch() -> None:
@@ -111,6 +126,8 @@ async def measure(kc: KubeClient, scheduler: str, n: int, expect: int, concurren
                     if name and name not in bound and (obj.get("spec") or {}).get("nodeName") \
                             and not name.endswith("-probe"):
                         bound[name] = time.perf_counter()
+                        if len(bound) == 1:
+                            cpu_first[0] = cpu_s(WATCHED["scheduler"])
                         if len(bound) >= expect:
                             done.set()
                             return
@@ -118,25 +135,21 @@ async def measure(kc: KubeClient, scheduler: str, n: int, expect: int, concurren
                 log(f"watch: {e}")
                 await asyncio.sleep(0.2)
 
-    sem = asyncio.Semaphore(concurrency)
-
-    async def create(i: int) -> None:
-        name = f"{scheduler[:8]}-{i:05d}"
-        async with sem:
-            await kc.post(f"/api/v1/namespaces/{NS}/pods", pod(name, scheduler))
-            created[name] = time.perf_counter()
-
     if not backlog:
         await start()
         await probe(kc, scheduler)
         expect -= 1  # the probe holds one GPU
     _, rv = await kc.list_all(f"/api/v1/namespaces/{NS}/pods", limit=1)
     watcher = asyncio.create_task(watch())
+    req0 = await api_requests(kc)
+    cpu0 = cpu_now()
     t0 = time.perf_counter()
-    await asyncio.gather(*(create(i) for i in range(n)))
+    created, creators_cpu = await create_pods(scheduler, n, concurrency)
     t_created = time.perf_counter()
     t_start = t0
     if backlog:
+        req0 = await api_requests(kc)
+        cpu0 = cpu_now()
         t_start = time.perf_counter()
         await start()
     last = len(bound)
@@ -149,6 +162,10 @@ async def measure(kc: KubeClient, scheduler: str, n: int, expect: int, concurren
                 break
             last = len(bound)
     watcher.cancel()
+    cpu1 = cpu_now()
+    req1 = await api_requests(kc)
+    if not backlog:
+        cpu1["creators"] = creators_cpu
     lat = sorted(bound[k] - created[k] for k in bound if k in created)
     t_end = max(bound.values()) if bound else time.perf_counter()
 
@@ -168,7 +185,128 @@ async def measure(kc: KubeClient, scheduler: str, n: int, expect: int, concurren
         "p50_bind_s": p(0.50),
         "p99_bind_s": p(0.99),
         "wall_s": t_end - t0,
+        # CPU per bound pod of everything on the machine, from the first create (burst) or
+        # the scheduler's start (backlog) to the end: who the two cores went to
+        "cpu_ms_per_pod_by_process": {k: round(1000 * (cpu1[k] - cpu0.get(k, 0)) / len(bound), 3)
+                                      for k in cpu1 if k != "machine"} if bound else None,
+        # what the API server was asked in that time (its own metrics), per bound pod
+        "api_requests_per_pod": {k: round((v - req0.get(k, 0)) / len(bound), 3)
+                                 for k, v in sorted(req1.items())
+                                 if (v - req0.get(k, 0)) >= 0.01 * len(bound)} if bound else None,
+        # the scheduler's CPU from its first bind to its last: what its binding rate costs
+        "binding_cpu_ms_per_pod": round(1000 * (cpu1["scheduler"] - cpu_first[0])
+                                        / (len(bound) - 1), 3) if len(bound) > 1 else None,
+        "machine_busy": round((cpu1["machine"] - cpu0["machine"])
+                              / (os.cpu_count() * (time.perf_counter() - (t0 if not backlog else t_start))), 3),
     }
+
+
+CREATOR_PROCS = 2  # processes creating pods in a burst (``--create-procs``)
+
+
+async def create_pods(scheduler: str, n: int, concurrency: int) -> tuple[dict[str, float], float]:
+    """Create n pods from ``CREATOR_PROCS`` processes of their own (the same for every
+    scheduler), ``concurrency`` requests in flight in all over keep-alive connections,
+    bodies serialised before the clock starts; returns each pod's create-done time
+    (time.perf_counter: CLOCK_MONOTONIC, the same clock in every process) and the
+    creators' CPU seconds."""
+    procs = []
+    for k in range(CREATOR_PROCS):
+        job = Path(CLUSTER.state_dir) / f"creator-{k}.json"
+        job.write_text(json.dumps({
+            "host": CLUSTER.host, "token": CLUSTER.token, "ca_file": str(CLUSTER.ca_file),
+            "scheduler": scheduler, "indices": list(range(k, n, CREATOR_PROCS)),
+            "concurrency": max(1, concurrency // CREATOR_PROCS)}))
+        procs.append((job, await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--creator", str(job))))
+    created: dict[str, float] = {}
+    cpu = 0.0
+    for job, proc in procs:
+        if await proc.wait() != 0:
+            raise RuntimeError(f"pod creator {job} failed")
+        out = json.loads(job.with_suffix(".out").read_text())
+        created.update(out["created"])
+        cpu += out["cpu_s"]
+    return created, cpu
+
+
+def run_creator(job_path: str) -> int:
+    """One creator process (``--creator JOB.json``): POST pre-serialised pods."""
+    job = json.loads(Path(job_path).read_text())
+    sched = job["scheduler"]
+    bodies = [(f"{sched[:8]}-{i:05d}", json.dumps(pod(f"{sched[:8]}-{i:05d}", sched)).encode())
+              for i in job["indices"]]
+    done: dict[str, float] = {}
+
+    async def go() -> None:
+        async with KubeClient(job["host"], job["token"], job["ca_file"],
+                              max_connections=job["concurrency"]) as kc:
+            it = iter(bodies)
+
+            async def worker() -> None:
+                for name, body in it:
+                    await kc.request("POST", f"/api/v1/namespaces/{NS}/pods", body, decode=False)
+                    done[name] = time.perf_counter()
+
+            await asyncio.gather(*(worker() for _ in range(job["concurrency"])))
+
+    uvloop.run(go())
+    cpu = time.process_time()
+    Path(job_path).with_suffix(".out").write_text(json.dumps({"created": done, "cpu_s": cpu}))
+    return 0
+
+
+async def api_requests(kc: KubeClient) -> dict[str, float]:
+    """The API server's ``apiserver_request_total`` by "VERB resource[/subresource]"."""
+    text = (await kc.request("GET", "/metrics", decode=False, as_bytes=True)).decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.rindex("}")]
+                      .replace('"', "").split(",") if "=" in kv)
+        if not labels.get("resource"):
+            continue
+        key = f"{labels['verb']} {labels['resource']}" + \
+            (f"/{labels['subresource']}" if labels.get("subresource") else "")
+        out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+CLK = os.sysconf("SC_CLK_TCK")
+CLUSTER: ClusterInfo | None = None
+CLUSTER_PGID = -1
+WATCHED: dict[str, int] = {}  # name -> pid of the scheduler process in this run
+
+
+def cpu_now() -> dict[str, float]:
+    """CPU seconds so far of the cluster's processes (by name), the bench, the creators
+    and the scheduler under test, and of the whole machine (``machine``: busy jiffies of
+    all cores, everyone's work included)."""
+    out: dict[str, float] = {"bench": time.process_time()}
+    pgid = CLUSTER_PGID
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / CLK
+        if int(fields[2]) == pgid and comm in ("etcd", "kube-apiserver", "kwok"):
+            out[comm] = out.get(comm, 0.0) + cpu
+    for name, pid in WATCHED.items():
+        try:
+            out[name] = cpu_s(pid)
+        except OSError:
+            pass
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    out["machine"] = (sum(v[:8]) - v[3] - v[4]) / CLK
+    return out
 
 
 async def bare_binder(kc: KubeClient, nodes: list[str], gpus: int, scheduler: str,
@@ -182,9 +320,9 @@ async def bare_binder(kc: KubeClient, nodes: list[str], gpus: int, scheduler: st
 
     async def bind(name: str, node: str) -> None:
         async with sem:
-            await kc.post(f"/api/v1/namespaces/{NS}/pods/{name}/binding", {
+            await kc.request("POST", f"/api/v1/namespaces/{NS}/pods/{name}/binding", {
                 "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, decode=False)
 
     tasks = set()
 
@@ -261,9 +399,14 @@ def start_kube_scheduler(info: ClusterInfo, log_dir: Path) -> subprocess.Popen:
 def start_gpupool(info: ClusterInfo, log_dir: Path) -> subprocess.Popen:
     out = open(Path(PROFILE or log_dir) / "gpupool-scheduler.log", "ab")  # noqa: SIM115
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    prof = ["-m", "cProfile", "-o", str(Path(PROFILE) / f"gpupool-{time.time():.0f}.prof")] \
-        if PROFILE else []
-    return subprocess.Popen([sys.executable, *prof, "-m", "scheduler.k8s", "--kubeconfig",
+    # cProfile with the CPU clock: wall time would charge the others' load to whatever
+    # function was running when the scheduler was preempted
+    prof = ["-c", ("import cProfile, sys, time; from scheduler.k8s.cli import main; "
+            "p = cProfile.Profile(time.process_time); sys.argv[0] = 'gpupool-scheduler'; "
+            "rc = p.runcall(main); "
+            f"p.dump_stats({str(Path(PROFILE) / f'gpupool-{time.time():.0f}.prof')!r}); "
+            "sys.exit(rc)")] if PROFILE else ["-m", "scheduler.k8s"]
+    return subprocess.Popen([sys.executable, *prof, "--kubeconfig",
                              str(info.kubeconfig), "--lease-name", "gpupool-bench", "-v",
                              "--bind-concurrency", str(BIND_CONCURRENCY)],
                             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -323,19 +466,24 @@ async def main_async(args: argparse.Namespace, info: ClusterInfo) -> dict:
     log_dir = info.state_dir / "logs"
     procs: list = []
 
+    def started(p: subprocess.Popen) -> None:
+        procs.append(p)
+        WATCHED["scheduler"] = p.pid
+
     async def start_ks():
-        procs.append(start_kube_scheduler(info, log_dir))
+        started(start_kube_scheduler(info, log_dir))
 
     async def start_gp():
-        procs.append(start_gpupool(info, log_dir))
+        started(start_gpupool(info, log_dir))
 
     async def start_bare():
-        procs.append(start_bare_binder(info, log_dir, nodes, args.gpus_per_node))
+        started(start_bare_binder(info, log_dir, nodes, args.gpus_per_node))
 
     async def stop_all():
         for p in procs:
             stop(p)
         procs.clear()
+        WATCHED.clear()
 
     runners = [("gpupool", "gpupool", start_gp), ("ceiling", "bench-bare", start_bare)]
     if not args.skip_kube_scheduler:
@@ -389,16 +537,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--bind-concurrency", type=int, default=48,
                     help="Bindings in flight for gpupool-scheduler and the bare loop")
+    ap.add_argument("--create-procs", type=int, default=2,
+                    help="processes creating the pods (each with create-concurrency/N in flight)")
     ap.add_argument("--bare-binder", metavar="JOB.json", help=argparse.SUPPRESS)
+    ap.add_argument("--creator", metavar="JOB.json", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     global BIND_CONCURRENCY
     BIND_CONCURRENCY = args.bind_concurrency
     if args.bare_binder:
         return run_bare_binder(args)
+    if args.creator:
+        return run_creator(args.creator)
     load0 = os.getloadavg()
 
     cluster = TestCluster(nodes=0, gpus_per_node=args.gpus_per_node)
     info = cluster.start()
+    global CLUSTER, CLUSTER_PGID, CREATOR_PROCS
+    CLUSTER, CLUSTER_PGID, CREATOR_PROCS = info, cluster._proc.pid, args.create_procs
     try:
         out = asyncio.run(main_async(args, info))
     finally:

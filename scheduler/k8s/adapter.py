@@ -506,8 +506,8 @@ class GpupoolScheduler:
                         raise
                     await self.kc.put(f"{base}/{pod.config_map}", cm)  # left by a crash
             try:
-                await self.kc.post(_pod_path(pod.namespace, pod.name, "binding"),
-                                   binding(pod, pl, over_quota))
+                await self.kc.request("POST", _pod_path(pod.namespace, pod.name, "binding"),
+                                      binding(pod, pl, over_quota), decode=False)
                 self.stats["binds"] += 1
             except ApiError as e:
                 if e.status == 409:  # already bound (a previous life of this scheduler)

@@ -115,9 +115,10 @@ class KubeClient:
     async def request(self, method: str, path: str, body: Any = None,
                       params: dict[str, Any] | None = None,
                       content_type: str = "application/json", timeout: float = 60.0,
-                      decode: bool = True) -> JSON:
+                      decode: bool = True, as_bytes: bool = False) -> Any:
         """``body``: a JSON value, or bytes already serialised. ``decode=False``: a
-        successful answer's body is not parsed (``{}`` is returned)."""
+        successful answer's body is not parsed: ``{}`` is returned, or with ``as_bytes`` the
+        bytes (text endpoints such as /metrics)."""
         if self._session is None:
             await self.open()
         assert self._session is not None
@@ -129,7 +130,7 @@ class KubeClient:
         ) as r:
             raw = await r.read()
             if r.status < 300 and not decode:
-                return {}
+                return raw if as_bytes else {}
             doc = json.loads(raw) if raw else {}
             if r.status >= 300:
                 raise ApiError(r.status, doc.get("message", raw[:300].decode(errors="replace")), doc)
