@@ -48,6 +48,7 @@ import asyncio
 import glob
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -331,6 +332,9 @@ def main() -> None:
     ap.add_argument("--startup-s", type=float, default=0.3, help="model server's start (model load)")
     ap.add_argument("--cold-runs", type=int, default=3)
     args = ap.parse_args()
+    # every user keeps a connection per way: 500 users and a baseline need > 1024 files
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
     load0 = os.getloadavg()[0]
     out = asyncio.run(main_async(args))
     out.update(cpus=os.cpu_count(), loadavg_before=round(load0, 2),
