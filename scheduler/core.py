@@ -244,6 +244,14 @@ class _Cycle:
         elif self.no_room.covers(group, size):
             return None
         a = self.work.arrays
+        if w.pods == 1 and topo is None:  # the common case: one try, nothing to undo
+            c = self.policy.place(a, a.eligible(pool, w.gpu_models, w.demand), w.demand)
+            if c is not None:
+                self.work.take(w, [c])
+                return [c]
+            self.failed[key] = epoch
+            self.no_room.add(group, size)
+            return None
         for domain in self._domains(topo, pool):
             cp = self.work.checkpoint()
             choices: list[Choice] = []
