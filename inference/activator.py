@@ -75,9 +75,9 @@ class Server:
         self.controller = controller
         self.prefix = prefix if prefix.endswith("/") else prefix + "/"
         self.auth = auth
-        self.local = {"/metrics": lambda req: (200, "text/plain; version=0.0.4",
-                                               metrics.exposition()), **(local or {})}
-        self.local_bytes = {k.encode(): v for k, v in self.local.items()}
+        local = {"/metrics": lambda req: (200, "text/plain; version=0.0.4",
+                                          metrics.exposition()), **(local or {})}
+        self.local = {path.encode(): route for path, route in local.items()}  # by path bytes
         # prefix + a service name, then '/', '?' or the end; group 1 is the name
         self.route = re.compile(re.escape(self.prefix.encode())
                                 + rb"([a-z0-9][a-z0-9-]*)(?=[/?]|\Z)").match
@@ -318,7 +318,7 @@ class Exchange:
         if rest[:1] == b"/":
             self.uri = rest
         else:  # the service's root, or not a service: perhaps a local route (/metrics)
-            local = server.local_bytes.get(url.partition(b"?")[0])
+            local = server.local.get(url.partition(b"?")[0])
             if local is not None:
                 code, ctype, body = local(self)
                 return self.answer(code, ctype.encode(), body)
