@@ -12,7 +12,8 @@ requests along every way, the order reversed every other round (direct, activato
 activator, direct, ...) so that a load that drifts during the run weighs on both ways
 alike. Added latency = p50/p99 of all rounds through the activator minus the same
 direct; ``added_p50_ms_cN_round_quartiles`` says how much the per-round difference moved.
-By default 20,000 requests per way at c > 1 (1,000 at c = 1) in 10 rounds.
+By default 20,000 requests per way at c > 1 (1,000 at c = 1) in 20 rounds: short rounds,
+so that the two of a pair see nearly the same background load.
 
 CPU: the machine this runs on has 2 cores shared with other work, and at 50 clients the
 three processes saturate them, so added latency there is mostly the activator's CPU per
@@ -37,7 +38,7 @@ the model server's own start (exec until it answers, measured by starting it dir
 the same number of times). Targets: p50 < 1 ms and p99 < 5 ms added at 50 clients; cold
 start added < 500 ms (Knative's published hello-world cold start: 2-4 s).
 
-    python bench/activator.py [--json] [--requests 20000] [--rounds 10] [--delay-ms 5]
+    python bench/activator.py [--json] [--requests 20000] [--rounds 20] [--delay-ms 5]
                               [--startup-s 0.3] [--loop uvloop|asyncio] [--baseline-rev REV]
 """
 
@@ -319,7 +320,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--requests", type=int, default=20000, help="requests per way at c>1")
     ap.add_argument("--requests-c1", type=int, default=1000, help="requests per way at c=1")
-    ap.add_argument("--rounds", type=int, default=10, help="rounds over the ways, order alternating")
+    ap.add_argument("--rounds", type=int, default=20, help="rounds over the ways, order alternating")
     ap.add_argument("--warmup", type=int, default=5, help="untimed requests per user first")
     ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                     help="the activator's event loop")
