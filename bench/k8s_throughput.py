@@ -91,7 +91,9 @@ async def wait_empty(kc: KubeClient) -> None:
         await kc.request("DELETE", f"/api/v1/namespaces/{NS}/pods",
                          {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
                          timeout=600)
-    except asyncio.TimeoutError:
+    except (asyncio.TimeoutError, ApiError) as e:
+        if isinstance(e, ApiError) and e.status != 504:  # 504: the API server's own timeout
+            raise
         log("deleting the pods is slow; waiting for the namespace to empty")
     while (await kc.get(f"/api/v1/namespaces/{NS}/pods", limit=1))["items"]:
         await asyncio.sleep(0.5)
