@@ -87,16 +87,19 @@ def pod(name: str, scheduler: str) -> dict:
 
 
 async def wait_empty(kc: KubeClient) -> None:
-    try:  # thousands of pods: on a busy machine this outlasts a request's timeout
-        await kc.request("DELETE", f"/api/v1/namespaces/{NS}/pods",
-                         {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
-                         timeout=600)
-    except (asyncio.TimeoutError, ApiError) as e:
-        if isinstance(e, ApiError) and e.status != 504:  # 504: the API server's own timeout
-            raise
-        log("deleting the pods is slow; waiting for the namespace to empty")
-    while (await kc.get(f"/api/v1/namespaces/{NS}/pods", limit=1))["items"]:
-        await asyncio.sleep(0.5)
+    while True:
+        try:  # thousands of pods: on a busy machine this outlasts a request's timeout
+            await kc.request("DELETE", f"/api/v1/namespaces/{NS}/pods",
+                             {"apiVersion": "v1", "kind": "DeleteOptions",
+                              "gracePeriodSeconds": 0}, timeout=600)
+        except (asyncio.TimeoutError, ApiError) as e:
+            if isinstance(e, ApiError) and e.status != 504:  # 504: the API server's timeout
+                raise
+            log("deleting the pods is slow; waiting, then deleting what is left")
+        for _ in range(120):
+            if not (await kc.get(f"/api/v1/namespaces/{NS}/pods", limit=1))["items"]:
+                return
+            await asyncio.sleep(0.5)
 
 
 async def probe(kc: KubeClient, scheduler: str, timeout_s: float = 180) -> None:
