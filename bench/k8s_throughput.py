@@ -175,6 +175,9 @@ async def measure(kc: KubeClient, scheduler: str, n: int, expect: int, concurren
     req1 = await api_requests(kc)
     if not backlog:
         cpu1["creators"] = creators_cpu
+    if os.environ.get("GPUPOOL_BENCH_DUMP"):  # a folder: each pod's create and bind times
+        Path(os.environ["GPUPOOL_BENCH_DUMP"], f"{scheduler}-{'backlog' if backlog else 'burst'}"
+             ".json").write_text(json.dumps({"t0": t0, "created": created, "bound": bound}))
     lat = sorted(bound[k] - created[k] for k in bound if k in created)
     t_end = max(bound.values()) if bound else time.perf_counter()
 
