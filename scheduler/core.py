@@ -467,21 +467,29 @@ class _Cycle:
                     deferred.append((v, floor))
         yield from deferred
 
-    def _pool_victims(self, project: str, pool: str) -> list[tuple[int, Workload, bool]]:
+    def _pool_victims(self, project: str, pool: str) -> Iterator[tuple[int, Workload, bool]]:
         """``project``'s running preemptible work in ``pool`` not evicted this cycle, in
         eviction order, each with its priority and whether it is protected. Kept in
-        ``plan_memo``: only a plan that evicts changes it within a cycle."""
+        ``plan_memo``: only a plan that evicts changes it within a cycle. Filtered only as
+        far as a caller reads: a plan reads the first few of thousands."""
         key = ("victims", project, pool)
-        out = self.plan_memo.get(key)
-        if out is None:
-            snap, evicted = self.snap, self.evicted
-            out = []
-            for prio, _, name in snap.victims.get(project, ()):
-                v = snap.workloads[name]
-                if name not in evicted and v.state == State.RUNNING and self._in_pool(v, pool):
+        entry = self.plan_memo.get(key)
+        if entry is None:
+            entry = self.plan_memo[key] = ([], iter(self.snap.victims.get(project, ())))
+        out, source = entry
+        i = 0
+        while True:
+            if i < len(out):
+                yield out[i]
+                i += 1
+                continue
+            for prio, _, name in source:
+                v = self.snap.workloads[name]
+                if name not in self.evicted and v.state == State.RUNNING and self._in_pool(v, pool):
                     out.append((prio, v, self._protected(v)))
-            self.plan_memo[key] = out
-        return out
+                    break
+            else:
+                return
 
     def _protected(self, v: Workload) -> bool:
         """Just restarted after a preemption: evicting it again would be thrash."""
