@@ -75,10 +75,13 @@ async def serve(args) -> None:
 
     await activator.Server(controller, "/", local={"/_status": status}).listen(args.port)
     print(f"activator listening on 127.0.0.1:{args.port}", flush=True)
+    # End normally on SIGTERM/SIGINT: the replicas run in sessions of their own and would
+    # outlive us, and main() writes the profile stats after serve() returns.
     stop = asyncio.Event()
-    if os.environ.get("GPUPOOL_PROFILE"):  # end normally, so that main() writes the stats
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     await stop.wait()
+    await controller.stop()
 
 
 def main(argv=None) -> None:
