@@ -47,7 +47,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def _amain(args: argparse.Namespace) -> int:
-    kc = await KubeClient.from_kubeconfig(args.kubeconfig, max_connections=args.bind_concurrency + 16)
+    try:
+        kc = await KubeClient.from_kubeconfig(args.kubeconfig, max_connections=args.bind_concurrency + 16)
+    except Exception as e:  # missing file, bad YAML or CA, no in-cluster config: say which
+        where = args.kubeconfig or "in-cluster configuration"
+        print(f"gpupool-scheduler: cannot use --kubeconfig {where}: {e}", file=sys.stderr)
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

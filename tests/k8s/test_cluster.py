@@ -148,3 +148,21 @@ def test_client_reads_the_kubeconfig_both_ways(k8s_cluster: ClusterInfo, tmp_pat
     versions, status = run(go())
     assert versions[0] == versions[1] and versions[0].startswith("v1.")
     assert status == 401
+
+
+@pytest.mark.parametrize("content", [
+    None,  # no such file
+    ("current-context: c\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
+     "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+     "users: [{name: u, user: {tokenFile: missing-token}}]\n"),  # its token file is missing
+    "clusters: [not, a, kubeconfig\n",  # not YAML
+])
+def test_scheduler_names_an_unusable_kubeconfig(tmp_path, capsys, content):
+    from scheduler.k8s.cli import main
+
+    path = tmp_path / "kubeconfig"
+    if content is not None:
+        path.write_text(content)
+    assert main(["--kubeconfig", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot use --kubeconfig {path}:" in err and "Traceback" not in err
