@@ -37,7 +37,7 @@ from .model import (
     Workload,
 )
 from .placement import Choice
-from .quota import IN_QUOTA, admit, department_quota, fair_shares
+from .quota import IN_QUOTA, admit, department_quota, fair_shares, in_quota
 from .snapshot import Snapshot
 from .working import Working
 
@@ -214,7 +214,7 @@ class _Cycle:
         work = self.work
         if not freed:  # the common question, answered here when it is "in quota"
             used, dept_in_quota = work.usage[key], work.dept_in_quota[dept]
-            if used + milli <= quota and dept_in_quota + milli <= dept_in_quota_max:
+            if in_quota(quota, dept_in_quota_max, milli, used, dept_in_quota):
                 return IN_QUOTA
             return admit(
                 project, dept_quota, pool, w.kind, w.may_go_over_quota, milli, used, dept_in_quota, work.dept_usage[dept]

@@ -121,7 +121,7 @@ def admit(
     """
     q = project.quotas.get(pool, Quota())
     in_project = project_used + milli <= q.quota_milli
-    if in_project and dept_in_quota + milli <= dept_quota.quota_milli:
+    if in_quota(q.quota_milli, dept_quota.quota_milli, milli, project_used, dept_in_quota):
         return IN_QUOTA
     if not may_go_over_quota:
         return Verdict(False, True, f"{_at_quota(project, q, pool, in_project, project_used, dept_in_quota, dept_quota)} and over-quota is off for {kind.value}s")
@@ -132,6 +132,12 @@ def admit(
             False, True, f"department {project.department} is at its limit {_gpus(dept_quota.limit_milli)} GPUs"
         )
     return OVER_QUOTA
+
+
+def in_quota(quota_milli: int, dept_quota_milli: int, milli: int, project_used: int, dept_in_quota: int) -> bool:
+    """Inside both the project's quota and its department's (the department counting only
+    its projects' in-quota GPUs). The scheduler's hot path asks this before ``admit``."""
+    return project_used + milli <= quota_milli and dept_in_quota + milli <= dept_quota_milli
 
 
 IN_QUOTA = Verdict(True, False)
