@@ -121,19 +121,21 @@ class ClusterArrays:
         )
 
     def take(self, node: int, gpus: tuple[int, ...], milli: int, cpu: int, mem: int) -> None:
+        row = self.gpu_free[node]  # a view: one lookup per pod, not per slot
         for j in gpus:
-            if self.gpu_free[node, j] == MILLI:
+            if row[j] == MILLI:
                 self.full_free[node] -= 1
-            self.gpu_free[node, j] -= milli
+            row[j] -= milli
         self.cpu_free[node] -= cpu
         self.mem_free[node] -= mem
         self.stamp[node] = next(self.lineage.clock)
         self._log_change(node)
 
     def give(self, node: int, gpus: tuple[int, ...], milli: int, cpu: int, mem: int) -> None:
+        row = self.gpu_free[node]
         for j in gpus:
-            self.gpu_free[node, j] += milli
-            if self.gpu_free[node, j] == MILLI:
+            row[j] += milli
+            if row[j] == MILLI:
                 self.full_free[node] += 1
         self.cpu_free[node] += cpu
         self.mem_free[node] += mem

@@ -147,6 +147,9 @@ class _Cycle:
         # In make-room, since the last plan that evicted: per candidate group (see
         # ``_plan_candidates``) its candidates, and what they free (``_room_with_all_gone``).
         self.plan_memo: dict[tuple, object] = {}
+        # Per (project, pool): its victims as far as read (see ``_pool_victims``), kept for
+        # the whole cycle: what filters them does not change within one, evictions aside.
+        self.victim_lists: dict[tuple[str, str], tuple[list, Iterator]] = {}
         self.evicted: set[str] = set()
         self.reserved: set[str] = set()  # placed behind evictions; bound in a later cycle
         self.decisions.timings["snapshot_s"] = time.perf_counter() - t0
@@ -210,7 +213,9 @@ class _Cycle:
                 project, dept_quota, key, dept, project.quotas.get(pool, Quota()).quota_milli, dept_quota.quota_milli
             )
         project, dept_quota, key, dept, quota, dept_in_quota_max = rule
-        milli = self._milli(w, pool)
+        milli = self.milli_cache.get((w.name, pool))  # _milli, its common case written out
+        if milli is None:
+            milli = self._milli(w, pool)
         work = self.work
         if not freed:  # the common question, answered here when it is "in quota"
             used, dept_in_quota = work.usage[key], work.dept_in_quota[dept]
@@ -469,23 +474,27 @@ class _Cycle:
 
     def _pool_victims(self, project: str, pool: str) -> Iterator[tuple[int, Workload, bool]]:
         """``project``'s running preemptible work in ``pool`` not evicted this cycle, in
-        eviction order, each with its priority and whether it is protected. Kept in
-        ``plan_memo``: only a plan that evicts changes it within a cycle. Filtered only as
-        far as a caller reads: a plan reads the first few of thousands."""
-        key = ("victims", project, pool)
-        entry = self.plan_memo.get(key)
+        eviction order, each with its priority and whether it is protected. Filtered only
+        as far as a caller reads (a plan reads the first few of thousands), once a cycle:
+        state, pool and protection do not change within one, and the evicted are skipped
+        as they are read."""
+        key = (project, pool)
+        entry = self.victim_lists.get(key)
         if entry is None:
-            entry = self.plan_memo[key] = ([], iter(self.snap.victims.get(project, ())))
+            entry = self.victim_lists[key] = ([], iter(self.snap.victims.get(project, ())))
         out, source = entry
+        evicted = self.evicted
         i = 0
         while True:
             if i < len(out):
-                yield out[i]
+                item = out[i]
                 i += 1
+                if item[1].name not in evicted:
+                    yield item
                 continue
             for prio, _, name in source:
                 v = self.snap.workloads[name]
-                if name not in self.evicted and v.state == State.RUNNING and self._in_pool(v, pool):
+                if v.state == State.RUNNING and self._in_pool(v, pool):
                     out.append((prio, v, self._protected(v)))
                     break
             else:

@@ -238,18 +238,19 @@ class Workload:
         return self.is_preemptible
 
     def validate(self) -> None:
-        w = f"workload[{self.name}]"
+        # Field names are formatted only for an error: every workload event is validated.
         if not self.name:
             raise ValidationError("workload.name", "must not be empty")
         if not self.project:
-            raise ValidationError(f"{w}.project", "must name a project")
+            raise ValidationError(f"workload[{self.name}].project", "must name a project")
         if not isinstance(self.pods, int) or self.pods < 1:
-            raise ValidationError(f"{w}.pods", f"gang size must be an integer >= 1, got {self.pods!r}")
-        self.demand.validate(f"{w}.demand")
+            raise ValidationError(f"workload[{self.name}].pods", f"gang size must be an integer >= 1, got {self.pods!r}")
+        if not self.demand.__dict__.get("_valid"):  # a demand object is checked once
+            self.demand.validate(f"workload[{self.name}].demand")
         if self.state != State.PENDING and len(self.placement) != self.pods:
-            raise ValidationError(f"{w}.placement", f"a running workload needs {self.pods} pod placements")
+            raise ValidationError(f"workload[{self.name}].placement", f"a running workload needs {self.pods} pod placements")
         if self.grace_period_s < 0:
-            raise ValidationError(f"{w}.grace_period_s", "must be >= 0")
+            raise ValidationError(f"workload[{self.name}].grace_period_s", "must be >= 0")
 
     def gpu_milli_estimate(self, gpu_memory_mib: int) -> int:
         """Total milli-GPUs of the whole gang on GPUs of the given memory size."""
