@@ -702,8 +702,56 @@ class _GpupoolBound(_Bound):
         return np.where(fgd > NEG / 2, np.minimum(fgd, cap), NEG)
 
 
+FILL_SHARE = 0.04  # share of the fractional pods from which a size counts as sure to come again
+
+
+class HoleWaste:
+    """How much of a GPU's free room is expected to stay idle for good, by room size.
+
+    ``waste[r]`` is the least room left when a room of ``r`` milli is filled only with the
+    fraction sizes the mix makes common (each at least ``FILL_SHARE`` of the fractional
+    pods), any number of each: 530 free -> 60 (a 470-milli pod will come), 350 -> 30 (320),
+    210 -> 210 (only rare pods fit). A free GPU wastes nothing (whole-GPU pods take it). Rare
+    sizes are left out on purpose: the 160/110/50-milli pods are far fewer than the 190-milli
+    holes of 810-milli pods that wait for them, so a room counting on them stays idle.
+    """
+
+    def __init__(self, mix: Mix):
+        share: dict[int, float] = {}
+        for s, p in zip(mix.shapes, mix.probs):
+            if s.count == 1 and 0 < s.milli < MILLI:
+                share[s.milli] = share.get(s.milli, 0.0) + float(p)
+        total = sum(share.values()) or 1.0
+        sizes = sorted(m for m, p in share.items() if p / total >= FILL_SHARE)
+        waste = np.arange(MILLI + 1, dtype=np.int64)
+        for r in range(MILLI + 1):  # unbounded knapsack: least room left over
+            for m in sizes:
+                if m > r:
+                    break
+                waste[r] = min(waste[r], waste[r - m])
+        waste[MILLI] = 0
+        self.sizes = tuple(sizes)
+        self.waste = waste
+        self._keys: dict[int, np.ndarray] = {}
+
+    def key(self, need: int) -> np.ndarray:
+        """Per free room 0..1000 (index ``room + 1``; index 0 for a slot with no GPU): the
+        rank of putting a ``need``-milli pod there, lower is better: first the growth of
+        expected waste, then the room left (best fit among equals)."""
+        k = self._keys.get(need)
+        if k is None:
+            room = np.arange(-1, MILLI + 1, dtype=np.int64)
+            left = room - need
+            ok = left >= 0
+            grow = np.where(ok, self.waste[np.clip(left, 0, MILLI)] - self.waste[np.clip(room, 0, MILLI)], 0)
+            k = np.where(ok, grow * (2 * MILLI) + left, np.iinfo(np.int64).max)
+            self._keys[need] = k
+        return k
+
+
 class GpupoolPolicy(FragPolicy):
-    """gpupool's placement: the FGD paper's policy on a better fragmentation measure.
+    """gpupool's placement: the FGD paper's policy on a better fragmentation measure, and
+    for fractions, the GPU chosen by the waste its leftover room is expected to keep.
 
     Score per node: ``int(100 * sigmoid(delta / 1000))`` as FGD, where ``delta`` is the
     growth of fragmentation avoided, the smaller of FGD's measure's and a capacity-aware
@@ -712,6 +760,13 @@ class GpupoolPolicy(FragPolicy):
     baselines) then fills nodes one after another, which keeps whole nodes free for large
     pods; exact deltas with packing tie-breaks did worse in the simulator. Deterministic
     when unseeded, as the scheduler core needs.
+
+    A fraction first picks the *room size* it goes into, over every GPU that fits: the one
+    whose expected idle milli (``HoleWaste``) grows least, then the least room left; then
+    the node, among those with such a GPU, by the score above. Both fragmentation measures
+    score a room by what fits in it now, so a 320-milli pod filled the 530 left by a 470
+    (leaving 210 that almost nothing fits) rather than open a GPU, where the 530 would have
+    been filled by the next 470 (60 left) and the 320 paired with a 650 (30 left).
     """
 
     name = "gpupool"
@@ -719,6 +774,31 @@ class GpupoolPolicy(FragPolicy):
 
     def _reduce(self, arrays, rows, delta, demand):
         return FGD._reduce(self, arrays, rows, delta, demand)
+
+    def _holes(self) -> HoleWaste:
+        hw = getattr(self, "_hole_waste", None)
+        if hw is None or hw[0] is not self.mix:
+            hw = self._hole_waste = (self.mix, HoleWaste(self.mix))
+        return hw[1]
+
+    def place(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand) -> Choice | None:
+        if not demand.is_fractional:
+            return super().place(arrays, mask, demand)
+        need = arrays.need_milli(demand)
+        if not np.isscalar(need):  # a memory request: its milli differ by GPU
+            return super().place(arrays, mask, demand)
+        rank = self._holes().key(int(need))[arrays.gpu_free + 1]  # (N, G)
+        rank = np.where(mask[:, None], rank, np.iinfo(np.int64).max)
+        best = rank.min()
+        if best == np.iinfo(np.int64).max:
+            return None
+        cand = rank == best
+        nodes = cand.any(axis=1)
+        score, _ = self.node_scores(arrays, demand, nodes)
+        node = self.ties.pick(np.where(nodes, score, NEG))
+        if node is None:  # cannot happen (a candidate GPU fits); kept total
+            node = int(np.argmax(nodes))
+        return Choice(node, (int(np.argmax(cand[node])),), int(need))
 
 
 FragPolicy.bound_class = _Bound
