@@ -703,50 +703,59 @@ class _GpupoolBound(_Bound):
 
 
 FILL_SHARE = 0.04  # share of the fractional pods from which a size counts as sure to come again
+RANK_MAX = np.iinfo(np.int64).max
 
 
 class HoleWaste:
-    """How much of a GPU's free room is expected to stay idle for good, by room size.
+    """How much of a GPU's free room is expected to stay idle for good, by room size and
+    by the CPU its node has left.
 
-    ``waste[r]`` is the least room left when a room of ``r`` milli is filled only with the
-    fraction sizes the mix makes common (each at least ``FILL_SHARE`` of the fractional
-    pods), any number of each: 530 free -> 60 (a 470-milli pod will come), 350 -> 30 (320),
-    210 -> 210 (only rare pods fit). A free GPU wastes nothing (whole-GPU pods take it). Rare
-    sizes are left out on purpose: the 160/110/50-milli pods are far fewer than the 190-milli
-    holes of 810-milli pods that wait for them, so a room counting on them stays idle.
+    ``waste[c, r]`` is the least room left when a room of ``r`` milli on a node with ``c``
+    CPUs free is filled only with the fraction sizes the mix makes common (each at least
+    ``FILL_SHARE`` of the fractional pods; a size needs the least CPU its shapes ask), any
+    number of each, within the ``c`` CPUs: 530 free -> 60 (a 470-milli pod will come, if 8
+    CPUs are free), 350 -> 30 (320), 210 -> 210 (only rare pods fit). A free GPU wastes
+    nothing (whole-GPU pods take it). Rare sizes are left out on purpose: the 160/110/50-milli
+    pods are far fewer than the 190-milli holes of 810-milli pods that wait for them, so a
+    room counting on them stays idle.
     """
 
     def __init__(self, mix: Mix):
         share: dict[int, float] = {}
+        cpu: dict[int, int] = {}
         for s, p in zip(mix.shapes, mix.probs):
             if s.count == 1 and 0 < s.milli < MILLI:
                 share[s.milli] = share.get(s.milli, 0.0) + float(p)
+                cpu[s.milli] = min(cpu.get(s.milli, s.cpu), s.cpu)
         total = sum(share.values()) or 1.0
         sizes = sorted(m for m, p in share.items() if p / total >= FILL_SHARE)
-        waste = np.arange(MILLI + 1, dtype=np.int64)
-        for r in range(MILLI + 1):  # unbounded knapsack: least room left over
+        need = {m: max(1, -(-cpu[m] // 1000)) for m in sizes}  # whole CPUs, at least 1
+        # CPUs past which more changes nothing: no set of pods in one GPU's room needs more.
+        self.cpus = max((-(-need[m] * MILLI // m) for m in sizes), default=0)
+        waste = np.tile(np.arange(MILLI + 1, dtype=np.int64), (self.cpus + 1, 1))
+        for c in range(self.cpus + 1):  # unbounded knapsack over room and CPU
             for m in sizes:
-                if m > r:
-                    break
-                waste[r] = min(waste[r], waste[r - m])
-        waste[MILLI] = 0
+                if need[m] <= c:
+                    np.minimum(waste[c, m:], waste[c - need[m], : MILLI + 1 - m], out=waste[c, m:])
+        waste[:, MILLI] = 0
         self.sizes = tuple(sizes)
         self.waste = waste
-        self._keys: dict[int, np.ndarray] = {}
 
-    def key(self, need: int) -> np.ndarray:
-        """Per free room 0..1000 (index ``room + 1``; index 0 for a slot with no GPU): the
-        rank of putting a ``need``-milli pod there, lower is better: first the growth of
-        expected waste, then the room left (best fit among equals)."""
-        k = self._keys.get(need)
-        if k is None:
-            room = np.arange(-1, MILLI + 1, dtype=np.int64)
-            left = room - need
-            ok = left >= 0
-            grow = np.where(ok, self.waste[np.clip(left, 0, MILLI)] - self.waste[np.clip(room, 0, MILLI)], 0)
-            k = np.where(ok, grow * (2 * MILLI) + left, np.iinfo(np.int64).max)
-            self._keys[need] = k
-        return k
+    def rank(self, arrays: ClusterArrays, mask: np.ndarray, need: int, cpu: int) -> np.ndarray:
+        """(N, G): the rank of putting a fraction of ``need`` milli and ``cpu`` milli-CPU on
+        each GPU slot, lower is better, ``RANK_MAX`` where it does not fit: first the growth
+        of expected idle milli on the node (the slot's leftover room, and the node's other
+        rooms that the CPU it takes may leave unfillable), then the room left (best fit)."""
+        free = arrays.gpu_free
+        left = free - need
+        room = np.clip(free, 0, MILLI)
+        c0 = np.minimum(arrays.cpu_free // 1000, self.cpus)[:, None]
+        c1 = np.clip((arrays.cpu_free - cpu) // 1000, 0, self.cpus)[:, None]
+        w0 = self.waste[c0, room]
+        w1 = self.waste[c1, room]
+        others = w1 - w0
+        grow = self.waste[c1, np.maximum(left, 0)] - w0 + others.sum(axis=1, keepdims=True) - others
+        return np.where(mask[:, None] & (left >= 0), grow * (2 * MILLI) + left, RANK_MAX)
 
 
 class GpupoolPolicy(FragPolicy):
@@ -787,10 +796,9 @@ class GpupoolPolicy(FragPolicy):
         need = arrays.need_milli(demand)
         if not np.isscalar(need):  # a memory request: its milli differ by GPU
             return super().place(arrays, mask, demand)
-        rank = self._holes().key(int(need))[arrays.gpu_free + 1]  # (N, G)
-        rank = np.where(mask[:, None], rank, np.iinfo(np.int64).max)
+        rank = self._holes().rank(arrays, mask, int(need), demand.cpu_milli)
         best = rank.min()
-        if best == np.iinfo(np.int64).max:
+        if best == RANK_MAX:
             return None
         cand = rank == best
         nodes = cand.any(axis=1)
