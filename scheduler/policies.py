@@ -741,21 +741,20 @@ class HoleWaste:
         self.sizes = tuple(sizes)
         self.waste = waste
 
-    def rank(self, arrays: ClusterArrays, mask: np.ndarray, need: int, cpu: int) -> np.ndarray:
-        """(N, G): the rank of putting a fraction of ``need`` milli and ``cpu`` milli-CPU on
-        each GPU slot, lower is better, ``RANK_MAX`` where it does not fit: first the growth
-        of expected idle milli on the node (the slot's leftover room, and the node's other
-        rooms that the CPU it takes may leave unfillable), then the room left (best fit)."""
-        free = arrays.gpu_free
-        left = free - need
+    def rank(self, free: np.ndarray, cpu_free: np.ndarray, need: int, cpu: int) -> np.ndarray:
+        """(R, G) for nodes with GPU rooms ``free`` and ``cpu_free`` milli-CPU: the rank of
+        putting a fraction of ``need`` milli and ``cpu`` milli-CPU on each GPU slot, lower
+        is better, ``RANK_MAX`` where it does not fit: first the growth of expected idle
+        milli on the node (the slot's leftover room, and the node's other rooms that the CPU
+        it takes may leave unfillable), then the room left (best fit)."""
+        left = free.astype(np.int64) - need
         room = np.clip(free, 0, MILLI)
-        c0 = np.minimum(arrays.cpu_free // 1000, self.cpus)[:, None]
-        c1 = np.clip((arrays.cpu_free - cpu) // 1000, 0, self.cpus)[:, None]
+        c0 = np.minimum(cpu_free // 1000, self.cpus)[:, None]
+        c1 = np.clip((cpu_free - cpu) // 1000, 0, self.cpus)[:, None]
         w0 = self.waste[c0, room]
-        w1 = self.waste[c1, room]
-        others = w1 - w0
+        others = self.waste[c1, room] - w0
         grow = self.waste[c1, np.maximum(left, 0)] - w0 + others.sum(axis=1, keepdims=True) - others
-        return np.where(mask[:, None] & (left >= 0), grow * (2 * MILLI) + left, RANK_MAX)
+        return np.where(left >= 0, grow * (2 * MILLI) + left, RANK_MAX)
 
 
 class GpupoolPolicy(FragPolicy):
@@ -790,23 +789,45 @@ class GpupoolPolicy(FragPolicy):
             hw = self._hole_waste = (self.mix, HoleWaste(self.mix))
         return hw[1]
 
+    def _hole_ranks(self, arrays: ClusterArrays, demand: PodDemand, need: int, mask: np.ndarray):
+        """Per node: the best ``HoleWaste.rank`` of its GPU slots for ``demand`` (inf where
+        none fits) and that slot (the first of equals), kept per pod shape in the arrays'
+        lineage like the node scores and refreshed only for the rows whose stamp moved."""
+        _, rows_by_shape, _ = self._state(arrays)
+        key = ("holes",) + _demand_key(demand)
+        rc = rows_by_shape.get(key)
+        if rc is None:
+            if len(rows_by_shape) >= self.cache_size:
+                rows_by_shape.clear()
+            rc = rows_by_shape[key] = _RowCache(len(arrays.names), 0)
+        dirty = rc.dirty(arrays, mask)
+        if len(dirty):
+            rows = np.asarray(dirty, dtype=np.int64)
+            rank = self._holes().rank(arrays.gpu_free[rows], arrays.cpu_free[rows], need, demand.cpu_milli)
+            slot = np.argmin(rank, axis=1)
+            best = rank[np.arange(len(rows)), slot]
+            rc.score[rows] = np.where(best == RANK_MAX, np.inf, best)
+            rc.slot[rows] = slot
+            rc.stamp[rows] = arrays.stamp[rows]
+        return rc.score, rc.slot
+
     def place(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand) -> Choice | None:
         if not demand.is_fractional:
             return super().place(arrays, mask, demand)
         need = arrays.need_milli(demand)
         if not np.isscalar(need):  # a memory request: its milli differ by GPU
             return super().place(arrays, mask, demand)
-        rank = self._holes().rank(arrays, mask, int(need), demand.cpu_milli)
+        rank, slot = self._hole_ranks(arrays, demand, int(need), mask)
+        rank = np.where(mask, rank, np.inf)
         best = rank.min()
-        if best == RANK_MAX:
+        if best == np.inf:
             return None
-        cand = rank == best
-        nodes = cand.any(axis=1)
+        nodes = rank == best
         score, _ = self.node_scores(arrays, demand, nodes)
         node = self.ties.pick(np.where(nodes, score, NEG))
         if node is None:  # cannot happen (a candidate GPU fits); kept total
             node = int(np.argmax(nodes))
-        return Choice(node, (int(np.argmax(cand[node])),), int(need))
+        return Choice(node, (int(slot[node]),), int(need))
 
 
 FragPolicy.bound_class = _Bound

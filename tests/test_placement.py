@@ -10,7 +10,7 @@ import scheduler.cluster as cluster_module
 from scheduler.cluster import ClusterArrays
 from scheduler.model import GPU, MILLI, Node, PodDemand
 from scheduler.placement import POLICIES, Choice, get_policy
-from scheduler.policies import NEG, FragPolicy, Mix, Shape, _Bound, _GpupoolBound
+from scheduler.policies import NEG, FragPolicy, HoleWaste, Mix, Shape, _Bound, _GpupoolBound
 
 MIX = Mix(
     [
@@ -231,6 +231,70 @@ def test_gpupool_counts_a_loss_only_one_view_sees():
     policy = get_policy("gpupool")
     policy.mix = mix
     assert policy.place(arrays, arrays.eligible(None, (), d), d) == Choice(0, (), 0)
+
+
+# Fractions as in the openb trace: 470 and 320 common, 650 less, 160 rare (under FILL_SHARE).
+FRACTION_MIX = Mix(
+    [Shape(8000, 470, 1), Shape(4000, 320, 1), Shape(12000, 650, 1), Shape(4000, 160, 1), Shape(4000, 1000, 1)],
+    [30, 25, 20, 1, 24],
+)
+
+
+def test_hole_waste_counts_only_common_fillers_and_their_cpu():
+    hw = HoleWaste(FRACTION_MIX)
+    assert hw.sizes == (320, 470, 650)  # 160 is too rare to count on
+    w = hw.waste[hw.cpus]  # CPU to spare
+    assert (w[530], w[350], w[680], w[210], w[190], w[1000]) == (60, 30, 30, 210, 190, 0)
+    assert hw.waste[7, 530] == 210  # no CPU for a 470 (8 CPUs): only a 320 (4 CPUs) fits
+    assert hw.waste[3, 530] == 530
+
+
+def test_gpupool_keeps_a_room_for_the_pod_that_fills_it():
+    """A 320-milli pod next to a 530 room (a 470 on the GPU): both fragmentation views
+    score the room by what fits now and put the pod there, leaving 210 that only rare pods
+    fit; gpupool opens a free GPU (680 left: a 650 or two 320s fill it), keeping the 530
+    for the next 470 (60 left). A 350 room (a 650 on the GPU) it fills: 30 left."""
+    nodes = [Node("a", [GPU(i, "T4", 15000) for i in range(4)], cpu_milli=64000), Node("b", [GPU(i, "T4", 15000) for i in range(4)], cpu_milli=64000)]
+    arrays = ClusterArrays.from_nodes(nodes)
+    arrays.take(0, (1,), 470, 8000, 0)
+    d = PodDemand(gpu_fraction=0.32, cpu_milli=4000)
+    policy = get_policy("gpupool")
+    policy.mix = FRACTION_MIX
+    mask = arrays.eligible(None, (), d)
+    assert FragPolicy.place(policy, arrays, mask, d) == Choice(0, (1,), 320)  # the node score alone
+    c = policy.place(arrays, mask, d)
+    assert c is not None and arrays.gpu_free[c.node, c.gpus[0]] == MILLI
+    arrays.take(1, (3,), 650, 12000, 0)
+    assert policy.place(arrays, arrays.eligible(None, (), d), d) == Choice(1, (3,), 320)
+
+
+def test_gpupool_leaves_a_room_the_cpu_to_be_filled():
+    """A 470-milli pod (8 CPUs) opens a GPU either way, leaving 530: on node a only 2 CPUs
+    would be left, too few for the 470 that would fill the room, so it goes to node b."""
+    nodes = [Node("a", [GPU(i, "T4", 15000) for i in range(2)], cpu_milli=10000), Node("b", [GPU(i, "T4", 15000) for i in range(2)], cpu_milli=64000)]
+    arrays = ClusterArrays.from_nodes(nodes)
+    d = PodDemand(gpu_fraction=0.47, cpu_milli=8000)
+    rank = HoleWaste(FRACTION_MIX).rank(arrays.gpu_free, arrays.cpu_free, 470, 8000)
+    assert rank[:, 0].tolist() == [530 * 2 * MILLI + 530, 60 * 2 * MILLI + 530]
+    policy = get_policy("gpupool")
+    policy.mix = FRACTION_MIX
+    assert policy.place(arrays, arrays.eligible(None, (), d), d).node == 1
+
+
+def test_gpupool_counts_the_rooms_a_pods_cpu_strands():
+    """Node a has a 530 room (a 470 on it) and 12 CPUs free; a 320-milli pod with 8 CPUs
+    on its free GPU would leave 4 CPUs: too few for the 470 that fills the room (its
+    expected idle goes from 60 to 210) and for more than one 320 in the new room (680 ->
+    360), so it goes to node b, where the CPU is plentiful (680 -> 30)."""
+    nodes = [Node("a", [GPU(i, "T4", 15000) for i in range(2)], cpu_milli=20000), Node("b", [GPU(i, "T4", 15000) for i in range(2)], cpu_milli=64000)]
+    arrays = ClusterArrays.from_nodes(nodes)
+    arrays.take(0, (0,), 470, 8000, 0)
+    d = PodDemand(gpu_fraction=0.32, cpu_milli=8000)
+    rank = HoleWaste(FRACTION_MIX).rank(arrays.gpu_free, arrays.cpu_free, 320, 8000)
+    assert rank[0, 1] == (360 + 150) * 2 * MILLI + 680 and rank[1, 0] == 30 * 2 * MILLI + 680
+    policy = get_policy("gpupool")
+    policy.mix = FRACTION_MIX
+    assert policy.place(arrays, arrays.eligible(None, (), d), d) == Choice(1, (0,), 320)
 
 
 def test_get_policy_rejects_unknown():
