@@ -749,7 +749,7 @@ class HoleWaste:
         it takes may leave unfillable), then the room left (best fit)."""
         left = free.astype(np.int64) - need
         room = np.clip(free, 0, MILLI)
-        c0 = np.minimum(cpu_free // 1000, self.cpus)[:, None]
+        c0 = np.clip(cpu_free // 1000, 0, self.cpus)[:, None]  # a node may be over its CPU
         c1 = np.clip((cpu_free - cpu) // 1000, 0, self.cpus)[:, None]
         w0 = self.waste[c0, room]
         others = self.waste[c1, room] - w0
