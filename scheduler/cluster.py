@@ -157,6 +157,22 @@ class ClusterArrays:
         asks the same few questions thousands of times with a node or two changed between."""
         return self._eligible(pool, models, demand).copy()
 
+    def eligible_view(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> np.ndarray:
+        """``eligible``'s mask as kept, read-only, without a copy: valid until the next
+        take/give. A placement policy may keep results for it (``kept_in_step``)."""
+        return self._eligible(pool, models, demand)
+
+    def kept_in_step(self, mask: np.ndarray) -> bool:
+        """Whether ``mask`` is a kept ``eligible_view`` mask, up to date with ``changed``:
+        from here on it changes only at nodes appended to ``changed``, and only when it is
+        asked for again (a mask rebuilt is a new array)."""
+        if mask.flags.writeable:  # kept masks are read-only: only ``_eligible`` writes them
+            return False
+        for entry in self._masks.values():
+            if entry[0] is mask:
+                return entry[1] is self.changed and entry[2] == len(self.changed)
+        return False
+
     def any_eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> bool:
         """Whether any node's pool, GPU model, CPU and memory allow one pod of ``demand``."""
         return bool(self._eligible(pool, models, demand).any())
@@ -170,6 +186,7 @@ class ClusterArrays:
         if entry is None or entry[1] is not log or len(log) - entry[2] > MASK_ROWS_BY_HAND:
             static = self._static(pool, models, demand.gpu_count)
             mask = static & (self.cpu_free >= cpu) & (self.mem_free >= mem)
+            mask.flags.writeable = False  # changed only here, in step with the log
             if len(self._masks) >= MASKS_KEPT:  # a long-lived array set asked many questions
                 self._masks.clear()
             self._masks[key] = [mask, log, len(log), static]
@@ -177,8 +194,10 @@ class ClusterArrays:
         mask, _, seen, static = entry
         if seen < len(log):
             cpu_free, mem_free = self.cpu_free, self.mem_free
+            mask.flags.writeable = True
             for node in log[seen:]:
                 mask[node] = static[node] and cpu_free[node] >= cpu and mem_free[node] >= mem
+            mask.flags.writeable = False
             entry[2] = len(log)
         return mask
 

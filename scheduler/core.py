@@ -250,7 +250,7 @@ class _Cycle:
             return None
         a = self.work.arrays
         if w.pods == 1 and topo is None:  # the common case: one try, nothing to undo
-            c = self.policy.place(a, a.eligible(pool, w.gpu_models, w.demand), w.demand)
+            c = self.policy.place(a, a.eligible_view(pool, w.gpu_models, w.demand), w.demand)
             if c is not None:
                 self.work.take(w, [c])
                 return [c]

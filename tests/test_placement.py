@@ -137,12 +137,14 @@ def test_gpupool_delta_is_worse_of_fgd_and_capacity_deltas(demand):
             assert mixed[n, j] == pytest.approx(min(fgd[n, j], cap))
 
 
+@pytest.mark.parametrize("kept", [False, True])
 @pytest.mark.parametrize("log_max", [None, 7])
 @pytest.mark.parametrize("name", ["fgd", "gpupool"])
-def test_stamp_cache_equals_fresh_computation(name, log_max, monkeypatch):
+def test_stamp_cache_equals_fresh_computation(name, log_max, kept, monkeypatch):
     """Scores from the cache (per-node stamps, the change log, the per-state memo) stay equal
     to a recomputation through takes, gives and copies; also when the change log restarts
-    often (``log_max``)."""
+    often (``log_max``), and on the arrays' kept masks (``kept``: the masked scores kept
+    between calls), with calls on other masks in between."""
     if log_max is not None:
         monkeypatch.setattr(cluster_module, "CHANGE_LOG_MAX", log_max)
     base = random_cluster(2)
@@ -158,13 +160,17 @@ def test_stamp_cache_equals_fresh_computation(name, log_max, monkeypatch):
             if taken and rng.random() < 0.3:
                 arrays.give(*taken.pop(int(rng.integers(len(taken)))))
                 continue
-            mask = arrays.eligible(None, (), d)
+            if kept and rng.random() < 0.2:  # a gang-like call on a mask of its own
+                some = arrays.eligible(None, (), d) & (rng.random(len(arrays.names)) < 0.5)
+                policy.place(arrays, some, d)
+            mask = arrays.eligible_view(None, (), d) if kept else arrays.eligible(None, (), d)
+            assert arrays.kept_in_step(mask) == kept
             c = policy.place(arrays, mask, d)
             fresh = get_policy(name)
             fresh.mix = MIX
             fresh_arrays = arrays.copy()
             fresh_arrays.lineage = type(arrays.lineage)()  # a new lineage: empty caches
-            want = fresh.place(fresh_arrays, mask, d)
+            want = fresh.place(fresh_arrays, mask.copy(), d)
             assert c == want
             if c is not None:
                 args = (c.node, c.gpus, c.milli, d.cpu_milli, d.memory_mib)
