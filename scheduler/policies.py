@@ -308,9 +308,9 @@ class _RowCache:
         self.seen = 0  # how much of it the rows here are up to date with
         self.out = np.zeros(n, dtype=bool)  # stale rows a call's mask left out
         self.n_out = 0  # how many: when none, a call skips looking for them (an N-wide step)
-        # For ``FragPolicy._best_on_kept``: the kept mask last placed on, the change log and
-        # how far into it ``masked`` (the score where that mask and the GPU count allow the
-        # pod, else NEG) is up to date.
+        # For ``in_step``: the kept mask last placed on, the change log and how far into it
+        # ``masked`` (the score where that mask and the GPU count allow the pod, else a
+        # fill value) is up to date.
         self.kept: np.ndarray | None = None
         self.kept_log: list[int] | None = None
         self.kept_seen = 0
@@ -364,6 +364,42 @@ class _RowCache:
         self.out[cand] = False
         self.n_out = int(np.count_nonzero(self.out))
         return cand
+
+    def in_step(self, arrays: ClusterArrays, mask: np.ndarray, gpus: int, fill: float, refresh) -> np.ndarray:
+        """``np.where(fit, score, fill)`` with every ``fit`` row fresh, where ``fit`` is
+        ``mask`` and, for whole GPUs, at least ``gpus`` free; ``mask`` is kept in step by the
+        arrays (``ClusterArrays.kept_in_step``). Such a mask, the GPU count test and the
+        scores move only at nodes in the change log, so the result of the last call on this
+        mask is kept and only nodes logged since are looked at, instead of a few N-wide
+        steps per pod. ``refresh(rows)`` rescores rows (a list when few, else an array)."""
+        log = arrays.changed
+        if self.kept is not mask or self.kept_log is not log:  # start from a full pass
+            fit = mask & (arrays.full_free >= gpus) if gpus else mask
+            refresh(self.dirty(arrays, fit))
+            self.masked = np.where(fit, self.score, fill)
+            self.kept, self.kept_log = mask, log
+        elif self.kept_seen < len(log):
+            rows = sorted(set(log[self.kept_seen :]))
+            full_free, mine, now, out = arrays.full_free, self.stamp, arrays.stamp, self.out
+            fits = [bool(mask[r]) and (not gpus or full_free[r] >= gpus) for r in rows]
+            stale = []
+            for r, f in zip(rows, fits):  # as ``dirty`` does for its mask
+                if mine[r] != now[r]:
+                    if f:
+                        stale.append(r)
+                        if out[r]:
+                            out[r] = False
+                            self.n_out -= 1
+                    elif not out[r]:
+                        out[r] = True
+                        self.n_out += 1
+            if stale:
+                refresh(stale)
+            masked, score = self.masked, self.score
+            for r, f in zip(rows, fits):
+                masked[r] = score[r] if f else fill
+        self.kept_seen = len(log)
+        return self.masked
 
     def states(self, arrays: ClusterArrays, rows, demand: PodDemand) -> list[tuple]:
         """One hashable key per row that names everything its score depends on."""
@@ -506,40 +542,17 @@ class FragPolicy:
             rc.slot[dirty] = sl
             rc.stamp[dirty] = arrays.stamp[dirty]
 
-    def _best_on_kept(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand) -> tuple[int, int] | None:
-        """``place``'s node and slot, unseeded, on a mask the arrays keep in step with their
-        change log (``ClusterArrays.kept_in_step``). Such a mask, the GPU count test and the
-        scores move only at nodes in the log, so the masked scores of the last call on this
-        mask are kept and only nodes logged since are looked at: the same argmax as
-        ``place``'s, without its N-wide steps (fit test, left-out rows, ``np.where``) for
-        every pod of a cycle."""
+    def _kept_scores(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand) -> _RowCache:
+        """The scores where ``mask`` (kept in step) and the GPU count allow the pod, kept
+        between calls (``_RowCache.in_step``): the row cache, its ``masked`` up to date."""
         bound, base, rc = self._row_cache(arrays, demand)
-        log, k = arrays.changed, demand.gpus
-        if rc.kept is not mask or rc.kept_log is not log:  # start from a full pass
-            fit = mask & (arrays.full_free >= k) if k else mask
-            self._refresh(bound, base, rc, arrays, demand, rc.dirty(arrays, fit))
-            rc.masked = np.where(fit, rc.score, NEG)
-            rc.kept, rc.kept_log = mask, log
-        elif rc.kept_seen < len(log):
-            rows = sorted(set(log[rc.kept_seen :]))
-            full_free, mine, now, out = arrays.full_free, rc.stamp, arrays.stamp, rc.out
-            fits = [bool(mask[r]) and (not k or full_free[r] >= k) for r in rows]
-            stale = []
-            for r, f in zip(rows, fits):  # as ``_RowCache.dirty`` does for its mask
-                if mine[r] != now[r]:
-                    if f:
-                        stale.append(r)
-                        if out[r]:
-                            out[r] = False
-                            rc.n_out -= 1
-                    elif not out[r]:
-                        out[r] = True
-                        rc.n_out += 1
-            self._refresh(bound, base, rc, arrays, demand, stale)
-            masked, score = rc.masked, rc.score
-            for r, f in zip(rows, fits):
-                masked[r] = score[r] if f else NEG
-        rc.kept_seen = len(log)
+        rc.in_step(arrays, mask, demand.gpus, NEG, lambda rows: self._refresh(bound, base, rc, arrays, demand, rows))
+        return rc
+
+    def _best_on_kept(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand) -> tuple[int, int] | None:
+        """``place``'s node and slot, unseeded, on a mask kept in step by the arrays: the
+        same argmax over the same masked scores, kept between calls."""
+        rc = self._kept_scores(arrays, mask, demand)
         node = int(np.argmax(rc.masked))  # the first best: lowest index, as unseeded ties go
         if rc.masked[node] <= NEG / 2:
             return None
@@ -808,10 +821,12 @@ class HoleWaste:
         is better, ``RANK_MAX`` where it does not fit: first the growth of expected idle
         milli on the node (the slot's leftover room, and the node's other rooms that the CPU
         it takes may leave unfillable), then the room left (best fit)."""
+        # np.minimum/np.maximum, not np.clip: the same integers, without clip's Python-level
+        # checks (a third of this call on the few rows a placement refreshes).
         left = free.astype(np.int64) - need
-        room = np.clip(free, 0, MILLI)
-        c0 = np.clip(cpu_free // 1000, 0, self.cpus)[:, None]  # a node may be over its CPU
-        c1 = np.clip((cpu_free - cpu) // 1000, 0, self.cpus)[:, None]
+        room = np.minimum(np.maximum(free, 0), MILLI)
+        c0 = np.minimum(np.maximum(cpu_free // 1000, 0), self.cpus)[:, None]  # a node may be over its CPU
+        c1 = np.minimum(np.maximum((cpu_free - cpu) // 1000, 0), self.cpus)[:, None]
         w0 = self.waste[c0, room]
         others = self.waste[c1, room] - w0
         grow = self.waste[c1, np.maximum(left, 0)] - w0 + others.sum(axis=1, keepdims=True) - others
@@ -854,6 +869,11 @@ class GpupoolPolicy(FragPolicy):
         """Per node: the best ``HoleWaste.rank`` of its GPU slots for ``demand`` (inf where
         none fits) and that slot (the first of equals), kept per pod shape in the arrays'
         lineage like the node scores and refreshed only for the rows whose stamp moved."""
+        rc = self._hole_cache(arrays, demand)
+        self._refresh_holes(rc, arrays, demand, need, rc.dirty(arrays, mask))
+        return rc.score, rc.slot
+
+    def _hole_cache(self, arrays: ClusterArrays, demand: PodDemand) -> _RowCache:
         _, rows_by_shape, _ = self._state(arrays)
         key = ("holes",) + _demand_key(demand)
         rc = rows_by_shape.get(key)
@@ -861,16 +881,59 @@ class GpupoolPolicy(FragPolicy):
             if len(rows_by_shape) >= self.cache_size:
                 rows_by_shape.clear()
             rc = rows_by_shape[key] = _RowCache(len(arrays.names), 0)
-        dirty = rc.dirty(arrays, mask)
-        if len(dirty):
-            rows = np.asarray(dirty, dtype=np.int64)
-            rank = self._holes().rank(arrays.gpu_free[rows], arrays.cpu_free[rows], need, demand.cpu_milli)
+        return rc
+
+    def _refresh_holes(self, rc: _RowCache, arrays: ClusterArrays, demand: PodDemand, need: int, dirty) -> None:
+        if not len(dirty):
+            return
+        holes = self._holes()
+
+        def ranks(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            rank = holes.rank(arrays.gpu_free[rows], arrays.cpu_free[rows], need, demand.cpu_milli)
             slot = np.argmin(rank, axis=1)
             best = rank[np.arange(len(rows)), slot]
-            rc.score[rows] = np.where(best == RANK_MAX, np.inf, best)
-            rc.slot[rows] = slot
+            return np.where(best == RANK_MAX, np.inf, best), slot
+
+        if not isinstance(dirty, list):
+            rows = np.asarray(dirty, dtype=np.int64)
+            rc.score[rows], rc.slot[rows] = ranks(rows)
             rc.stamp[rows] = arrays.stamp[rows]
-        return rc.score, rc.slot
+            return
+        # A few rows (a placement's refresh): looked up by node state first, as the scores
+        # are (``_RowCache.memo``). A rank reads the GPU rooms and the node's whole CPUs
+        # before and after the pod, each capped at ``holes.cpus``: that is the state.
+        free, cpu_free, cap, cpu = arrays.gpu_free, arrays.cpu_free, holes.cpus, demand.cpu_milli
+        keys = []
+        for r in dirty:
+            c = int(cpu_free[r])
+            keys.append((free[r].tobytes(), min(max(c // 1000, 0), cap), min(max((c - cpu) // 1000, 0), cap)))
+        memo = rc.memo
+        miss = [i for i, key in enumerate(keys) if key not in memo]
+        if miss:
+            if len(memo) + len(miss) > rc.MEMO_MAX:
+                memo.clear()
+            best, slot = ranks(np.asarray([dirty[i] for i in miss], dtype=np.int64))
+            for i, b, sl in zip(miss, best.tolist(), slot.tolist()):
+                memo[keys[i]] = (b, sl)
+        score, slots, stamp, now = rc.score, rc.slot, rc.stamp, arrays.stamp
+        for r, key in zip(dirty, keys):
+            score[r], slots[r] = memo[key]
+            stamp[r] = now[r]
+
+    def _fraction_on_kept(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand, need: int) -> Choice | None:
+        """``place`` for a fraction, unseeded, on a mask kept in step by the arrays: the
+        same room rank and node score, both kept between calls (``_RowCache.in_step``),
+        and the candidates' scores read where they are (few) instead of masked N-wide."""
+        holes = self._hole_cache(arrays, demand)
+        rank = holes.in_step(arrays, mask, 0, np.inf, lambda rows: self._refresh_holes(holes, arrays, demand, need, rows))
+        best = rank.min()
+        if best == np.inf:
+            return None
+        nodes = np.flatnonzero(rank == best)  # ascending: argmax below keeps the lowest index
+        scores = self._kept_scores(arrays, mask, demand).masked[nodes]
+        i = int(np.argmax(scores))
+        node = int(nodes[i] if scores[i] > NEG / 2 else nodes[0])  # else: as ``place``'s fallback
+        return Choice(node, (int(holes.slot[node]),), need)
 
     def place(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand) -> Choice | None:
         if not demand.is_fractional:
@@ -878,6 +941,8 @@ class GpupoolPolicy(FragPolicy):
         need = arrays.need_milli(demand)
         if not np.isscalar(need):  # a memory request: its milli differ by GPU
             return super().place(arrays, mask, demand)
+        if self.ties.seed is None and arrays.kept_in_step(mask):
+            return self._fraction_on_kept(arrays, mask, demand, int(need))
         rank, slot = self._hole_ranks(arrays, demand, int(need), mask)
         rank = np.where(mask, rank, np.inf)
         best = rank.min()
