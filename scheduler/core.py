@@ -25,6 +25,7 @@ import numpy as np
 
 from .model import (
     MILLI,
+    NO_QUOTA,
     Bind,
     Decisions,
     Evict,
@@ -370,7 +371,7 @@ class _Cycle:
         p = self.snap.projects[project]
         over = 0.0
         for pool in self.pools:
-            q = p.quotas.get(pool, Quota())
+            q = p.quotas.get(pool, NO_QUOTA)
             used = self.work.usage[(project, pool)] - q.quota_milli
             over += max(0, used) / max(q.over_quota_weight, 1e-9)
         return (over, project)
@@ -458,7 +459,7 @@ class _Cycle:
         for p in projects:
             floor = None
             if strategy == "reclaim":
-                floor = snap.projects[p].quotas.get(pool, Quota()).quota_milli
+                floor = snap.projects[p].quotas.get(pool, NO_QUOTA).quota_milli
             elif strategy == "fair share":
                 floor = self.fair.get((p, pool), 0)
                 if self.work.usage[(p, pool)] <= floor:

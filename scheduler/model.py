@@ -106,6 +106,11 @@ class Quota:
         return None if self.limit is None else round(self.limit * MILLI)
 
 
+# A project's quota in a pool it has none for. Shared (a Quota never changes), so that
+# ``quotas.get(pool, NO_QUOTA)`` does not build one on every quota check.
+NO_QUOTA = Quota()
+
+
 @dataclass
 class Department:
     name: str

@@ -922,15 +922,20 @@ class GpupoolPolicy(FragPolicy):
 
     def _fraction_on_kept(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand, need: int) -> Choice | None:
         """``place`` for a fraction, unseeded, on a mask kept in step by the arrays: the
-        same room rank and node score, both kept between calls (``_RowCache.in_step``),
-        and the candidates' scores read where they are (few) instead of masked N-wide."""
+        same room ranks, kept between calls (``_RowCache.in_step``), and the same node
+        scores, brought up to date and read for the candidates only (few), not masked
+        N-wide."""
         holes = self._hole_cache(arrays, demand)
         rank = holes.in_step(arrays, mask, 0, np.inf, lambda rows: self._refresh_holes(holes, arrays, demand, need, rows))
         best = rank.min()
         if best == np.inf:
             return None
         nodes = np.flatnonzero(rank == best)  # ascending: argmax below keeps the lowest index
-        scores = self._kept_scores(arrays, mask, demand).masked[nodes]
+        # Only the candidates' scores are read, so only they are brought up to date.
+        bound, base, rc = self._row_cache(arrays, demand)
+        stale = nodes[rc.stamp[nodes] != arrays.stamp[nodes]]
+        self._refresh(bound, base, rc, arrays, demand, stale.tolist() if len(stale) <= SMALL else stale)
+        scores = rc.score[nodes]
         i = int(np.argmax(scores))
         node = int(nodes[i] if scores[i] > NEG / 2 else nodes[0])  # else: as ``place``'s fallback
         return Choice(node, (int(holes.slot[node]),), need)

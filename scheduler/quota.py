@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .model import MILLI, Department, Kind, Project, Quota
+from .model import MILLI, NO_QUOTA, Department, Kind, Project, Quota
 
 
 def waterfill(total: float, base: list[float], cap: list[float], weight: list[float]) -> list[float]:
@@ -119,7 +119,7 @@ def admit(
     for work that may go there, up to the project's and the department's limits; how much
     of the idle capacity it gets is the fair share's business, not this rule's.
     """
-    q = project.quotas.get(pool, Quota())
+    q = project.quotas.get(pool, NO_QUOTA)
     in_project = project_used + milli <= q.quota_milli
     if in_quota(q.quota_milli, dept_quota.quota_milli, milli, project_used, dept_in_quota):
         return IN_QUOTA
