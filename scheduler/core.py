@@ -262,9 +262,10 @@ class _Cycle:
             cp = self.work.checkpoint()
             choices: list[Choice] = []
             for _ in range(w.pods):
-                mask = a.eligible(pool, w.gpu_models, w.demand)
-                if domain is not None:
-                    mask &= domain
+                if domain is None:  # the kept mask, as for a single pod
+                    mask = a.eligible_view(pool, w.gpu_models, w.demand)
+                else:
+                    mask = a.eligible(pool, w.gpu_models, w.demand) & domain
                 c = self.policy.place(a, mask, w.demand)
                 if c is None:
                     break

@@ -52,8 +52,9 @@ class Working:
     def milli_of(self, w: Workload) -> int:
         """The milli-GPUs a holding workload's placement takes."""
         milli = self._milli.get(w.name)
-        if milli is None:
-            milli = self._milli[w.name] = sum(c.milli * len(c.gpus) for c in self.choices_of(w))
+        if milli is None:  # from the placement itself: most victims summed are never placed back
+            ix = self.arrays.index
+            milli = self._milli[w.name] = sum(p.gpu_milli * len(p.gpu_indices) for p in w.placement if p.node in ix)
         return milli
 
     def checkpoint(self) -> int:
