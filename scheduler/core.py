@@ -5,9 +5,11 @@ The cycle reads top to bottom:
   1. in quota       place work that fits its project's (and department's) quota
   2. fair share     place over-quota work, least-served project (by weight) first,
                     as far as each project's fair share of the idle GPUs goes
-  3. idle leftovers let over-quota work use GPUs nobody else asked for (up to limits)
+  3. idle leftovers let over-quota work use GPUs nobody else asked for (up to limits),
+                    the project furthest behind its share over time first
   4. make room      for work still waiting: reclaim over-quota GPUs for projects below
-                    quota, then for projects below fair share, then preempt lower
+                    quota, then for projects below fair share (now, or over time:
+                    Snapshot.over_quota_lag, quota.may_catch_up), then preempt lower
                     priority work of the same project; fewest evictions that make room
   5. reasons        every workload left waiting says why, with its queue position
 Every step works on the cycle's copy inside checkpoints; nothing outside changes.
@@ -38,7 +40,7 @@ from .model import (
     Workload,
 )
 from .placement import Choice
-from .quota import IN_QUOTA, admit, department_quota, fair_shares, in_quota
+from .quota import IN_QUOTA, admit, department_quota, fair_shares, in_quota, may_catch_up
 from .snapshot import Snapshot
 from .working import Working
 
@@ -377,7 +379,21 @@ class _Cycle:
             over += max(0, used) / max(q.over_quota_weight, 1e-9)
         return (over, project)
 
+    def _lag(self, project: str, pool: str) -> float:
+        """Over-quota GPU-seconds the project got above (> 0) or below its share lately."""
+        return self.snap.over_quota_lag.get((project, pool), 0.0)
+
+    def _catch_up_from(self, w: Workload, pool: str) -> list[str]:
+        """The projects ``w``'s project may reclaim from by fair share over time, furthest
+        ahead of its share first (quota.may_catch_up)."""
+        mine, milli, snap = self._lag(w.project, pool), self._milli(w, pool), self.snap
+        lag = {p: self._lag(p, pool) for p in snap.projects if p != w.project and snap.victims.get(p)}
+        ok = [p for p, x in lag.items() if may_catch_up(mine, x, milli, self.cfg.catch_up_s)]
+        return sorted(ok, key=lambda p: (-lag[p], p))
+
     def _leftovers(self, waiting: list[Workload]) -> None:
+        if self.snap.over_quota_lag:  # the project furthest behind its share over time first
+            waiting = sorted(waiting, key=lambda w: self._lag(w.project, (self._pools_for(w) or ("",))[0]))
         for w in waiting:
             if w.name not in self.placed and w.may_go_over_quota:
                 self._try(w, lambda pool, v: v.allowed)
@@ -434,6 +450,8 @@ class _Cycle:
                 strategies.append("reclaim")
             if self.cfg.fair_share_reclaim and v.allowed and v.over_quota and self._fits_fair_share(w, pool):
                 strategies.append("fair share")
+            elif self.cfg.fair_share_reclaim and v.allowed and v.over_quota and self._catch_up_from(w, pool):
+                strategies.append("catch up")  # behind its share over time: see quota.py
             if self.cfg.preempt:
                 strategies.append("preempt")
             found_any = False
@@ -449,17 +467,20 @@ class _Cycle:
 
         Preempt: the same project's lower-priority work. Reclaim: other projects' work,
         the project furthest above its fair share first; a victim must leave its project at
-        or above its quota (reclaim) or its fair share (fair-share reclaim)."""
+        or above its quota (reclaim) or its fair share (fair-share reclaim). Catch up: the
+        over-quota work of projects ahead of their share over time, furthest ahead first."""
         snap = self.snap
         if strategy == "preempt":
             projects = [w.project]
+        elif strategy == "catch up":
+            projects = self._catch_up_from(w, pool)
         else:
             others = [p for p in snap.projects if p != w.project and snap.victims.get(p)]
             projects = sorted(others, key=lambda p: (self.fair.get((p, pool), 0) - self.work.usage[(p, pool)], p))
         deferred: list[tuple[Workload, int | None]] = []
         for p in projects:
             floor = None
-            if strategy == "reclaim":
+            if strategy in ("reclaim", "catch up"):
                 floor = snap.projects[p].quotas.get(pool, NO_QUOTA).quota_milli
             elif strategy == "fair share":
                 floor = self.fair.get((p, pool), 0)
@@ -697,7 +718,7 @@ class _Cycle:
                     break
         if placed is None:
             work.rollback(cp)
-            if w.pods > 1 or strategy != "fair share":
+            if w.pods > 1 or strategy not in ("fair share", "catch up"):
                 return False if victims else "no victims"
             victims = self._node_plan(w, pool, strategy, static)
             if victims is None:
@@ -751,6 +772,11 @@ class _Cycle:
             return f"preempted by higher-priority workload {w.name} of project {w.project}"
         if strategy == "reclaim":
             return f"reclaimed: project {w.project} is below its quota and needs the GPUs for {w.name}"
+        if strategy == "catch up":
+            return (
+                f"reclaimed for fair share over time: project {w.project} got less than its share of "
+                f"over-quota GPUs lately and needs the GPUs for {w.name}"
+            )
         return f"reclaimed for fair share: project {w.project} is below its fair share and needs the GPUs for {w.name}"
 
     # -- 5. reasons -------------------------------------------------------------------

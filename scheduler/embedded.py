@@ -38,6 +38,7 @@ from .model import (
     ValidationError,
     Workload,
 )
+from .quota import OverQuotaLedger, waiting_over_quota
 from .snapshot import Snapshot
 
 log = logging.getLogger("gpupool.embedded")
@@ -96,6 +97,9 @@ class EmbeddedScheduler:
         self.store = store
         self.period_s = period_s
         self.snapshot = Snapshot()
+        # Over-quota lag per project (fair share over time): what ran, kept here, read by
+        # the core from the snapshot.
+        self.ledger = OverQuotaLedger(self.snapshot.config.fair_share_half_life_s)
         for n in nodes:
             self.snapshot.add_node(n)
         self.waiters: dict[str, Waiter] = {}
@@ -161,12 +165,15 @@ class EmbeddedScheduler:
             t0 = time.perf_counter()
             self._sync()
             self.snapshot.now = time.time()
+            self.ledger.advance(self.snapshot.now)
+            self.snapshot.over_quota_lag = dict(self.ledger.lag)
             decisions = decide(self.snapshot)
             self.last = decisions
             for b in decisions.binds:
                 await self._bind(b)
             for e in decisions.evictions:
                 self._evict(e)
+            self.ledger.observe(self.snapshot.projects, self.snapshot.usage, waiting_over_quota(self.snapshot))
             self.store.record(decisions, self.snapshot)
             metrics.observe_cycle(self.snapshot, decisions, time.perf_counter() - t0)
             for p in decisions.pending:

@@ -8,9 +8,10 @@ divided among its projects the same way.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from .model import MILLI, NO_QUOTA, Department, Kind, Project, Quota
+from .model import DEFAULT_POOL, MILLI, NO_QUOTA, Department, Kind, Project, Quota
 
 
 def waterfill(total: float, base: list[float], cap: list[float], weight: list[float]) -> list[float]:
@@ -154,3 +155,100 @@ def _at_quota(project: Project, q: Quota, pool: str, in_project: bool, used: int
     else:
         where = f"project {project.name} is at its quota {_gpus(used)}/{_gpus(q.quota_milli)} GPUs"
     return where if pool == "default" else f"{where} in pool {pool}"
+
+
+# -- fair share over time --------------------------------------------------------------
+# A project's over-quota share at one instant is often smaller than any of its pods (a
+# pod of 8 GPUs, a fair share 0.3 GPU above the quota): then the instantaneous rule never
+# gives it a turn, and the idle GPUs go to whoever fits first. As in Slurm's decayed
+# fair-share usage and KAI-Scheduler's time-based fair share, the shares are also kept
+# over time: per project and pool, its *lag* = over-quota milli-GPU-seconds it held minus
+# those it was entitled to (its weighted share of the over-quota GPUs in use, while it
+# wanted more than its quota), decayed with a half-life. In the cycle, the project
+# furthest behind goes first for idle GPUs, and a project behind (lag < 0) may reclaim
+# over-quota GPUs from one ahead (lag > 0) once their lags lie a whole workload's worth
+# apart (``may_catch_up``): granularity is paid back over time instead of never.
+
+
+def over_quota_entitlement(
+    over_held: dict[str, float], want_over: dict[str, float], weight: dict[str, float]
+) -> dict[str, float]:
+    """Each wanting project's weighted share of the over-quota milli in use (water-filling
+    by weight, none above what it wants over its quota)."""
+    names = [p for p, w in want_over.items() if w > 0 and weight.get(p, 0) > 0]
+    total = sum(max(0.0, over_held.get(p, 0.0)) for p in names)
+    if not names or total <= 0:
+        return dict.fromkeys(names, 0.0)
+    got = waterfill(total, [0.0] * len(names), [want_over[p] for p in names], [weight[p] for p in names])
+    return dict(zip(names, got))
+
+
+class OverQuotaLedger:
+    """The adapter's record of each (project, pool)'s over-quota lag (see above), in
+    milli-GPU-seconds. ``observe`` the usage and waiting work after each change, ``advance``
+    to the adapter's clock; ``lag`` goes into ``Snapshot.over_quota_lag``. The core reads
+    only that snapshot field (it keeps no clock and no history of its own)."""
+
+    def __init__(self, half_life_s: float):
+        if not (half_life_s > 0 and math.isfinite(half_life_s)):
+            raise ValueError(f"fair_share_half_life_s: must be a number > 0, got {half_life_s!r}")
+        self.rate = math.log(2) / half_life_s
+        self.t: float | None = None
+        self.lag: dict[tuple[str, str], float] = {}
+        self.slope: dict[tuple[str, str], float] = {}  # d lag / dt now (milli), before decay
+
+    def advance(self, t: float) -> None:
+        if self.t is not None and t > self.t:
+            keep = math.exp(-self.rate * (t - self.t))
+            gain = (1.0 - keep) / self.rate  # integral of the decay over the step
+            for key in set(self.lag) | set(self.slope):
+                self.lag[key] = self.lag.get(key, 0.0) * keep + self.slope.get(key, 0.0) * gain
+        self.t = t if self.t is None else max(self.t, t)
+
+    def observe(
+        self, projects: dict[str, Project], held: dict[tuple[str, str], float], pending_over: dict[tuple[str, str], float]
+    ) -> None:
+        """Usage (milli per (project, pool)) and the pending work that may go over quota,
+        from now on until the next observation."""
+        by_pool: dict[str, dict[str, tuple[float, float, float]]] = {}
+        for key in set(held) | set(pending_over):
+            project = projects.get(key[0])
+            if project is None:
+                continue
+            q = project.quotas.get(key[1], NO_QUOTA)
+            h = held.get(key, 0.0)
+            by_pool.setdefault(key[1], {})[key[0]] = (h - q.quota_milli, h + pending_over.get(key, 0.0) - q.quota_milli, q.over_quota_weight)
+        self.slope = {}
+        for pool, rows in by_pool.items():
+            over = {p: max(0.0, r[0]) for p, r in rows.items()}
+            want = {p: r[1] for p, r in rows.items() if r[1] > 0}
+            share = over_quota_entitlement(over, want, {p: r[2] for p, r in rows.items()})
+            for p in want:
+                if p in share:
+                    self.slope[(p, pool)] = over[p] - share[p]
+
+
+def waiting_over_quota(snapshot) -> dict[tuple[str, str], float]:
+    """Per (project, pool), the milli-GPUs of a Snapshot's pending work that may go over
+    quota: in the pool it names, else in its project's pool with the most quota (where the
+    cycle tries it first); GPU-memory requests count as whole GPUs. For adapters that
+    ``observe`` the snapshot itself (the replay counts its own queue, the whole of it)."""
+    out: dict[tuple[str, str], float] = {}
+    for w in snapshot.pending.values():
+        project = snapshot.projects.get(w.project)
+        if project is None or not w.may_go_over_quota:
+            continue
+        pools = project.quotas or {DEFAULT_POOL: NO_QUOTA}
+        pool = w.node_pool or min(pools, key=lambda p: (-pools[p].gpus, p))
+        key = (w.project, pool)
+        out[key] = out.get(key, 0.0) + w.gpu_milli_estimate(1)
+    return out
+
+
+def may_catch_up(claimant_lag: float, victim_lag: float, milli: int, catch_up_s: float) -> bool:
+    """May a project with ``claimant_lag`` reclaim over-quota GPUs from one with
+    ``victim_lag``, for a workload of ``milli``? Only from a project ahead of its share
+    while it is behind, and only when their lags lie at least what that workload would hold
+    in ``catch_up_s`` apart: a project catches up by whole workloads, and the one it took
+    from must fall as far behind it again before it may take back (no ping-pong)."""
+    return claimant_lag < 0 < victim_lag and victim_lag - claimant_lag >= milli * catch_up_s

@@ -39,6 +39,12 @@ class SchedulerConfig:
     # share again for this long (needs Snapshot.now and Workload.started_at); stops
     # preempt-resume-preempt thrash. Reclaim for a project below its quota still may.
     resume_protection_s: float = 600.0
+    # Fair share over time (quota.OverQuotaLedger, quota.may_catch_up): the half-life of a
+    # project's over-quota lag, kept by the adapter (4 h: a working day's usage counts,
+    # last week's does not); and how far apart, in seconds of the waiting workload's GPUs,
+    # its lag and a victim's must lie before it may reclaim from a project ahead.
+    fair_share_half_life_s: float = 14400.0
+    catch_up_s: float = 600.0
 
 
 @dataclass
@@ -63,6 +69,9 @@ class Snapshot:
         # that even if the adapter changed the object in place since.
         self._filed: dict[str, tuple[str, tuple[int, float, str] | None]] = {}
         self.releasing: dict[str, Workload] = {}  # evicted, still holding GPUs until they exit
+        # (project, pool) -> over-quota lag in milli-GPU-seconds, from the adapter's
+        # quota.OverQuotaLedger; empty (everyone even) where an adapter keeps none.
+        self.over_quota_lag: dict[tuple[str, str], float] = {}
         # Pods per (demand, GPU models) over all known work: the workload mix placement
         # policies measure fragmentation against, kept without a pass over every pod.
         self.shape_counts: dict[tuple, int] = defaultdict(int)

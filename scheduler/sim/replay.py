@@ -40,8 +40,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core import decide
-from ..model import MILLI, Department, Evict, Kind, Node, Project, Quota, State, Workload
-from ..quota import waterfill
+from ..model import (
+    DEFAULT_POOL,
+    MILLI,
+    Department,
+    Evict,
+    Kind,
+    Node,
+    Project,
+    Quota,
+    State,
+    Workload,
+)
+from ..quota import OverQuotaLedger, waterfill
 from ..snapshot import SchedulerConfig, Snapshot
 from .scenario import Scenario
 from .trace import TracePod
@@ -366,6 +377,10 @@ class _Replay:
         setup = SETUPS[policy](scn, self.capacity, placement)
         self.to_workload = setup.workload
         self.snap = Snapshot.build(nodes, setup.departments, setup.projects, config=setup.config)
+        # Over-quota lag per project (fair share over time), kept only where work may go
+        # over quota by fair share: the replay knows what ran, the core reads the snapshot.
+        cfg = setup.config
+        self.ledger = OverQuotaLedger(cfg.fair_share_half_life_s) if cfg.fair_share_reclaim else None
         depth = scn.time.queue_depth * max(1, len(scn.teams) // len(setup.projects))
         self.queues = _Queues(self.snap, depth)
         self.jobs = {j.name: j for j in jobs}
@@ -470,6 +485,9 @@ class _Replay:
         self.dirty_since = None
         snap = self.snap
         snap.now = t  # resume protection: the core compares it with each started_at
+        if self.ledger is not None:
+            self.ledger.advance(t)
+            snap.over_quota_lag = dict(self.ledger.lag)
         self.cycles += 1
         if self._quiet_since_last(t):
             self.skipped += 1
@@ -478,7 +496,7 @@ class _Replay:
         t0 = time.perf_counter()
         d = decide(snap)
         self.decide_s += time.perf_counter() - t0
-        self.quiet = None if d.binds or d.evictions else (self.version, t)
+        self.quiet = None if d.binds or d.evictions else (self.version, t, snap.over_quota_lag)
         for b in d.binds:
             job = self.jobs[b.workload]
             w = snap.workloads[b.workload]
@@ -505,6 +523,8 @@ class _Replay:
         thing the clock changes: a workload protected then, s + P > t0, is not now, s + P <= t)."""
         if not self.skip_quiet or self.quiet is None or self.quiet[0] != self.version:
             return False
+        if self.quiet[2] != self.snap.over_quota_lag:  # the lags moved: decisions may too
+            return False
         ends, t0 = self.expiries, self.quiet[1]
         while ends and ends[0] <= t0:
             heapq.heappop(ends)
@@ -515,6 +535,10 @@ class _Replay:
             self.version += 1
             self._changed(t)  # the next pods of a queue get a cycle at once
         self.meter.pend_over = dict(self.pend_over)
+        if self.ledger is not None:
+            self.ledger.observe(
+                self.snap.projects, self.snap.usage, {(p, DEFAULT_POOL): m for p, m in self.pend_over.items()}
+            )
         self.meter.pending_seen = self.queues.count > 0
         self.meter.record()
         if self.check:

@@ -96,6 +96,33 @@ def test_eviction_calls_the_evictor_then_requeues():
     assert any(k == "preempted" for k, _ in store.events)
 
 
+class NoQuotaStore(FakeStore):
+    def load_org(self):
+        return ([Department("d", {DEFAULT_POOL: Quota(0)})],
+                [Project("p", "d", {DEFAULT_POOL: Quota(0)}), Project("q", "d", {DEFAULT_POOL: Quota(0)})])
+
+
+def test_the_adapter_keeps_each_projects_over_quota_lag_for_the_core():
+    # Neither project has quota. p runs 2 GPUs of training, all the node has; q waits with
+    # training too. Both want over-quota GPUs and p holds them all, so p's lag grows and q's
+    # falls by as much; the next cycle's snapshot carries them to the core.
+    async def run():
+        sched = EmbeddedScheduler(NoQuotaStore(), [NODE], period_s=0.05)
+        sched.submit(Workload("t", "p", Kind.TRAINING, PodDemand(gpus=2)))
+        await sched.cycle()
+        sched.submit(Workload("u", "q", Kind.TRAINING, PodDemand(gpus=1)))
+        await sched.cycle()
+        assert sched.snapshot.pending.keys() == {"u"}
+        await asyncio.sleep(0.05)
+        await sched.cycle()
+        return sched
+
+    sched = asyncio.run(run())
+    lag = sched.snapshot.over_quota_lag
+    assert lag[("p", DEFAULT_POOL)] > 0 > lag[("q", DEFAULT_POOL)]
+    assert lag[("p", DEFAULT_POOL)] == -lag[("q", DEFAULT_POOL)]
+
+
 def test_gpu_env_for_a_fraction():
     env = gpu_env(NODE, PodPlacement("n", (1,), 250), 0, "/nonexistent.so", "ws-a")
     assert env["CUDA_VISIBLE_DEVICES"] == "1"
