@@ -386,6 +386,8 @@ class _Cycle:
     def _catch_up_from(self, w: Workload, pool: str) -> list[str]:
         """The projects ``w``'s project may reclaim from by fair share over time, furthest
         ahead of its share first (quota.may_catch_up)."""
+        if not self.snap.over_quota_lag:  # no lag anywhere: nobody is behind (asked per plan)
+            return []
         mine, milli, snap = self._lag(w.project, pool), self._milli(w, pool), self.snap
         lag = {p: self._lag(p, pool) for p in snap.projects if p != w.project and snap.victims.get(p)}
         ok = [p for p, x in lag.items() if may_catch_up(mine, x, milli, self.cfg.catch_up_s)]
