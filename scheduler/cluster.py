@@ -22,6 +22,7 @@ from .model import MILLI, Node, PodDemand
 CHANGE_LOG_MAX = 1 << 16
 # Changed nodes up to which eligible() updates a kept mask row by row (else it recomputes).
 MASK_ROWS_BY_HAND = 64
+MASK_ROWS_IN_PYTHON = 8  # up to this many, row by row in Python; past it, one numpy step
 MASKS_KEPT = 256
 
 
@@ -194,9 +195,14 @@ class ClusterArrays:
         mask, _, seen, static = entry
         if seen < len(log):
             cpu_free, mem_free = self.cpu_free, self.mem_free
+            rows = set(log[seen:])  # a node changed twice is looked at once
             mask.flags.writeable = True
-            for node in log[seen:]:
-                mask[node] = static[node] and cpu_free[node] >= cpu and mem_free[node] >= mem
+            if len(rows) > MASK_ROWS_IN_PYTHON:
+                idx = np.fromiter(rows, dtype=np.int64, count=len(rows))
+                mask[idx] = static[idx] & (cpu_free[idx] >= cpu) & (mem_free[idx] >= mem)
+            else:
+                for node in rows:
+                    mask[node] = static[node] and cpu_free[node] >= cpu and mem_free[node] >= mem
             mask.flags.writeable = False
             entry[2] = len(log)
         return mask
