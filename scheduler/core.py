@@ -17,6 +17,7 @@ Every step works on the cycle's copy inside checkpoints; nothing outside changes
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import time
@@ -48,7 +49,18 @@ __all__ = ["decide"]
 
 
 def decide(snapshot: Snapshot) -> Decisions:
-    return _Cycle(snapshot).run()
+    # The cyclic garbage collector waits until the cycle ends: a full pass walks every object
+    # the snapshot holds (~0.4 s at 140,000 running pods), and where one fell inside a cycle
+    # its time grew with the running pods, not the pending work. A cycle makes no garbage
+    # that needs it (reference counting frees what it drops).
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        return _Cycle(snapshot).run()
+    finally:
+        if paused:
+            gc.enable()
 
 
 def queue_order(w: Workload) -> tuple:
