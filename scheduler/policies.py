@@ -522,6 +522,12 @@ class FragPolicy:
             rows = np.asarray(dirty, dtype=np.int64)
             rows = rows[todo] if len(todo) < len(dirty) else rows
             delta = bound.deltas(arrays, rows, demand, _need(arrays, demand), base.rows(bound, arrays, rows))
+            # A delta is a difference of float sums whose order depends on the batch (matrix
+            # products over however many rows are scored together, a ``before`` cached from
+            # another batch): ~1e-12 of noise, enough to turn an exact 0 into 49 or 50 after
+            # the floor of the sigmoid. Rounded, a node's score depends on its state alone,
+            # so the memo and the scoring history cannot change a decision.
+            delta = np.round(delta, 6)
             score, slot = self._reduce(arrays, rows, delta, demand)
             if use_memo and len(memo) + len(todo) > rc.MEMO_MAX:
                 memo.clear()
