@@ -339,18 +339,8 @@ class _RowCache:
         else:
             waiting = np.flatnonzero(self.out if mask is None else self.out & mask).tolist()
         if len(new) + len(waiting) <= SMALL:  # the usual case: a handful of rows, in Python
-            rows, out = [], self.out
-            for r in sorted(set(new).union(waiting)):
-                if mine[r] != theirs[r]:
-                    if mask is None or mask[r]:
-                        rows.append(r)
-                        if out[r]:
-                            out[r] = False
-                            self.n_out -= 1
-                    elif not out[r]:
-                        out[r] = True
-                        self.n_out += 1
-            return rows
+            rows = sorted(set(new).union(waiting))
+            return self._take_stale(rows, [True] * len(rows) if mask is None else [bool(mask[r]) for r in rows], theirs)
         # Sorted, without repeats; not np.union1d, which imports numpy.ma on first use
         # (~10 ms inside the first cycle).
         flag = np.zeros(len(mine), dtype=bool)
@@ -364,6 +354,22 @@ class _RowCache:
         self.out[cand] = False
         self.n_out = int(np.count_nonzero(self.out))
         return cand
+
+    def _take_stale(self, rows: list[int], inside, stamps: np.ndarray) -> list[int]:
+        """Of ``rows``, those whose stamp moved since they were scored: the ones ``inside``
+        (truthy per row) are returned to be rescored, the others marked in ``out``."""
+        stale, out, mine = [], self.out, self.stamp
+        for r, f in zip(rows, inside):
+            if mine[r] != stamps[r]:
+                if f:
+                    stale.append(r)
+                    if out[r]:
+                        out[r] = False
+                        self.n_out -= 1
+                elif not out[r]:
+                    out[r] = True
+                    self.n_out += 1
+        return stale
 
     def in_step(self, arrays: ClusterArrays, mask: np.ndarray, gpus: int, fill: float, refresh) -> np.ndarray:
         """``np.where(fit, score, fill)`` with every ``fit`` row fresh, where ``fit`` is
@@ -380,19 +386,9 @@ class _RowCache:
             self.kept, self.kept_log = mask, log
         elif self.kept_seen < len(log):
             rows = sorted(set(log[self.kept_seen :]))
-            full_free, mine, now, out = arrays.full_free, self.stamp, arrays.stamp, self.out
+            full_free, now = arrays.full_free, arrays.stamp
             fits = [bool(mask[r]) and (not gpus or full_free[r] >= gpus) for r in rows]
-            stale = []
-            for r, f in zip(rows, fits):  # as ``dirty`` does for its mask
-                if mine[r] != now[r]:
-                    if f:
-                        stale.append(r)
-                        if out[r]:
-                            out[r] = False
-                            self.n_out -= 1
-                    elif not out[r]:
-                        out[r] = True
-                        self.n_out += 1
+            stale = self._take_stale(rows, fits, now)
             if stale:
                 refresh(stale)
             masked, score = self.masked, self.score
