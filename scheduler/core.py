@@ -565,9 +565,11 @@ class _Cycle:
     def _plan_candidates(self, w: Workload, pool: str, strategy: str) -> tuple[tuple, list]:
         """The first ``max_victim_scan`` candidates of ``_candidates`` and the key of their
         group. They depend on ``w`` only through its project (and its priority, for
-        preemption), and on usage and the evicted set, which in make-room change only when
-        a plan evicts (that clears ``plan_memo``): so they are worked out once per group."""
-        key = (w.project, pool, strategy, w.effective_priority if strategy == "preempt" else None)
+        preemption; its GPUs, for catch up: ``may_catch_up`` weighs them), and on usage and
+        the evicted set, which in make-room change only when a plan evicts (that clears
+        ``plan_memo``): so they are worked out once per group."""
+        extra = w.effective_priority if strategy == "preempt" else self._milli(w, pool) if strategy == "catch up" else None
+        key = (w.project, pool, strategy, extra)
         candidates = self.plan_memo.get(key)
         if candidates is None:
             candidates = self.plan_memo[key] = list(itertools.islice(self._candidates(w, pool, strategy), self.cfg.max_victim_scan))
