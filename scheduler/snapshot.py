@@ -9,6 +9,7 @@ does. Only node changes rebuild the capacity arrays.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -45,6 +46,17 @@ class SchedulerConfig:
     # its lag and a victim's must lie before it may reclaim from a project ahead.
     fair_share_half_life_s: float = 14400.0
     catch_up_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        # Each bound with the field's name: a negative window or scan would not fail, it
+        # would quietly change what the cycle may evict.
+        if not (isinstance(self.max_victim_scan, int) and self.max_victim_scan >= 1):
+            raise ValidationError("max_victim_scan", f"must be an integer >= 1, got {self.max_victim_scan!r}")
+        for name, low, strict in (("resume_protection_s", 0, False), ("catch_up_s", 0, False), ("fair_share_half_life_s", 0, True)):
+            v = getattr(self, name)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > low if strict else v >= low)
+            if not ok:
+                raise ValidationError(name, f"must be a finite number {'>' if strict else '>='} {low} (seconds), got {v!r}")
 
 
 @dataclass

@@ -480,3 +480,23 @@ def test_guarantee_outranks_resume_protection():
     snap = snapshot([make_node("n1", gpus=2)], ds, ps, [victim, make_workload("a1").project("a").gpus(2).obj()])
     snap.now = 1001.0
     assert [e.workload for e in decide(snap).evictions] == ["b1"]
+
+
+@pytest.mark.parametrize(
+    "field_name, value",
+    [
+        ("max_victim_scan", 0),
+        ("max_victim_scan", 2.5),
+        ("resume_protection_s", -1),
+        ("catch_up_s", float("nan")),
+        ("fair_share_half_life_s", 0),
+        ("fair_share_half_life_s", "4h"),
+    ],
+)
+def test_scheduler_config_names_the_bad_field(field_name, value):
+    from scheduler.snapshot import SchedulerConfig
+
+    with pytest.raises(ValidationError) as e:
+        SchedulerConfig(**{field_name: value})
+    assert e.value.field == field_name and repr(value) in str(e.value)
+    SchedulerConfig(resume_protection_s=0, catch_up_s=0)  # zero windows are allowed
