@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .model import DEFAULT_POOL, MILLI, NO_QUOTA, Department, Kind, Project, Quota
+from .model import DEFAULT_POOL, MILLI, NO_QUOTA, Department, Kind, Project, Quota, check_seconds
 
 
 def waterfill(total: float, base: list[float], cap: list[float], weight: list[float]) -> list[float]:
@@ -190,8 +190,7 @@ class OverQuotaLedger:
     only that snapshot field (it keeps no clock and no history of its own)."""
 
     def __init__(self, half_life_s: float):
-        if not (half_life_s > 0 and math.isfinite(half_life_s)):
-            raise ValueError(f"fair_share_half_life_s: must be a number > 0, got {half_life_s!r}")
+        check_seconds("fair_share_half_life_s", half_life_s, positive=True)
         self.rate = math.log(2) / half_life_s
         self.t: float | None = None
         self.lag: dict[tuple[str, str], float] = {}

@@ -9,7 +9,6 @@ does. Only node changes rebuild the capacity arrays.
 from __future__ import annotations
 
 import bisect
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -21,6 +20,7 @@ from .model import (
     State,
     ValidationError,
     Workload,
+    check_seconds,
 )
 from .placement import PlacementPolicy, get_policy
 
@@ -52,11 +52,9 @@ class SchedulerConfig:
         # would quietly change what the cycle may evict.
         if not (isinstance(self.max_victim_scan, int) and self.max_victim_scan >= 1):
             raise ValidationError("max_victim_scan", f"must be an integer >= 1, got {self.max_victim_scan!r}")
-        for name, low, strict in (("resume_protection_s", 0, False), ("catch_up_s", 0, False), ("fair_share_half_life_s", 0, True)):
-            v = getattr(self, name)
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > low if strict else v >= low)
-            if not ok:
-                raise ValidationError(name, f"must be a finite number {'>' if strict else '>='} {low} (seconds), got {v!r}")
+        check_seconds("resume_protection_s", self.resume_protection_s)
+        check_seconds("catch_up_s", self.catch_up_s)
+        check_seconds("fair_share_half_life_s", self.fair_share_half_life_s, positive=True)
 
 
 @dataclass
