@@ -106,3 +106,20 @@ def test_real_trace_slice_honours_gpu_spec():
 
     r = run_seed(nodes, pods, "gpupool", 42, on_place=check)
     assert not bad and r.placed_milli > 0
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["placement", "--seeds", "-1"], "argument --seeds: must be an integer >= 1, got '-1'"),
+        (["placement", "--seeds", "ten"], "argument --seeds: must be an integer >= 1, got 'ten'"),
+        (["placement", "--max-pods", "-3"], "argument --max-pods: must be an integer >= 0"),
+        (["replay", "--placement", "nope"], "argument --placement: invalid choice: 'nope'"),
+    ],
+)
+def test_cli_bad_numbers_and_names_are_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

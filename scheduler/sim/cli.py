@@ -71,12 +71,27 @@ def cmd_placement(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(low: int):
+    """An argparse type: an integer >= ``low``, else a message naming the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        return value
+
+    return parse
+
+
 def add_placement(sub) -> None:
     p = sub.add_parser("placement", help="the FGD paper's placement experiment on a trace")
     p.add_argument("--nodes", help="node list CSV (default: data/openb-2023/openb_node_list_gpu_node.csv)")
     p.add_argument("--pods", help="pod list CSV (default: data/openb-2023/openb_pod_list_default.csv)")
     p.add_argument("--policy", default="gpupool", help=f"one of {', '.join(POLICIES)}; a comma list; or all")
-    p.add_argument("--seeds", type=int, default=10, help="number of seeds (default 10, the paper's)")
+    p.add_argument("--seeds", type=_count(1), default=10, help="number of seeds (default 10, the paper's)")
     p.add_argument("--first-seed", type=int, default=42, help="first seed (default 42, the paper's)")
     p.add_argument(
         "--order",
@@ -84,8 +99,8 @@ def add_placement(sub) -> None:
         default="shuffled",
         help="order of the trace's own pods: shuffled with the seed (default, the paper's artifact) or creation time",
     )
-    p.add_argument("--max-nodes", type=int, default=0, help="use only the first N nodes (tests)")
-    p.add_argument("--max-pods", type=int, default=0, help="use only the first N pods of the file (tests)")
+    p.add_argument("--max-nodes", type=_count(0), default=0, help="use only the first N nodes (tests)")
+    p.add_argument("--max-pods", type=_count(0), default=0, help="use only the first N pods of the file (tests)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--per-seed", action="store_true", help="with --json: include each seed's figures")
     p.set_defaults(func=cmd_placement)

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..model import ValidationError
+from ..placement import POLICIES
 from . import scenario as scenarios
 from .replay import POLICY_NAMES, replay_all
 from .trace import load_nodes, load_pods
@@ -100,7 +101,9 @@ def add_replay(sub) -> None:
         "--scenario", default="balanced", help="scenario YAML, or the name of one in scheduler/sim/scenarios"
     )
     p.add_argument("--policy", default="all", help=f"one of {', '.join(POLICY_NAMES)}; a comma list; or all")
-    p.add_argument("--placement", default="gpupool", help="placement policy every policy uses (default gpupool)")
+    p.add_argument(
+        "--placement", default="gpupool", choices=list(POLICIES), help="placement policy every policy uses (default gpupool)"
+    )
     p.add_argument("--window", default="", help="LO,HI: replay only this share of the pods (e.g. 0.4,0.5)")
     p.add_argument(
         "--workspace-over-quota", default=None, metavar="SHARE",
