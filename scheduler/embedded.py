@@ -165,15 +165,18 @@ class EmbeddedScheduler:
             t0 = time.perf_counter()
             self._sync()
             self.snapshot.now = time.time()
-            self.ledger.advance(self.snapshot.now)
-            self.snapshot.over_quota_lag = dict(self.ledger.lag)
+            keep_lag = self.snapshot.config.fair_share_over_time
+            if keep_lag:
+                self.ledger.advance(self.snapshot.now)
+            self.snapshot.over_quota_lag = dict(self.ledger.lag) if keep_lag else {}
             decisions = decide(self.snapshot)
             self.last = decisions
             for b in decisions.binds:
                 await self._bind(b)
             for e in decisions.evictions:
                 self._evict(e)
-            self.ledger.observe(self.snapshot.projects, self.snapshot.usage, waiting_over_quota(self.snapshot))
+            if keep_lag:
+                self.ledger.observe(self.snapshot.projects, self.snapshot.usage, waiting_over_quota(self.snapshot))
             self.store.record(decisions, self.snapshot)
             metrics.observe_cycle(self.snapshot, decisions, time.perf_counter() - t0)
             for p in decisions.pending:

@@ -46,6 +46,9 @@ class SchedulerConfig:
     # its lag and a victim's must lie before it may reclaim from a project ahead.
     fair_share_half_life_s: float = 14400.0
     catch_up_s: float = 600.0
+    # Off: the adapters keep no lag, so the core sees every project even (an empty
+    # Snapshot.over_quota_lag) and divides over-quota GPUs by the instant's fair share only.
+    fair_share_over_time: bool = True
 
     def __post_init__(self) -> None:
         # Each bound with the field's name: a negative window or scan would not fail, it
@@ -55,6 +58,8 @@ class SchedulerConfig:
         check_seconds("resume_protection_s", self.resume_protection_s)
         check_seconds("catch_up_s", self.catch_up_s)
         check_seconds("fair_share_half_life_s", self.fair_share_half_life_s, positive=True)
+        if not isinstance(self.fair_share_over_time, bool):
+            raise ValidationError("fair_share_over_time", f"must be true or false, got {self.fair_share_over_time!r}")
 
 
 @dataclass

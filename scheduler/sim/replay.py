@@ -152,10 +152,11 @@ def make_jobs(pods: list[TracePod], scn: Scenario) -> list[Job]:
         return []
     t0 = chosen[0].creation_time
     k = scn.time.arrival_compression
-    return [
-        Job(p, scn.project_of(p.name), scn.kind_of(p), (p.creation_time - t0) / k, scn.opts_over_quota(p.name))
-        for p in chosen
-    ]
+    jobs = []
+    for p in chosen:
+        submit = (p.creation_time - t0) / k
+        jobs.append(Job(p, scn.project_of(p.name, submit), scn.kind_of(p), submit, scn.opts_over_quota(p.name)))
+    return jobs
 
 
 # -- metrics ----------------------------------------------------------------------------
@@ -367,7 +368,15 @@ class _Queues:
 
 class _Replay:
     def __init__(
-        self, nodes: list[Node], jobs: list[Job], scn: Scenario, policy: str, placement: str, check: bool, skip_quiet: bool
+        self,
+        nodes: list[Node],
+        jobs: list[Job],
+        scn: Scenario,
+        policy: str,
+        placement: str,
+        check: bool,
+        skip_quiet: bool,
+        fair_share_over_time: bool = True,
     ):
         self.scn = scn
         self.policy = policy
@@ -375,12 +384,15 @@ class _Replay:
         self.capacity = sum(len(n.gpus) for n in nodes) * MILLI
         self.quota = scn.quotas_milli(self.capacity)
         setup = SETUPS[policy](scn, self.capacity, placement)
+        if not fair_share_over_time:
+            setup.config = dataclasses.replace(setup.config, fair_share_over_time=False)
         self.to_workload = setup.workload
         self.snap = Snapshot.build(nodes, setup.departments, setup.projects, config=setup.config)
         # Over-quota lag per project (fair share over time), kept only where work may go
         # over quota by fair share: the replay knows what ran, the core reads the snapshot.
         cfg = setup.config
-        self.ledger = OverQuotaLedger(cfg.fair_share_half_life_s) if cfg.fair_share_reclaim else None
+        keep_lag = cfg.fair_share_reclaim and cfg.fair_share_over_time
+        self.ledger = OverQuotaLedger(cfg.fair_share_half_life_s) if keep_lag else None
         depth = scn.time.queue_depth * max(1, len(scn.teams) // len(setup.projects))
         self.queues = _Queues(self.snap, depth)
         self.jobs = {j.name: j for j in jobs}
@@ -643,12 +655,15 @@ def replay(
     placement: str = "gpupool",
     check: bool = False,
     skip_quiet: bool = True,
+    fair_share_over_time: bool = True,
 ) -> PolicyResult:
     """Replay the scenario's pods under one policy. ``skip_quiet=False`` calls ``decide``
-    even in cycles that provably decide nothing (same results, slower: for checking)."""
+    even in cycles that provably decide nothing (same results, slower: for checking);
+    ``fair_share_over_time=False`` keeps no over-quota lag (SchedulerConfig's switch)."""
     if policy not in SETUPS:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(SETUPS)}")
-    return _Replay(nodes, make_jobs(pods, scn), scn, policy, placement, check, skip_quiet).run()
+    jobs = make_jobs(pods, scn)
+    return _Replay(nodes, jobs, scn, policy, placement, check, skip_quiet, fair_share_over_time).run()
 
 
 def offered_load(nodes: list[Node], pods: list[TracePod], scn: Scenario) -> dict:
@@ -694,13 +709,15 @@ def replay_all(
     placement: str = "gpupool",
     check: bool = False,
     skip_quiet: bool = True,
+    fair_share_over_time: bool = True,
 ) -> tuple[dict, list[PolicyResult]]:
     """Every policy on the same pods; the JSON document and the per-policy results."""
-    results = [replay(nodes, pods, scn, p, placement, check, skip_quiet) for p in policies]
+    results = [replay(nodes, pods, scn, p, placement, check, skip_quiet, fair_share_over_time) for p in policies]
     by = {r.policy: r.metrics for r in results}
     doc = {
         "scenario": scn.to_json(),
         "placement": placement,
+        "fair_share_over_time": fair_share_over_time,
         "load": offered_load(nodes, pods, scn),
         "policies": by,
         "goals": goals(by, scn),

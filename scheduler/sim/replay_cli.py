@@ -71,7 +71,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         scn.workspace_over_quota = _share(args.workspace_over_quota)
     nodes = scn.select_nodes(load_nodes(args.nodes or d / "openb_node_list_gpu_node.csv"))
     pods = load_pods(args.pods or d / "openb_pod_list_default.csv")
-    doc, results = replay_all(nodes, pods, scn, _policies(args.policy), args.placement, args.check)
+    doc, results = replay_all(
+        nodes, pods, scn, _policies(args.policy), args.placement, args.check,
+        fair_share_over_time=args.fair_share_over_time == "on",
+    )
     if args.plot:
         from .replay_plot import plot
 
@@ -108,6 +111,10 @@ def add_replay(sub) -> None:
     p.add_argument(
         "--workspace-over-quota", default=None, metavar="SHARE",
         help="override the scenario's workspace_over_quota (true, false or a share in [0, 1])",
+    )
+    p.add_argument(
+        "--fair-share-over-time", default="on", choices=["on", "off"],
+        help="keep each project's over-quota lag (default on; off: fair share of the instant only)",
     )
     p.add_argument("--check", action="store_true", help="check conservation after every cycle (slower)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

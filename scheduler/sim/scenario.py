@@ -62,6 +62,12 @@ class TeamSpec:
     quota_share: float
     weight: float
     pod_share: float
+    # Parts of each activity period in which the team submits work, as [lo, hi) shares of
+    # the period; empty: all the time.
+    active: tuple[tuple[float, float], ...] = ()
+
+    def active_at(self, phase: float) -> bool:
+        return not self.active or any(lo <= phase < hi for lo, hi in self.active)
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class TimeSpec:
     checkpoint_interval_s: float = 600.0
     thrash_window_s: float = 600.0
     queue_depth: int = 16
+    activity_period_s: float = 0.0  # 0: no activity windows (see Scenario.project_of)
 
 
 @dataclass(frozen=True)
@@ -111,17 +118,25 @@ class Scenario:
         return keep
 
     # -- the pods --------------------------------------------------------------------
-    def project_of(self, pod_name: str) -> str:
-        """The project a pod belongs to: a stable hash of the seed and the name."""
+    def project_of(self, pod_name: str, at: float | None = None) -> str:
+        """The project a pod belongs to: a stable hash of the seed and the name, drawn
+        against the ``pod_share`` of the projects active at replay time ``at`` (its phase in
+        ``time.activity_period_s``); all projects when none is active, none has windows, or
+        ``at`` is None."""
         h = hashlib.blake2b(f"{self.seed}:{pod_name}".encode(), digest_size=8).digest()
         u = int.from_bytes(h, "big") / 2**64
+        teams = self.teams
+        period = self.time.activity_period_s
+        if at is not None and period > 0:
+            phase = (at % period) / period
+            teams = [t for t in self.teams if t.active_at(phase)] or self.teams
         acc = 0.0
-        total = sum(t.pod_share for t in self.teams)
-        for t in self.teams:
+        total = sum(t.pod_share for t in teams)
+        for t in teams:
             acc += t.pod_share / total
             if u < acc:
                 return t.name
-        return self.teams[-1].name
+        return teams[-1].name
 
     def kind_of(self, pod: TracePod) -> Kind:
         return self.kinds.get(pod.qos, Kind.TRAINING)
@@ -194,6 +209,21 @@ def _num(d: dict, key: str, where: str, default: float, lo: float = 0.0, strict:
     return float(v)
 
 
+def _windows(v, where: str) -> tuple[tuple[float, float], ...]:
+    """``[[lo, hi], ...]`` shares of the activity period, each 0 <= lo < hi <= 1."""
+    if v is None:
+        return ()
+    if not isinstance(v, list):
+        raise ValidationError(where, f"must be a list of [lo, hi] pairs, got {v!r}")
+    out = []
+    for w in v:
+        ok = isinstance(w, list) and len(w) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in w)
+        if not ok or not 0 <= w[0] < w[1] <= 1:
+            raise ValidationError(where, f"each window must be [lo, hi] with 0 <= lo < hi <= 1, got {w!r}")
+        out.append((float(w[0]), float(w[1])))
+    return tuple(out)
+
+
 def parse(data: dict, path: str = "") -> Scenario:
     if not isinstance(data, dict):
         raise ValidationError("scenario", "must be a mapping")
@@ -206,6 +236,7 @@ def parse(data: dict, path: str = "") -> Scenario:
         checkpoint_interval_s=_num(t, "checkpoint_interval_s", "time", 600.0, strict=True),
         thrash_window_s=_num(t, "thrash_window_s", "time", 600.0),
         queue_depth=int(_num(t, "queue_depth", "time", 16, lo=1)),
+        activity_period_s=_num(t, "activity_period_s", "time", 0.0),
     )
     p = data.get("pods") or {}
     window = tuple(p.get("window", (0.0, 1.0)))
@@ -232,10 +263,13 @@ def parse(data: dict, path: str = "") -> Scenario:
                     quota_share=_num(pr, "quota_share", where, 0.0),
                     weight=_num(pr, "weight", where, 1.0),
                     pod_share=_num(pr, "pod_share", where, 0.0),
+                    active=_windows(pr.get("active"), f"{where}.active"),
                 )
             )
     if not teams:
         raise ValidationError("departments", "need at least one project")
+    if any(tm.active for tm in teams) and time.activity_period_s <= 0:
+        raise ValidationError("time.activity_period_s", "must be > 0 when a project has active windows")
     if len({t.name for t in teams}) != len(teams):
         raise ValidationError("departments", "project names must be unique")
     if sum(t.quota_share for t in teams) <= 0 or sum(t.pod_share for t in teams) <= 0:
