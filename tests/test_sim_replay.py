@@ -7,6 +7,7 @@ Every replay here runs with ``check=True``: after each cycle no GPU or CPU is ov
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -125,12 +126,87 @@ def test_jain():
 
 
 def test_scenario_files_parse_and_quotas_add_up():
-    for name in ("balanced", "skewed"):
+    for name in ("balanced", "skewed", "turns"):
         scn = load(name)
         q = scn.quotas_milli(385_000)
         assert sum(q.values()) == 385_000
         assert scn.kinds["LS"] == Kind.WORKSPACE and scn.kinds["BE"] == Kind.TRAINING
         assert scn.project_of("openb-pod-0001") == scn.project_of("openb-pod-0001")
+
+
+def turns(**team_b):
+    return parse(
+        {
+            "name": "turns", "seed": 1, "time": {"activity_period_s": 100},
+            "departments": [{"name": "d", "projects": [
+                {"name": "a", "quota_share": 1, "pod_share": 1, "active": [[0.0, 0.5]]},
+                {"name": "b", "quota_share": 1, "pod_share": 1, **team_b},
+                {"name": "c", "quota_share": 1, "pod_share": 1, "active": [[0.5, 1.0]]},
+            ]}],
+        }
+    )
+
+
+def test_activity_windows_give_each_arrival_to_a_team_active_then():
+    scn = turns(active=[[0.25, 0.75]])
+    names = [f"p{i}" for i in range(300)]
+    # phase 0.1 (and 100 s later, the next period): only a; 0.3: a or b; 0.9: only c.
+    assert {scn.project_of(n, 10) for n in names} == {"a"} == {scn.project_of(n, 110) for n in names}
+    assert {scn.project_of(n, 30) for n in names} == {"a", "b"}
+    assert {scn.project_of(n, 90) for n in names} == {"c"}
+    # Without a time (or without windows) every team may get a pod, as before.
+    assert {scn.project_of(n) for n in names} == {"a", "b", "c"}
+    # A team with no windows submits all the time.
+    always = turns()
+    assert {always.project_of(n, 90) for n in names} == {"b", "c"}
+
+
+def test_turns_scenario_has_two_teams_active_at_every_phase_and_equal_turns():
+    scn = load("turns")
+    assert scn.time.activity_period_s > 0
+    for k in range(80):
+        phase = (k + 0.5) / 80
+        assert sum(t.active_at(phase) for t in scn.teams) == 2, phase
+    assert {sum(hi - lo for lo, hi in t.active) for t in scn.teams} == {0.25}
+
+
+@pytest.mark.parametrize(
+    "team_b, field",
+    [
+        ({"active": [[0.5, 0.2]]}, "departments[0].projects[1].active"),
+        ({"active": [[0, 1.5]]}, "departments[0].projects[1].active"),
+        ({"active": [0.1, 0.2]}, "departments[0].projects[1].active"),
+        ({"active": "mornings"}, "departments[0].projects[1].active"),
+    ],
+)
+def test_bad_activity_windows_name_the_field(team_b, field):
+    with pytest.raises(ValueError, match=re.escape(field)):
+        turns(**team_b)
+
+
+def test_activity_windows_need_a_period():
+    with pytest.raises(ValueError, match="time.activity_period_s"):
+        parse({"departments": [{"name": "d", "projects": [{"name": "a", "quota_share": 1, "pod_share": 1,
+                                                            "active": [[0, 0.5]]}]}]})
+    with pytest.raises(ValueError, match="time.activity_period_s"):
+        parse({"time": {"activity_period_s": -1}, "departments": [{"name": "d", "projects": [{"name": "a"}]}]})
+
+
+def test_fair_share_over_time_switch_changes_only_the_lag(monkeypatch):
+    # Off: the replay keeps no ledger, so every snapshot it gives the core has an empty lag.
+    from scheduler.sim import replay as replay_mod
+
+    seen = []
+    real = replay_mod.decide
+    monkeypatch.setattr(replay_mod, "decide", lambda snap: seen.append(dict(snap.over_quota_lag)) or real(snap))
+    scn = scenario()
+    off = replay(nodes(2), synthetic(80, seed=2), scn, "gpupool", check=True, fair_share_over_time=False)
+    assert seen and not any(seen)
+    seen.clear()
+    on = replay(nodes(2), synthetic(80, seed=2), scn, "gpupool", check=True)
+    assert any(seen)  # on (the default): the lag reaches the core
+    for r in (off, on):
+        assert r.metrics["finished_pods"] + r.metrics["pending_at_end"] == r.metrics["pods"]
 
 
 def test_cli_json_and_plot(tmp_path, capsys):

@@ -2,6 +2,7 @@
 GPUs at once, a quota shrink reclaims over-quota work through the evictor."""
 
 import asyncio
+import dataclasses
 
 from scheduler.embedded import EmbeddedScheduler, gpu_env
 from scheduler.model import (
@@ -121,6 +122,25 @@ def test_the_adapter_keeps_each_projects_over_quota_lag_for_the_core():
     lag = sched.snapshot.over_quota_lag
     assert lag[("p", DEFAULT_POOL)] > 0 > lag[("q", DEFAULT_POOL)]
     assert lag[("p", DEFAULT_POOL)] == -lag[("q", DEFAULT_POOL)]
+
+
+def test_fair_share_over_time_off_keeps_no_lag():
+    # The same cycles with SchedulerConfig.fair_share_over_time off: the core sees every
+    # project even (an empty lag), as it would on an adapter that keeps none.
+    async def run():
+        sched = EmbeddedScheduler(NoQuotaStore(), [NODE], period_s=0.05)
+        sched.snapshot.config = dataclasses.replace(sched.snapshot.config, fair_share_over_time=False)
+        sched.submit(Workload("t", "p", Kind.TRAINING, PodDemand(gpus=2)))
+        await sched.cycle()
+        sched.submit(Workload("u", "q", Kind.TRAINING, PodDemand(gpus=1)))
+        await sched.cycle()
+        await asyncio.sleep(0.05)
+        await sched.cycle()
+        return sched
+
+    sched = asyncio.run(run())
+    assert sched.snapshot.pending.keys() == {"u"}
+    assert sched.snapshot.over_quota_lag == {} and sched.ledger.lag == {}
 
 
 def test_gpu_env_for_a_fraction():

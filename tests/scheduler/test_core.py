@@ -491,6 +491,7 @@ def test_guarantee_outranks_resume_protection():
         ("catch_up_s", float("nan")),
         ("fair_share_half_life_s", 0),
         ("fair_share_half_life_s", "4h"),
+        ("fair_share_over_time", "yes"),
     ],
 )
 def test_scheduler_config_names_the_bad_field(field_name, value):
