@@ -11,6 +11,7 @@ A scenario is a YAML file (``scheduler/sim/scenarios/*.yaml``)::
       checkpoint_interval_s: 600  # a preempted pod keeps work up to its last checkpoint
       thrash_window_s: 600        # preempted again this soon after a restart = thrash
       queue_depth: 16             # pending pods per project and kind the scheduler sees (see replay)
+      activity_period_s: 6048     # optional: the period of the projects' ``active`` windows
     cluster:
       node_fraction: 0.125        # this share of the trace's nodes, evenly from each node type
     pods:
@@ -22,10 +23,13 @@ A scenario is a YAML file (``scheduler/sim/scenarios/*.yaml``)::
     departments:
       - name: research
         projects:
-          - {name: nlp, quota_share: 0.25, weight: 1, pod_share: 0.25}
+          - {name: nlp, quota_share: 0.25, weight: 1, pod_share: 0.25, active: [[0.0, 0.25]]}
 
 Every pod goes to a project by a stable hash of ``seed`` and its name (blake2b, so the same
-on every machine and Python), drawn against the projects' ``pod_share``. Quotas are
+on every machine and Python), drawn against the projects' ``pod_share``. A project with
+``active`` windows (shares [lo, hi) of ``time.activity_period_s``, by replay time after the
+compression) only gets the pods that arrive inside them: teams that take turns. Projects
+without windows are active all the time; when no project is active, every project is. Quotas are
 ``quota_share`` of the cluster's GPUs, rounded to milli-GPUs so that they add up to the
 cluster exactly; a department's quota is the sum of its projects', its weight the sum of
 its projects' weights.
