@@ -374,7 +374,7 @@ def update_pod(old: PodRequest, pod: JSON) -> PodRequest:
     new.deleting = bool(meta.get("deletionTimestamp"))
     status = pod.get("status") or {}
     new.done = status.get("phase") in ("Succeeded", "Failed")
-    new.start_time = _start_time(status, old.key)
+    new.start_time = _start_time(status, f"pod {old.key}")
     new.resource_version = meta.get("resourceVersion", "")
     new.labels = meta.get("labels") or {}
     return new
