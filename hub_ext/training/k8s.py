@@ -3,7 +3,7 @@ headless Service so that workers find each other as ``NAME-RANK.NAME``.
 
 Plain functions returning dicts (tested by comparing dicts). The pods carry the
 annotations ``scheduler.k8s.objects.parse_pod`` reads (project, kind, priority,
-preemptible, gang and gang size, fraction or memory, node pool) and the environment of
+preemptible, gang and gang size, fraction or memory, node pool, resumed) and the environment of
 ``torchrun``/``torch.distributed``: rank 0's stable DNS name is MASTER_ADDR, and each pod
 is one node of the job (NODE_RANK = RANK, LOCAL_RANK 0).
 """
@@ -30,6 +30,10 @@ class K8sOptions:
     checkpoint_claim: str = ""  # a PersistentVolumeClaim mounted at the checkpoint folder
     default_image: str = "python:3.11-slim"
     priority: int | None = None  # set on requeue (the spec's priority + 1)
+    # Set on requeue too: the pods of a preempted job that restarts (as the embedded runner's
+    # ``t.preemptions > 0 and t.status == "Preempted"``) carry gpupool.io/resumed, which
+    # spares them from preemption for a while after they start (no preempt-resume thrash).
+    resumed: bool = False
     # credentials (by reference to the Secret ``NAME-credentials``) and data sources
     attachments: Attachments = Attachments()
 
@@ -66,6 +70,8 @@ def worker_pod(spec: TrainingSpec, rank: int, opts: K8sOptions = K8sOptions()) -
         A.PREEMPTIBLE: str(spec.preemptible).lower(),
         A.GANG: spec.name, A.GANG_SIZE: str(spec.workers),
     }
+    if opts.resumed:
+        annotations[A.RESUMED] = "true"
     resources: dict = {"requests": {"cpu": f"{spec.cpu:g}", "memory": f"{round(spec.memory_gib * 1024)}Mi"}}
     container: dict = {
         "name": "worker",

@@ -29,6 +29,7 @@ import aiohttp
 from .. import metrics
 from ..core import decide
 from ..model import MILLI, Decisions, PodPlacement, State, ValidationError, Workload
+from ..quota import OverQuotaLedger, waiting_over_quota
 from ..snapshot import SchedulerConfig, Snapshot
 from .client import ApiError, KubeClient
 from .objects import (
@@ -89,6 +90,9 @@ class GpupoolScheduler:
         self.members: dict[str, set[str]] = defaultdict(set)  # workload -> pod keys
         # pod key -> (placement, over quota) of a bind in flight
         self.assumed: dict[str, tuple[PodPlacement, bool]] = {}
+        # pod key -> when we bound it (time.time()): a pod's start until the kubelet's
+        # status.startTime is seen (see _started_at)
+        self.bound_at: dict[str, float] = {}
         self.evicting: set[str] = set()
         self.reported: dict[str, tuple[str, float]] = {}  # workload -> (reason, when)
         self.bad: dict[str, str] = {}  # pod key -> error reported
@@ -105,6 +109,9 @@ class GpupoolScheduler:
         self._binds_idle = asyncio.Event()
         self._binds_idle.set()
         self.stats = defaultdict(int)
+        # Over-quota lag per (project, pool) for fair share over time. In memory only: after
+        # a restart or a change of leader it starts again from zero.
+        self.ledger = OverQuotaLedger(self.snap.config.fair_share_half_life_s)
 
     # ------------------------------------------------------------------------ 1. sync
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -311,6 +318,7 @@ class GpupoolScheduler:
     def _forget_pod(self, key: str) -> None:
         pod = self.pods.pop(key, None)
         self.assumed.pop(key, None)
+        self.bound_at.pop(key, None)
         self.bad.pop(key, None)
         if pod is None:
             return
@@ -328,6 +336,15 @@ class GpupoolScheduler:
     def _over_quota(self, p: PodRequest) -> bool:
         a = self.assumed.get(p.key)
         return a[1] if a is not None else p.over_quota
+
+    def _started_at(self, pods: list[PodRequest]) -> float | None:
+        """When a workload started running: the latest start of its pods, each the
+        kubelet's status.startTime, else the time we bound it. startTime is not part of
+        ``_life`` (so the status update that adds it does not rebuild the workload): until
+        the workload is rebuilt for another reason it keeps the bind time, a few seconds
+        earlier, which only shortens the resume protection by as much."""
+        times = [p.start_time or self.bound_at.get(p.key) for p in pods]
+        return None if not times or None in times else max(times)
 
     def _refresh(self, wname: str) -> None:
         """Rebuild one workload of the snapshot from its pods."""
@@ -348,6 +365,7 @@ class GpupoolScheduler:
             rest = [p for p in pods if self._placement(p) is None and p.plan and not p.deleting]
             for p in rest:
                 self.assumed[p.key] = (p.plan, p.over_quota)
+                self.bound_at[p.key] = time.time()
             if rest:
                 placed += [p.plan for p in rest]
                 self._binding += 1
@@ -359,13 +377,15 @@ class GpupoolScheduler:
             allow_over_quota=first.allow_over_quota, node_pool=first.node_pool,
             gpu_models=first.gpu_models, topology_key=first.topology_key,
             submit_time=first.submit_time, grace_period_s=first.grace_period_s,
+            resumed=first.resumed,
         )  # fmt: skip
         if placed:
             # Evicted pods still hold their GPUs until they are gone: RELEASING tells the core
             # to count them as soon free rather than pick more victims for the same room.
             leaving = wname in self.evicting or any(p.deleting for p in pods)
             w = Workload(**base, pods=len(placed), state=State.RELEASING if leaving else State.RUNNING,
-                         placement=tuple(placed), over_quota=any(self._over_quota(p) for p in pods))
+                         placement=tuple(placed), over_quota=any(self._over_quota(p) for p in pods),
+                         started_at=self._started_at(pods))
         elif any(p.deleting for p in pods):
             w = None  # on its way out
         elif len(pods) < first.gang_size:
@@ -400,7 +420,9 @@ class GpupoolScheduler:
                     continue
             await asyncio.sleep(self.cfg.batch_s)
             self.dirty.clear()
+            self._advance_clock()
             if not self.snap.pending:
+                self._observe_lag()  # usage changed (work ended): the lag's rate from now on
                 continue
             t0 = time.perf_counter()
             try:
@@ -408,6 +430,7 @@ class GpupoolScheduler:
                 self.last = decisions
                 self.stats["cycles"] += 1
                 self._apply(decisions)
+                self._observe_lag()
                 metrics.observe_cycle(self.snap, decisions, time.perf_counter() - t0)
                 self.stats["cycle_ms"] += round(1000 * (time.perf_counter() - t0))
             except Exception:  # a bug must not stop scheduling for good: log, back off, retry
@@ -419,6 +442,21 @@ class GpupoolScheduler:
             log.debug("cycle: %d binds, %d evictions, %d pending in %.3fs", len(decisions.binds),
                       len(decisions.evictions), len(decisions.pending), time.perf_counter() - t0)
             await asyncio.sleep(0)  # let watch events in before the next cycle
+
+    def _advance_clock(self) -> None:
+        """The core keeps no clock: resume protection and fair share over time read the
+        adapter's, and the lag the ledger has summed up to it."""
+        self.snap.now = time.time()
+        if self.snap.config.fair_share_over_time:
+            self.ledger.advance(self.snap.now)
+            self.snap.over_quota_lag = dict(self.ledger.lag)
+        else:
+            self.snap.over_quota_lag = {}
+
+    def _observe_lag(self) -> None:
+        """After a change of usage or of waiting work: the ledger's rates until the next."""
+        if self.snap.config.fair_share_over_time:
+            self.ledger.observe(self.snap.projects, self.snap.usage, waiting_over_quota(self.snap))
 
     # ----------------------------------------------------------------------- 4. apply
     def _spawn(self, coro) -> None:
@@ -436,10 +474,13 @@ class GpupoolScheduler:
             if len(pods) < len(b.pods):
                 continue
             pairs = list(zip(pods, b.pods))
+            started = time.time()
             for pod, pl in pairs:
                 self.assumed[pod.key] = (pl, b.over_quota)
+                self.bound_at[pod.key] = started
             self.snap.upsert_workload(replace(w, pods=len(b.pods), state=State.RUNNING,
-                                              placement=tuple(b.pods), over_quota=b.over_quota))
+                                              placement=tuple(b.pods), over_quota=b.over_quota,
+                                              started_at=started))
             self.reported.pop(b.workload, None)
             self._binding += 1
             self._binds_idle.clear()
@@ -484,6 +525,7 @@ class GpupoolScheduler:
             self.stats["bind_failures"] += 1
             for p, _ in pairs:
                 self.assumed.pop(p.key, None)
+                self.bound_at.pop(p.key, None)
             self._refresh(wname)
 
     async def _stamp(self, pod: PodRequest, pl: PodPlacement, over_quota: bool) -> None:
@@ -573,12 +615,19 @@ class GpupoolScheduler:
         while True:
             await asyncio.sleep(self.cfg.project_status_s)
             fair = self.last.fair_share_milli if self.last else {}
+            lag = {}
+            if self.snap.config.fair_share_over_time:
+                self.ledger.advance(time.time())  # at the rates of the last cycle (exact)
+                lag = self.ledger.lag
             for name in list(self.snap.projects):
                 status = {
                     "allocated": {pool: u / MILLI for (p, pool), u in self.snap.usage.items()
                                   if p == name},
                     "fairShare": {pool: m / MILLI for (p, pool), m in fair.items() if p == name},
                     "pending": sum(1 for w in self.snap.pending.values() if w.project == name),
+                    # whole GPU-seconds: the lag changes every instant, the status need not
+                    "overQuotaLagGpuSeconds": {pool: round(x / MILLI) for (p, pool), x in lag.items()
+                                               if p == name},
                 }
                 if written.get(name) == status:
                     continue

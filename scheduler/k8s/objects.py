@@ -71,6 +71,9 @@ class A:
     GPU_MODEL = "gpupool.io/gpu-model"
     TOPOLOGY = "gpupool.io/topology-key"
     CONFIG_MAP = "gpupool.io/config-map"
+    # Set by a job controller on the pods of a job it restarted after a preemption: the core
+    # then spares it from preemption for a while (SchedulerConfig.resume_protection_s).
+    RESUMED = "gpupool.io/resumed"
     # Written by the scheduler when it binds (the restart state lives on the pods):
     GPU_INDICES = "gpupool.io/gpu-indices"
     GPU_MILLI = "gpupool.io/gpu-milli"
@@ -82,7 +85,7 @@ class A:
     NODE_GPU_MEMORY = "nvidia.com/gpu.memory"
 
     ALL_REQUEST = (PROJECT, KIND, PRIORITY, PREEMPTIBLE, OVER_QUOTA, FRACTION, MEMORY, GANG,
-                   GANG_SIZE, NODE_POOL, GPU_MODEL, TOPOLOGY, CONFIG_MAP)
+                   GANG_SIZE, NODE_POOL, GPU_MODEL, TOPOLOGY, CONFIG_MAP, RESUMED)
 
 
 # ------------------------------------------------------------------------------ quantities
@@ -131,6 +134,17 @@ def parse_time(ts: str | None) -> float:
     return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
+def _start_time(status: JSON, where: str) -> float | None:
+    """``status.startTime`` (set by the kubelet when it takes the pod) as epoch seconds."""
+    ts = status.get("startTime")
+    if not ts:
+        return None
+    try:
+        return parse_time(ts)
+    except (ValueError, TypeError, AttributeError):
+        raise ValidationError("status.startTime", f"{where}: not an RFC 3339 time: {ts!r}") from None
+
+
 # ------------------------------------------------------------------------------------ pods
 @dataclass
 class PodRequest:
@@ -158,6 +172,8 @@ class PodRequest:
     placement: PodPlacement | None = None  # from the scheduler's annotations, when bound
     plan: PodPlacement | None = None  # a gang member's stamped placement, not yet bound
     over_quota: bool = False
+    resumed: bool = False  # restarted after a preemption (A.RESUMED)
+    start_time: float | None = None  # status.startTime: when the kubelet started it
     deleting: bool = False
     done: bool = False  # Succeeded or Failed: holds nothing
     resource_version: str = ""
@@ -274,6 +290,7 @@ def parse_pod(pod: JSON) -> PodRequest:
         raise ValidationError(A.GANG, f"{where}: {A.GANG_SIZE} without {A.GANG}")
 
     prio_s, pre_s, oq_s = get(A.PRIORITY), get(A.PREEMPTIBLE), get(A.OVER_QUOTA)
+    resumed_s = get(A.RESUMED)
     models = get(A.GPU_MODEL)
     grace = spec.get("terminationGracePeriodSeconds")
     status = pod.get("status") or {}
@@ -295,6 +312,8 @@ def parse_pod(pod: JSON) -> PodRequest:
         config_map=(get(A.CONFIG_MAP) or f"{name}-gpupool") if demand.is_fractional else None,
         node=node, placement=placement, plan=plan,
         over_quota=over_quota,
+        resumed=False if resumed_s is None else _bool(resumed_s, A.RESUMED),
+        start_time=_start_time(status, where),
         deleting=bool(meta.get("deletionTimestamp")),
         done=status.get("phase") in ("Succeeded", "Failed"),
         resource_version=meta.get("resourceVersion", ""),
@@ -353,7 +372,9 @@ def update_pod(old: PodRequest, pod: JSON) -> PodRequest:
     new.placement, new.plan, new.over_quota = _where(meta.get("annotations") or {}, node, old.key)
     new.node = node
     new.deleting = bool(meta.get("deletionTimestamp"))
-    new.done = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+    status = pod.get("status") or {}
+    new.done = status.get("phase") in ("Succeeded", "Failed")
+    new.start_time = _start_time(status, f"pod {old.key}")
     new.resource_version = meta.get("resourceVersion", "")
     new.labels = meta.get("labels") or {}
     return new

@@ -11,6 +11,8 @@ from scheduler.k8s.objects import (
     parse_pod,
     parse_project,
     parse_quantity,
+    request_signature,
+    update_pod,
 )
 from scheduler.model import Kind, PodPlacement, ValidationError
 
@@ -56,6 +58,7 @@ def test_gang_pods_share_a_workload_and_project_defaults_to_namespace():
         ("preemptible-maybe", lambda b: b.annotate("gpupool.io/preemptible", "maybe"),
          "gpupool.io/preemptible"),
         ("memory-garbage", lambda b: b.annotate("gpupool.io/gpu-memory", "lots"), "gpupool.io/gpu-memory"),
+        ("resumed-maybe", lambda b: b.annotate("gpupool.io/resumed", "maybe"), "gpupool.io/resumed"),
     ],
 )
 def test_bad_annotations_name_the_annotation(case, build, field):
@@ -96,3 +99,33 @@ def test_project_cr():
     p = parse_project({"metadata": {"name": "nlp"},
                        "spec": {"department": "r", "quotas": {"default": {"gpus": 2, "limit": 3}}}})
     assert p.department == "r" and p.quotas["default"].gpus == 2 and p.quotas["default"].limit == 3
+
+
+@pytest.mark.parametrize("value,expect", [(None, False), ("true", True), ("True", True),
+                                          ("false", False), ("1", True)])
+def test_resumed_annotation(value, expect):
+    b = make_pod("a").gpus(1)
+    if value is not None:
+        b.annotate("gpupool.io/resumed", value)
+    assert parse_pod(_with_ts(b.obj())).resumed is expect
+
+
+def test_start_time_is_read_on_parse_and_on_a_status_update():
+    raw = _with_ts(make_pod("a").gpus(1).obj())
+    req = parse_pod(raw)
+    assert req.start_time is None
+    raw["spec"]["nodeName"] = "n1"
+    raw["status"] = {"phase": "Running", "startTime": "2025-01-01T00:10:00Z"}
+    assert request_signature(raw) == req.signature  # a status update, not a new request
+    assert update_pod(req, raw).start_time == parse_pod(raw).start_time == 1735690200.0
+
+
+@pytest.mark.parametrize("value", ["yesterday", "2025-13-01T00:00:00Z", 12])
+def test_bad_start_time_names_the_field(value):
+    raw = _with_ts(make_pod("a").gpus(1).obj())
+    req = parse_pod(raw)
+    raw["status"] = {"startTime": value}
+    for parse in (lambda: parse_pod(raw), lambda: update_pod(req, raw)):
+        with pytest.raises(ValidationError) as err:
+            parse()
+        assert err.value.field == "status.startTime" and repr(value) in str(err.value)

@@ -260,6 +260,7 @@ def test_incomplete_gang_waits_for_its_pods(k8s_cluster: ClusterInfo, ns, sched)
         ("gang-size-word", {"gpupool.io/gang": "g", "gpupool.io/gang-size": "four"},
          "gpupool.io/gang-size"),
         ("unknown-kind", {"gpupool.io/kind": "batch"}, "gpupool.io/kind"),
+        ("resumed-maybe", {"gpupool.io/resumed": "maybe"}, "gpupool.io/resumed"),
     ],
 )
 def test_bad_annotation_gets_an_event_not_a_crash(k8s_cluster: ClusterInfo, ns, sched, case,
@@ -290,6 +291,100 @@ def test_bad_annotation_gets_an_event_not_a_crash(k8s_cluster: ClusterInfo, ns, 
     assert not bad_pod["spec"].get("nodeName")
     assert scheduled_false(bad_pod)["reason"] == "InvalidRequest"
     assert sched.alive()
+
+
+@pytest.mark.parametrize("resumed", [True, False], ids=["resumed", "fresh"])
+def test_resumed_pod_that_just_started_is_not_preempted(k8s_cluster: ClusterInfo, ns, sched, resumed):
+    """Priority preemption inside one project (a path that honours resume protection): a
+    workspace (priority 100) over the project's quota would preempt its running training
+    pod (priority 50), unless that pod was restarted after a preemption (gpupool.io/resumed)
+    and started less than resume_protection_s (600 s) ago."""
+    case = "resumed" if resumed else "fresh"
+    dept, project = f"d-prot-{case}", f"p-prot-{case}"
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            await create_org(kc, dept, 32, {project: {"gpus": 1, "limit": 1}})
+            try:
+                low = make_pod("low").ns(ns).project(project).kind("training").gpus(1)
+                if resumed:
+                    low.annotate("gpupool.io/resumed", "true")
+                await kc.post(f"/api/v1/namespaces/{ns}/pods", low.obj())
+                await wait_until(lambda: _bound_count(kc, ns, 1), "the training pod bound")
+                high = make_pod("high").ns(ns).project(project).kind("workspace").gpus(1)
+                await kc.post(f"/api/v1/namespaces/{ns}/pods", high.obj())
+                if not resumed:
+                    async def high_bound():
+                        pods = {p["metadata"]["name"]: p for p in await list_pods(kc, ns)}
+                        return "high" in pods and pods["high"]["spec"].get("nodeName") and pods
+
+                    await wait_until(high_bound, "the workspace bound after preempting")
+
+                    async def preempted():
+                        return [e for e in await events_for(kc, ns, "low") if e["reason"] == "Preempted"]
+
+                    return await wait_until(preempted, "a Preempted Event on the training pod"), None
+
+                # Either the workspace is reported waiting or the training pod is preempted
+                # (then fail at once, not after the wait's timeout).
+                async def pods_now():
+                    return {p["metadata"]["name"]: p for p in await list_pods(kc, ns)}
+
+                def low_evicted(pods):
+                    return "low" not in pods or pods["low"]["metadata"].get("deletionTimestamp")
+
+                async def settled():
+                    pods = await pods_now()
+                    return low_evicted(pods) or scheduled_false(pods["high"])
+
+                await wait_until(settled, "the workspace reported waiting")
+                await asyncio.sleep(2)  # a later cycle must not evict it either
+                pods = await pods_now()
+                assert not low_evicted(pods), "the resumed training pod was evicted"
+                return await events_for(kc, ns, "low"), scheduled_false(pods["high"])
+            finally:
+                await delete_org(kc, dept, [project])
+
+    low_events, cond = run(go())
+    preempted = [e for e in low_events if e["reason"] == "Preempted"]
+    if resumed:
+        assert not preempted, preempted
+        assert cond["reason"] == "Unschedulable" and "quota" in cond["message"], cond
+    else:
+        assert preempted and "higher-priority" in preempted[0]["message"]
+
+
+def test_project_status_shows_the_over_quota_lag(k8s_cluster: ClusterInfo, ns, sched):
+    """Fair share over time on Kubernetes: one project holds every GPU over its quota with
+    work that cannot be preempted while another waits over its quota; the first runs ahead
+    of its share (lag > 0), the second falls behind (lag < 0), and the status says so."""
+    total = NODES * GPUS_PER_NODE
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            await create_org(kc, "d-lag", total, {"p-lag-a": {"gpus": 0}, "p-lag-b": {"gpus": 0}})
+            try:
+                hold = [make_pod(f"a-{i}").ns(ns).project("p-lag-a").kind("training")
+                        .gpus(GPUS_PER_NODE).annotate("gpupool.io/preemptible", "false")
+                        .annotate("gpupool.io/allow-over-quota", "true") for i in range(NODES)]
+                await _create_all(kc, ns, [p.obj() for p in hold])
+                await wait_until(lambda: _bound_count(kc, ns, NODES), "project a holds every GPU")
+                want = make_pod("b-0").ns(ns).project("p-lag-b").kind("training").gpus(1)
+                await kc.post(f"/api/v1/namespaces/{ns}/pods", want.obj())
+
+                async def lags():
+                    got = {}
+                    for name in ("p-lag-a", "p-lag-b"):
+                        st = (await kc.get(f"{GROUP}/projects/{name}")).get("status") or {}
+                        got[name] = (st.get("overQuotaLagGpuSeconds") or {}).get("default", 0)
+                    return got["p-lag-a"] >= 1 and got["p-lag-b"] <= -1 and got
+
+                return await wait_until(lags, "the lag in both projects' status")
+            finally:
+                await delete_org(kc, "d-lag", ["p-lag-a", "p-lag-b"])
+
+    got = run(go())
+    assert got["p-lag-a"] > 0 > got["p-lag-b"], got
 
 
 @pytest.mark.slow

@@ -198,6 +198,16 @@ def test_kubernetes_whole_gpus_and_raised_priority():
     assert (req.demand.gpus, req.priority, req.preemptible) == (4, 51, False)
 
 
+def test_kubernetes_pods_of_a_requeued_job_are_marked_resumed():
+    spec = TrainingSpec(name="big", project="cv", command=["torchrun", "x.py"], gpu=1, workers=2)
+    fresh = training_objects(spec)[1:]
+    again = training_objects(spec, K8sOptions(priority=51, resumed=True))[1:]
+    assert [parse_pod(p).resumed for p in fresh] == [False, False]
+    assert "gpupool.io/resumed" not in fresh[0]["metadata"]["annotations"]
+    assert [p["metadata"]["annotations"]["gpupool.io/resumed"] for p in again] == ["true", "true"]
+    assert [parse_pod(p).resumed for p in again] == [True, True]
+
+
 # -- restart policy and backoff limit ------------------------------------------------------
 
 FLAKY = textwrap.dedent("""
