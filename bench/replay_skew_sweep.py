@@ -9,6 +9,7 @@ scenario's. Each point is a full replay (static and gpupool), the ratio taken in
 
     python bench/replay_skew_sweep.py [--scenario skewed] [--idle vision,autonomy]
                                       [--shares 0.4,0.5,0.6,0.7,0.8] [--window LO,HI] [--json]
+                                      [--plot OUT.png]
 """
 
 from __future__ import annotations
@@ -38,6 +39,27 @@ def with_idle_share(scn: scenarios.Scenario, idle: set[str], share: float) -> sc
     return dataclasses.replace(scn, teams=teams)
 
 
+def plot(rows: list[dict], title: str, out: str) -> None:
+    """Allocation of static and gpupool against the idle teams' quota share, with 2x static."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [100 * r["idle_quota_share"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.2), constrained_layout=True)
+    ax.plot(x, [r["static_alloc_pct"] for r in rows], "o-", color="#d62728", label="static")
+    ax.plot(x, [r["gpupool_alloc_pct"] for r in rows], "o-", color="#1f77b4", label="gpupool")
+    ax.plot(x, [min(100, 2 * r["static_alloc_pct"]) for r in rows], ":", color="#d62728", label="2x static")
+    ax.axhline(85, color="#1f77b4", ls="--", lw=0.8, label="85% goal")
+    ax.set(xlabel="share of the quota owned by the idle teams, %", ylabel="GPUs allocated while work waits, %",
+           ylim=(0, 100), title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def _fail(msg: str) -> None:
     raise SystemExit(f"replay_skew_sweep: {msg}")
 
@@ -49,6 +71,7 @@ def main() -> int:
     ap.add_argument("--shares", default="0.4,0.5,0.6,0.7,0.8", help="comma list of the idle teams' quota shares, each in (0, 1)")
     ap.add_argument("--window", default="", help="LO,HI share of the pods (default: the scenario's)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--plot", default="", help="also draw allocation against the idle share here (PNG)")
     args = ap.parse_args()
     base = scenarios.load(args.scenario)
     idle = {x for x in args.idle.split(",") if x}
@@ -92,6 +115,8 @@ def main() -> int:
             print(f"idle own {share:.0%}: static {r['static_alloc_pct']}%  gpupool {r['gpupool_alloc_pct']}%  "
                   f"x{r['ratio']}  in-quota p99 {r['in_quota_p99_s']} s (bound {r['in_quota_p99_bound_s']})  "
                   f"thrash {r['thrash']}  Jain {r['jain']}  preemptions {r['preemptions']}", flush=True)
+    if args.plot:
+        plot(rows, f"{base.name}: idle teams ({', '.join(sorted(idle))}) own more quota", args.plot)
     print(json.dumps({"bench": "replay_skew_sweep", "scenario": base.name, "idle": sorted(idle), "points": rows}))
     return 0
 
