@@ -401,8 +401,9 @@ class _Cycle:
         if not self.snap.over_quota_lag:  # no lag anywhere: nobody is behind (asked per plan)
             return []
         mine, milli, snap = self._lag(w.project, pool), self._milli(w, pool), self.snap
+        held, fair = self.work.usage[(w.project, pool)], self.fair.get((w.project, pool), 0)
         lag = {p: self._lag(p, pool) for p in snap.projects if p != w.project and snap.victims.get(p)}
-        ok = [p for p, x in lag.items() if may_catch_up(mine, x, milli, self.cfg.catch_up_s)]
+        ok = [p for p, x in lag.items() if may_catch_up(mine, x, milli, self.cfg.catch_up_s, held, fair)]
         return sorted(ok, key=lambda p: (-lag[p], p))
 
     def _leftovers(self, waiting: list[Workload]) -> None:

@@ -167,7 +167,11 @@ def _at_quota(project: Project, q: Quota, pool: str, in_project: bool, used: int
 # wanted more than its quota), decayed with a half-life. In the cycle, the project
 # furthest behind goes first for idle GPUs, and a project behind (lag < 0) may reclaim
 # over-quota GPUs from one ahead (lag > 0) once their lags lie a whole workload's worth
-# apart (``may_catch_up``): granularity is paid back over time instead of never.
+# apart (``may_catch_up``): granularity is paid back over time instead of never. Only
+# while it holds less than its fair share of the instant: the catch up exists for a
+# project whose pods are too large for its share, not to push a project that already has
+# its share further above it to repay the past (that doubled the preemptions for no gain
+# in fairness when the over-quota GPUs are many times a pod).
 
 
 def over_quota_entitlement(
@@ -244,10 +248,17 @@ def waiting_over_quota(snapshot) -> dict[tuple[str, str], float]:
     return out
 
 
-def may_catch_up(claimant_lag: float, victim_lag: float, milli: int, catch_up_s: float) -> bool:
+def may_catch_up(
+    claimant_lag: float, victim_lag: float, milli: int, catch_up_s: float, claimant_held: float, claimant_fair: float
+) -> bool:
     """May a project with ``claimant_lag`` reclaim over-quota GPUs from one with
-    ``victim_lag``, for a workload of ``milli``? Only from a project ahead of its share
-    while it is behind, and only when their lags lie at least what that workload would hold
-    in ``catch_up_s`` apart: a project catches up by whole workloads, and the one it took
-    from must fall as far behind it again before it may take back (no ping-pong)."""
-    return claimant_lag < 0 < victim_lag and victim_lag - claimant_lag >= milli * catch_up_s
+    ``victim_lag``, for a workload of ``milli``? Only while it holds less than its fair
+    share now (``claimant_held`` < ``claimant_fair``, milli), only from a project ahead of
+    its share while it is behind, and only when their lags lie at least what that workload
+    would hold in ``catch_up_s`` apart: a project catches up by whole workloads, and the one
+    it took from must fall as far behind it again before it may take back (no ping-pong)."""
+    return (
+        claimant_held < claimant_fair
+        and claimant_lag < 0 < victim_lag
+        and victim_lag - claimant_lag >= milli * catch_up_s
+    )

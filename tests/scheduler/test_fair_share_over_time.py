@@ -97,6 +97,31 @@ def test_no_catch_up_unless_behind_by_a_whole_workload_and_the_victim_is_ahead(l
     assert decide(snap).evictions == []
 
 
+def test_no_catch_up_for_a_project_that_holds_its_fair_share_now():
+    # a holds 4 (quota 3, one over), b 3 + 1 over: each has its fair share of the 2
+    # over-quota GPUs. a is far behind over time and waits with 1 GPU more, but at its fair
+    # share it repays no history: catch up is for pods too large for the share.
+    ds, ps = org(("a", 3), ("b", 3))
+    ws = [
+        make_workload("a-in").project("a").gpus(4).submitted(0).running(("n1", (0, 1, 2, 3), 1000)).obj(),
+        make_workload("b-in").project("b").gpus(3).submitted(0).running(("n1", (4, 5, 6), 1000)).obj(),
+        make_workload("b-over").project("b").gpus(1).submitted(1).running(("n1", (7,), 1000)).obj(),
+        make_workload("a-more").project("a").gpus(1).submitted(2).obj(),
+    ]
+    snap = snapshot([make_node("n1", gpus=8)], ds, ps, ws)
+    unit = MILLI * snap.config.catch_up_s
+    snap.over_quota_lag = {("a", "default"): -5 * unit, ("b", "default"): 5 * unit}
+    d = decide(snap)
+    assert d.fair_share_milli[("a", "default")] == 4000 and d.evictions == []
+    # Below its fair share (the same, with a's in-quota pod 3 GPUs) it does catch up.
+    ws[0] = make_workload("a-in").project("a").gpus(3).submitted(0).running(("n1", (0, 1, 2), 1000)).obj()
+    ws[3] = make_workload("a-more").project("a").gpus(2).submitted(2).obj()
+    ws[2] = make_workload("b-over").project("b").gpus(2).submitted(1).running(("n1", (3, 7), 1000)).obj()
+    snap = snapshot([make_node("n1", gpus=8)], ds, ps, ws)
+    snap.over_quota_lag = {("a", "default"): -5 * unit, ("b", "default"): 5 * unit}
+    assert [e.workload for e in decide(snap).evictions] == ["b-over"]
+
+
 def test_protected_work_is_never_taken_for_catch_up():
     ds, ps, ws = _two_projects()
     ws = [dataclasses.replace(w, resumed=True, started_at=100.0) if w.name == "b-over" else w for w in ws]
