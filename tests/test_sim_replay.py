@@ -404,3 +404,23 @@ def test_make_room_memo_changes_no_decision_on_openb(openb, monkeypatch, name):
     assert m_memo == m_plain
     assert [x for x in plain if x[1] or x[2]] == [x for x in memo if x[1] or x[2]]
     assert any(e for _, _, e, _ in plain)
+
+
+def test_skew_sweep_gives_the_idle_teams_the_share_and_keeps_the_rest():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "replay_skew_sweep.py"
+    spec = importlib.util.spec_from_file_location("replay_skew_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    base = load("skewed")
+    scn = sweep.with_idle_share(base, {"vision", "autonomy"}, 0.8)
+    q = {t.name: t.quota_share for t in scn.teams}
+    assert q["vision"] + q["autonomy"] == pytest.approx(0.8)
+    assert q["vision"] / q["autonomy"] == pytest.approx(0.35 / 0.25)  # their ratio kept
+    assert sum(q.values()) == pytest.approx(1.0)
+    assert q["nlp"] / q["recsys"] == pytest.approx(1.0)  # the rest scaled alike
+    assert [t.pod_share for t in scn.teams] == [t.pod_share for t in base.teams]
+    assert [t.weight for t in scn.teams] == [t.weight for t in base.teams]
+    assert [t.quota_share for t in base.teams][0] == 0.35  # the scenario itself unchanged
