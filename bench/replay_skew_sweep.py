@@ -22,9 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from scheduler.model import ValidationError  # noqa: E402
 from scheduler.sim import scenario as scenarios  # noqa: E402
 from scheduler.sim.cli import default_trace_dir  # noqa: E402
 from scheduler.sim.replay import replay_all  # noqa: E402
+from scheduler.sim.replay_cli import with_window  # noqa: E402
 from scheduler.sim.trace import load_nodes, load_pods  # noqa: E402
 
 
@@ -73,7 +75,10 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", default="", help="also draw allocation against the idle share here (PNG)")
     args = ap.parse_args()
-    base = scenarios.load(args.scenario)
+    try:
+        base = scenarios.load(args.scenario)
+    except ValidationError as e:
+        _fail(str(e))
     idle = {x for x in args.idle.split(",") if x}
     names = {t.name for t in base.teams}
     if not idle or not idle < names:
@@ -85,8 +90,7 @@ def main() -> int:
     if not shares or not all(0 < s < 1 for s in shares):
         _fail(f"--shares must be a comma list of numbers in (0, 1), got {args.shares!r}")
     if args.window:
-        lo, hi = (float(x) for x in args.window.split(","))
-        base.pods = scenarios.PodSpec(base.pods.skip_never_scheduled, base.pods.skip_cpu_only, (lo, hi))
+        base.pods = with_window(base.pods, args.window, "replay_skew_sweep")
     d = default_trace_dir()
     if not (d / "openb_pod_list_default.csv").exists():
         _fail(f"no openb trace under {d}; set GPUPOOL_TRACES")
@@ -99,8 +103,8 @@ def main() -> int:
         ga, sa = g["gpu_allocation_mean_pct"], s["gpu_allocation_mean_pct"]  # None: nothing ever waited
         rows.append({
             "idle_quota_share": share,
-            "static_alloc_pct": s["gpu_allocation_mean_pct"],
-            "gpupool_alloc_pct": g["gpu_allocation_mean_pct"],
+            "static_alloc_pct": sa,
+            "gpupool_alloc_pct": ga,
             "ratio": round(ga / sa, 2) if ga and sa else None,
             "in_quota_p99_s": g["in_quota_wait_p99_s"],
             "in_quota_p99_bound_s": doc["goals"]["in_quota_p99_bound_s"],

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scheduler.sim import scenario as scenarios  # noqa: E402
 from scheduler.sim.cli import default_trace_dir  # noqa: E402
 from scheduler.sim.replay import replay_all  # noqa: E402
+from scheduler.sim.replay_cli import with_window  # noqa: E402
 from scheduler.sim.trace import load_nodes, load_pods  # noqa: E402
 
 TARGET_S = 120.0
@@ -42,8 +43,7 @@ def main() -> int:
     wall0, cpu0 = time.perf_counter(), time.process_time()
     scn = scenarios.load(args.scenario)
     if args.window:
-        lo, hi = (float(x) for x in args.window.split(","))
-        scn.pods = scenarios.PodSpec(scn.pods.skip_never_scheduled, scn.pods.skip_cpu_only, (lo, hi))
+        scn.pods = with_window(scn.pods, args.window, "replay_speed")
     nodes = scn.select_nodes(load_nodes(d / "openb_node_list_gpu_node.csv"))
     pods = load_pods(d / "openb_pod_list_default.csv")
     doc, results = replay_all(nodes, pods, scn)

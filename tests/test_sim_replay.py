@@ -406,7 +406,7 @@ def test_make_room_memo_changes_no_decision_on_openb(openb, monkeypatch, name):
     assert any(e for _, _, e, _ in plain)
 
 
-def test_skew_sweep_gives_the_idle_teams_the_share_and_keeps_the_rest():
+def _skew_sweep():
     import importlib.util
     from pathlib import Path
 
@@ -414,6 +414,29 @@ def test_skew_sweep_gives_the_idle_teams_the_share_and_keeps_the_rest():
     spec = importlib.util.spec_from_file_location("replay_skew_sweep", path)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
+    return sweep
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--window", "0.5"], "--window must be LO,HI"),
+        (["--window", "0.9,0.1"], "--window must have 0 <= LO < HI <= 1"),
+        (["--scenario", "nope"], "no shipped scenario of that name"),
+        (["--shares", "0.5,1.5"], "--shares must be a comma list of numbers in (0, 1)"),
+        (["--idle", "nobody"], "--idle must name some but not all"),
+    ],
+)
+def test_skew_sweep_bad_arguments_are_one_line(monkeypatch, argv, says):
+    sweep = _skew_sweep()
+    monkeypatch.setattr("sys.argv", ["replay_skew_sweep.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        sweep.main()
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_skew_sweep_gives_the_idle_teams_the_share_and_keeps_the_rest():
+    sweep = _skew_sweep()
     base = load("skewed")
     scn = sweep.with_idle_share(base, {"vision", "autonomy"}, 0.8)
     q = {t.name: t.quota_share for t in scn.teams}

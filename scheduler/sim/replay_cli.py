@@ -51,6 +51,18 @@ def _share(arg: str) -> float:
     return v
 
 
+def with_window(pods: scenarios.PodSpec, arg: str, prog: str) -> scenarios.PodSpec:
+    """``pods`` replaying only the share ``arg`` ("LO,HI") of them; a bad value exits with
+    one line naming --window and its range (also for the bench scripts, as ``prog``)."""
+    try:
+        lo, hi = (float(x) for x in arg.split(","))
+    except ValueError:
+        raise SystemExit(f"{prog}: --window must be LO,HI (shares of the pods), got {arg!r}") from None
+    if not 0 <= lo < hi <= 1:
+        raise SystemExit(f"{prog}: --window must have 0 <= LO < HI <= 1, got {arg!r}")
+    return scenarios.PodSpec(pods.skip_never_scheduled, pods.skip_cpu_only, (lo, hi))
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from .cli import default_trace_dir
 
@@ -60,13 +72,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except ValidationError as e:
         raise SystemExit(f"gpupool-sim replay: {e}") from None
     if args.window:
-        try:
-            lo, hi = (float(x) for x in args.window.split(","))
-        except ValueError:
-            raise SystemExit(f"gpupool-sim replay: --window must be LO,HI (shares of the pods), got {args.window!r}") from None
-        if not 0 <= lo < hi <= 1:
-            raise SystemExit(f"gpupool-sim replay: --window must have 0 <= LO < HI <= 1, got {args.window!r}")
-        scn.pods = scenarios.PodSpec(scn.pods.skip_never_scheduled, scn.pods.skip_cpu_only, (lo, hi))
+        scn.pods = with_window(scn.pods, args.window, "gpupool-sim replay")
     if args.workspace_over_quota is not None:
         scn.workspace_over_quota = _share(args.workspace_over_quota)
     nodes = scn.select_nodes(load_nodes(args.nodes or d / "openb_node_list_gpu_node.csv"))
