@@ -166,9 +166,7 @@ class EmbeddedScheduler:
             self._sync()
             self.snapshot.now = time.time()
             keep_lag = self.snapshot.config.fair_share_over_time
-            if keep_lag:
-                self.ledger.advance(self.snapshot.now)
-            self.snapshot.over_quota_lag = dict(self.ledger.lag) if keep_lag else {}
+            self.snapshot.over_quota_lag = self.ledger.lag_at(self.snapshot.now, keep_lag)
             decisions = decide(self.snapshot)
             self.last = decisions
             for b in decisions.binds:

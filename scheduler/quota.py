@@ -208,6 +208,14 @@ class OverQuotaLedger:
                 self.lag[key] = self.lag.get(key, 0.0) * keep + self.slope.get(key, 0.0) * gain
         self.t = t if self.t is None else max(self.t, t)
 
+    def lag_at(self, t: float, on: bool = True) -> dict[tuple[str, str], float]:
+        """What goes into ``Snapshot.over_quota_lag`` for a cycle at ``t``: the lag advanced to
+        ``t``, copied; empty (everyone even) when fair share over time is off."""
+        if not on:
+            return {}
+        self.advance(t)
+        return dict(self.lag)
+
     def observe(
         self, projects: dict[str, Project], held: dict[tuple[str, str], float], pending_over: dict[tuple[str, str], float]
     ) -> None:

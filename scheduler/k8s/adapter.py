@@ -447,11 +447,7 @@ class GpupoolScheduler:
         """The core keeps no clock: resume protection and fair share over time read the
         adapter's, and the lag the ledger has summed up to it."""
         self.snap.now = time.time()
-        if self.snap.config.fair_share_over_time:
-            self.ledger.advance(self.snap.now)
-            self.snap.over_quota_lag = dict(self.ledger.lag)
-        else:
-            self.snap.over_quota_lag = {}
+        self.snap.over_quota_lag = self.ledger.lag_at(self.snap.now, self.snap.config.fair_share_over_time)
 
     def _observe_lag(self) -> None:
         """After a change of usage or of waiting work: the ledger's rates until the next."""

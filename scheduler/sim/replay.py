@@ -498,8 +498,7 @@ class _Replay:
         snap = self.snap
         snap.now = t  # resume protection: the core compares it with each started_at
         if self.ledger is not None:
-            self.ledger.advance(t)
-            snap.over_quota_lag = dict(self.ledger.lag)
+            snap.over_quota_lag = self.ledger.lag_at(t)
         self.cycles += 1
         if self._quiet_since_last(t):
             self.skipped += 1
