@@ -41,7 +41,15 @@ from .model import (
     Workload,
 )
 from .placement import Choice
-from .quota import IN_QUOTA, admit, department_quota, fair_shares, in_quota, may_catch_up
+from .quota import (
+    IN_QUOTA,
+    admit,
+    counted_usage,
+    department_quota,
+    fair_shares,
+    in_quota,
+    may_catch_up,
+)
 from .snapshot import Snapshot
 from .working import Working
 
@@ -232,16 +240,26 @@ class _Cycle:
         if milli is None:
             milli = self._milli(w, pool)
         work = self.work
+        over_ok = w.may_go_over_quota
+        if freed and not over_ok:  # only preemptible work is freed: not what it counts
+            freed = 0
         if not freed:  # the common question, answered here when it is "in quota"
             used, dept_in_quota = work.usage[key], work.dept_in_quota[dept]
+            if not over_ok:
+                used, dept_in_quota = counted_usage(False, used, work.fixed_usage[key], quota, dept_in_quota)
             if in_quota(quota, dept_in_quota_max, milli, used, dept_in_quota):
                 return IN_QUOTA
-            return admit(
-                project, dept_quota, pool, w.kind, w.may_go_over_quota, milli, used, dept_in_quota, work.dept_usage[dept]
-            )
-        return admit(
-            project, dept_quota, pool, w.kind, w.may_go_over_quota, milli, *work.usage_after(w.project, pool, -freed)
-        )
+            return admit(project, dept_quota, pool, w.kind, over_ok, milli, used, dept_in_quota, work.dept_usage[dept])
+        return admit(project, dept_quota, pool, w.kind, over_ok, milli, *work.usage_after(w.project, pool, -freed))
+
+    def _whole_usage_in_quota(self, w: Workload, pool: str) -> bool:
+        """Would ``w`` fit in its project's quota counting all the project's GPUs? (For work
+        that may not go over quota the verdict counts only non-preemptible GPUs: see
+        quota.counted_usage.)"""
+        if w.may_go_over_quota:
+            return True  # the verdict already counted everything
+        project, _, key, dept, quota, dept_max = self.quota_rules[(w.project, pool)]
+        return in_quota(quota, dept_max, self._milli(w, pool), self.work.usage[key], self.work.dept_in_quota[dept])
 
     def _admitted(self, w: Workload, pool: str, strategy: str) -> bool:
         """May ``w`` take room made by ``strategy``? Fair-share reclaim also needs it to stay
@@ -359,7 +377,15 @@ class _Cycle:
         return waiting
 
     def _in_quota(self, waiting: list[Workload]) -> None:
+        # Work in quota counting all its project's GPUs first; then guaranteed work in quota
+        # only because its project's borrowed GPUs do not count (quota.counted_usage): it
+        # takes idle GPUs after the teams that are inside their quota altogether.
+        later = []
         for w in waiting:
+            if not self._try(w, lambda pool, v, w=w: v.allowed and not v.over_quota and self._whole_usage_in_quota(w, pool)):
+                if not w.may_go_over_quota:
+                    later.append(w)
+        for w in later:
             self._try(w, lambda pool, v: v.allowed and not v.over_quota)
 
     def _fair_share(self, waiting: list[Workload]) -> None:
@@ -461,7 +487,10 @@ class _Cycle:
         for pool in self._pools_for(w):
             v = self._verdict(w, pool)
             strategies = []
-            if self.cfg.reclaim and v.allowed and not v.over_quota:
+            # Reclaim from other projects only while the project's whole usage leaves room
+            # in its quota: where its own preemptible work holds the quota, that gives way
+            # first (preempt, below), not another team's borrowed GPUs.
+            if self.cfg.reclaim and v.allowed and not v.over_quota and self._whole_usage_in_quota(w, pool):
                 strategies.append("reclaim")
             if self.cfg.fair_share_reclaim and v.allowed and v.over_quota and self._fits_fair_share(w, pool):
                 strategies.append("fair share")

@@ -250,6 +250,13 @@ class Workload:
             return self.allow_over_quota
         return self.is_preemptible
 
+    @property
+    def gives_way(self) -> bool:
+        """Preemptible and allowed over quota: the GPUs it holds are ones its project may
+        lose (reclaimed by others, or preempted for its own work that may not go over quota),
+        so they do not count against that work's quota (quota.counted_usage)."""
+        return self.is_preemptible and self.may_go_over_quota
+
     def validate(self) -> None:
         # Field names are formatted only for an error: every workload event is validated.
         if not self.name:

@@ -125,7 +125,8 @@ def admit(
     if in_quota(q.quota_milli, dept_quota.quota_milli, milli, project_used, dept_in_quota):
         return IN_QUOTA
     if not may_go_over_quota:
-        return Verdict(False, True, f"{_at_quota(project, q, pool, in_project, project_used, dept_in_quota, dept_quota)} and over-quota is off for {kind.value}s")
+        at = _at_quota(project, q, pool, in_project, project_used, dept_in_quota, dept_quota, " of guaranteed work")
+        return Verdict(False, True, f"{at} and over-quota is off for {kind.value}s")
     if q.limit_milli is not None and project_used + milli > q.limit_milli:
         return Verdict(False, True, f"project {project.name} is at its limit {_gpus(q.limit_milli)} GPUs")
     if dept_quota.limit_milli is not None and dept_used + milli > dept_quota.limit_milli:
@@ -133,6 +134,23 @@ def admit(
             False, True, f"department {project.department} is at its limit {_gpus(dept_quota.limit_milli)} GPUs"
         )
     return OVER_QUOTA
+
+
+def counted_usage(
+    may_go_over_quota: bool, project_used: int, project_fixed: int, quota_milli: int, dept_in_quota: int
+) -> tuple[int, int]:
+    """What the in-quota test counts, (project's GPUs, department's in-quota GPUs), for one
+    workload: everything for work that may go over quota; for work that may not (inference,
+    workspaces), only the GPUs of the project's work that cannot give way
+    (``project_fixed``: Workload.gives_way), as Run:ai's "non-preemptible workload is over
+    quota" rule counts only non-preemptible GPUs. The project's preemptible, over-quota-able
+    GPUs give way to it: it starts in idle GPUs at once, or preempts them inside the
+    project (it reclaims from other projects only while the project's whole usage leaves
+    room in its quota: core._plan_for). Otherwise a team whose training borrowed idle GPUs
+    could not start a guaranteed inference service while the cluster sat idle."""
+    if may_go_over_quota:
+        return project_used, dept_in_quota
+    return project_fixed, dept_in_quota - min(project_used, quota_milli) + min(project_fixed, quota_milli)
 
 
 def in_quota(quota_milli: int, dept_quota_milli: int, milli: int, project_used: int, dept_in_quota: int) -> bool:
@@ -145,15 +163,19 @@ IN_QUOTA = Verdict(True, False)
 OVER_QUOTA = Verdict(True, True)
 
 
-def _at_quota(project: Project, q: Quota, pool: str, in_project: bool, used: int, dept_in_quota: int, dept_quota: Quota) -> str:
-    """Which quota a request hit (the project's, or its department's), for a reason."""
+def _at_quota(
+    project: Project, q: Quota, pool: str, in_project: bool, used: int, dept_in_quota: int, dept_quota: Quota,
+    counted: str = "",
+) -> str:
+    """Which quota a request hit (the project's, or its department's), for a reason;
+    ``counted`` says what the GPUs counted are where not all of them."""
     if in_project:
         where = (
             f"department {project.department} is at its quota "
-            f"{_gpus(dept_in_quota)}/{_gpus(dept_quota.quota_milli)} GPUs"
+            f"{_gpus(dept_in_quota)}/{_gpus(dept_quota.quota_milli)} GPUs{counted}"
         )
     else:
-        where = f"project {project.name} is at its quota {_gpus(used)}/{_gpus(q.quota_milli)} GPUs"
+        where = f"project {project.name} is at its quota {_gpus(used)}/{_gpus(q.quota_milli)} GPUs{counted}"
     return where if pool == "default" else f"{where} in pool {pool}"
 
 

@@ -76,7 +76,11 @@ class Snapshot:
         # Workloads holding GPUs (running or releasing), per project.
         self.holding: dict[str, dict[str, Workload]] = defaultdict(dict)
         self.usage: dict[tuple[str, str], int] = defaultdict(int)  # (project, pool) -> milli
+        # Of it, what work that cannot give way holds (Workload.gives_way): the in-quota test of
+        # work that may not go over quota counts only this (quota.counted_usage).
+        self.fixed_usage: dict[tuple[str, str], int] = defaultdict(int)
         self._held: dict[str, list[tuple[str, int]]] = {}  # workload -> [(pool, milli)]
+        self._fixed: set[str] = set()  # holding workloads counted in fixed_usage
         # Per project, its running preemptible work in eviction order (lowest priority, then
         # most recent first), kept sorted as work comes and goes.
         self.victims: dict[str, list[tuple[int, float, str]]] = defaultdict(list)
@@ -200,8 +204,13 @@ class Snapshot:
         held = self._held[w.name] = [
             (self.nodes[p.node].pool, p.gpu_milli * len(p.gpu_indices)) for p in w.placement
         ]
+        fixed = not w.gives_way
+        if fixed:
+            self._fixed.add(name)
         for pool, milli in held:
             self.usage[(w.project, pool)] += milli
+            if fixed:
+                self.fixed_usage[(w.project, pool)] += milli
         if victim is not None:
             bisect.insort(self.victims[w.project], victim)
         if w.state == State.RELEASING:
@@ -221,8 +230,12 @@ class Snapshot:
             return
         self.holding[project].pop(name, None)
         self.releasing.pop(name, None)
+        fixed = name in self._fixed
+        self._fixed.discard(name)
         for pool, milli in self._held.pop(name):
             self.usage[(project, pool)] -= milli
+            if fixed:
+                self.fixed_usage[(project, pool)] -= milli
         if victim is not None:
             keys = self.victims[project]
             del keys[bisect.bisect_left(keys, victim)]

@@ -18,6 +18,7 @@ class Working:
     def __init__(self, snap: Snapshot):
         self.arrays: ClusterArrays = snap.arrays.copy()
         self.usage: dict[tuple[str, str], int] = defaultdict(int, snap.usage)
+        self.fixed_usage: dict[tuple[str, str], int] = defaultdict(int, snap.fixed_usage)
         self.dept_of = {p.name: p.department for p in snap.projects.values()}
         self.quota = {(p.name, pool): q.quota_milli for p in snap.projects.values() for pool, q in p.quotas.items()}
         self.dept_usage: dict[tuple[str, str], int] = defaultdict(int)
@@ -92,6 +93,7 @@ class Working:
         dept = self.dept_of.get(project, "")
         op = self.arrays.take if take else self.arrays.give
         usage, dept_in_quota, dept_usage = self.usage, self.dept_in_quota, self.dept_usage
+        fixed = None if w.gives_way else self.fixed_usage
         for c in choices:
             op(c.node, c.gpus, c.milli, demand.cpu_milli, demand.memory_mib)
             pool = self._pool_of[c.node]
@@ -103,5 +105,7 @@ class Working:
             usage[key] = after
             dept_in_quota[dkey] += min(after, q) - min(before, q)
             dept_usage[dkey] += after - before
+            if fixed is not None:
+                fixed[key] += after - before
         if not take:
             self.epoch += 1

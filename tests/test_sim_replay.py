@@ -13,7 +13,7 @@ import pytest
 
 from scheduler.model import GPU, Kind, Node
 from scheduler.sim import cli
-from scheduler.sim.replay import POLICY_NAMES, jain, replay, replay_all
+from scheduler.sim.replay import POLICY_NAMES, goals, jain, replay, replay_all
 from scheduler.sim.scenario import load, parse
 from scheduler.sim.trace import TracePod, load_nodes, load_pods
 
@@ -123,6 +123,25 @@ def test_jain():
     # a wants only 5 over quota and has them: still fair
     assert jain({"a": 15, "b": 35}, {"a": 0, "b": 100}, quota, {"a": 1, "b": 1}) == pytest.approx(1.0)
     assert jain({"a": 5, "b": 20}, {"a": 0, "b": 100}, quota, {"a": 1, "b": 1}) is None
+
+
+def _metrics(alloc, p99=10.0, thrash=0, jain=0.95):
+    return {"gpu_allocation_mean_pct": alloc, "in_quota_wait_p99_s": p99, "thrash_count": thrash, "fairness_jain": jain}
+
+
+def test_goals_name_each_miss_and_where_2x_static_cannot_be_reached():
+    scn = scenario()  # period 10 s, grace 30 s
+    g = goals({"static": _metrics(40.0, p99=20.0), "gpupool": _metrics(86.0, p99=60.0)}, scn)
+    assert g["allocation_ge_85_pct"] and g["allocation_ge_2x_static"] and g["allocation_2x_static_attainable"]
+    assert (g["allocation_x_static"], g["allocation_x_static_ceiling"]) == (2.15, 2.5)
+    assert g["in_quota_p99_bound_s"] == 60.0 and g["in_quota_p99_within_static_plus_period_and_grace"]
+    assert g["thrash_zero"] and g["jain_ge_0_9"]
+    # static above half the cluster: doubling it would need more than 100% allocated
+    g = goals({"static": _metrics(92.0), "gpupool": _metrics(92.5, p99=60.1, thrash=1, jain=0.88)}, scn)
+    assert not g["allocation_ge_2x_static"] and not g["allocation_2x_static_attainable"]
+    assert g["allocation_x_static_ceiling"] == 1.09
+    assert not (g["in_quota_p99_within_static_plus_period_and_grace"] or g["thrash_zero"] or g["jain_ge_0_9"])
+    assert goals({"gpupool": _metrics(90.0)}, scn) == {}  # nothing to compare with
 
 
 def test_scenario_files_parse_and_quotas_add_up():

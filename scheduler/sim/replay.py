@@ -689,10 +689,14 @@ def goals(results: dict[str, dict], scn: Scenario) -> dict:
     if not g or not s:
         return {}
     bound = (s["in_quota_wait_p99_s"] or 0) + scn.time.scheduling_period_s + scn.time.eviction_grace_s
-    alloc = g["gpu_allocation_mean_pct"] or 0
+    alloc, static = g["gpu_allocation_mean_pct"] or 0, s["gpu_allocation_mean_pct"] or 0
     return {
         "allocation_ge_85_pct": alloc >= 85,
-        "allocation_ge_2x_static": alloc >= 2 * (s["gpu_allocation_mean_pct"] or 0),
+        "allocation_ge_2x_static": alloc >= 2 * static,
+        "allocation_x_static": round(alloc / static, 2) if static else None,
+        # Allocation cannot pass 100%: where static is above 50% no policy can double it.
+        "allocation_x_static_ceiling": round(100 / static, 2) if static else None,
+        "allocation_2x_static_attainable": 2 * static <= 100,
         "in_quota_p99_within_static_plus_period_and_grace": (g["in_quota_wait_p99_s"] or 0) <= bound,
         "in_quota_p99_bound_s": bound,
         "thrash_zero": g["thrash_count"] == 0,

@@ -102,7 +102,7 @@ def test_workspace_does_not_go_over_quota_unless_opted_in():
     ]
     d = decide(snapshot([make_node("n1", gpus=8)], ds, ps, ws))
     assert set(bound(d)) == {"ws1", "ws3"}
-    assert d.reason("ws2") == "project vision is at its quota 4/4 GPUs and over-quota is off for workspaces"
+    assert d.reason("ws2") == "project vision is at its quota 4/4 GPUs of guaranteed work and over-quota is off for workspaces"
 
 
 def test_inference_never_goes_over_quota():
@@ -110,6 +110,69 @@ def test_inference_never_goes_over_quota():
     w = make_workload("inf").project("a").kind(Kind.INFERENCE).gpus(1).over_quota().obj()
     d = decide(snapshot([make_node("n1", gpus=2)], ds, ps, [w]))
     assert d.binds == [] and "over-quota is off for inferences" in d.reason("inf")
+
+
+def test_borrowed_gpus_do_not_count_against_guaranteed_work():
+    # a's training borrowed b's idle GPUs (6 of 8 on a quota of 2); a's inference and
+    # workspace are still inside a's quota of guaranteed work: they start in the idle GPUs
+    # at once, as in Run:ai, where only non-preemptible GPUs count against such work.
+    ds, ps = org(("a", 2), ("b", 6))
+    n = make_node("n1", gpus=8)
+    running = [make_workload(f"t{i}").project("a").gpus(1).running(("n1", (i,), 1000)).obj() for i in range(6)]
+    pending = [
+        make_workload("inf").project("a").kind(Kind.INFERENCE).gpus(1).obj(),
+        make_workload("ws").project("a").kind(Kind.WORKSPACE).gpus(1).submitted(1).obj(),
+        make_workload("ws-more").project("a").kind(Kind.WORKSPACE).gpus(1).submitted(2).obj(),
+    ]
+    snap = snapshot([n], ds, ps, running + pending)
+    d = decide(snap)
+    assert set(bound(d)) == {"inf", "ws"} and not d.evictions
+    assert not any(b.over_quota for b in d.binds)
+    apply(snap, d)  # now 2 GPUs of guaranteed work: the quota is spent
+    d = decide(snap)
+    assert d.reason("ws-more") == "project a is at its quota 2/2 GPUs of guaranteed work and over-quota is off for workspaces"
+
+
+def test_guaranteed_work_preempts_its_own_borrowed_gpus_not_another_projects():
+    # The cluster is full: a and b both hold 4 GPUs on quotas of 2 (training; c is idle).
+    # a's inference (in quota by guaranteed work) takes the room from a's own borrowed
+    # GPUs: nothing is reclaimed from b for a while a's own training holds a's quota.
+    ds, ps = org(("a", 2), ("b", 2), ("c", 4))
+    n = make_node("n1", gpus=8)
+    running = [make_workload(f"t{i}").project("a").gpus(1).submitted(i).running(("n1", (i,), 1000)).obj() for i in range(4)]
+    running += [make_workload(f"b{i}").project("b").gpus(1).submitted(i).running(("n1", (4 + i,), 1000)).obj() for i in range(4)]
+    inf = make_workload("inf").project("a").kind(Kind.INFERENCE).gpus(1).submitted(10).obj()
+    d = decide(snapshot([n], ds, ps, running + [inf]))
+    assert [e.workload for e in d.evictions] == ["t3"]  # a's lowest priority, most recent
+    assert d.evictions[0].reason.startswith("preempted by higher-priority workload inf")
+
+
+def test_department_quota_counts_a_projects_guaranteed_work_only_for_its_guaranteed_work():
+    # Department d (quota 3) holds a (quota 2) and b (quota 2). b's 2 GPUs of workspaces and
+    # a's 4 GPUs of training fill d's in-quota count; a's first inference still fits d's
+    # guarantee (a holds none of it with work that cannot give way), the second does not.
+    ds, ps = org(("a", 2), ("b", 2), ("c", 3), dept_quota=3)
+    ds.append(Department("other"))
+    ps[2] = Project("c", "other", {"default": Quota(3)})
+    n = make_node("n1", gpus=8)
+    running = [make_workload(f"t{i}").project("a").gpus(1).running(("n1", (i,), 1000)).obj() for i in range(4)]
+    running += [make_workload(f"w{i}").project("b").kind(Kind.WORKSPACE).gpus(1).running(("n1", (4 + i,), 1000)).obj()
+                for i in range(2)]
+    pending = [make_workload(f"inf{i}").project("a").kind(Kind.INFERENCE).gpus(1).submitted(i).obj() for i in range(2)]
+    d = decide(snapshot([n], ds, ps, running + pending))
+    assert set(bound(d)) == {"inf0"}
+    assert d.reason("inf1") == "department d is at its quota 3/3 GPUs of guaranteed work and over-quota is off for inferences"
+
+
+def test_work_that_may_not_go_over_quota_still_counts_against_guaranteed_work():
+    # Training kept inside its quota (static silos: allow_over_quota false) cannot give way
+    # as borrowed GPUs do: it counts, and the inference waits.
+    ds, ps = org(("a", 2), ("b", 6))
+    n = make_node("n1", gpus=8)
+    running = [make_workload(f"t{i}").project("a").gpus(1).over_quota(False).running(("n1", (i,), 1000)).obj() for i in range(2)]
+    inf = make_workload("inf").project("a").kind(Kind.INFERENCE).gpus(1).obj()
+    d = decide(snapshot([n], ds, ps, running + [inf], preempt=False))
+    assert d.binds == [] and d.reason("inf").startswith("project a is at its quota 2/2 GPUs of guaranteed work")
 
 
 # -- 3. reclaim ----------------------------------------------------------------------------
@@ -305,6 +368,12 @@ def test_rolled_back_checkpoint_equals_original():
     assert (work.arrays.gpu_free == ref[0]).all() and (work.arrays.full_free == ref[1]).all()
     assert (work.arrays.cpu_free == ref[2]).all()
     assert {k: v for k, v in work.usage.items() if v} == {k: v for k, v in ref[3].items() if v}
+    ws = make_workload("ws").project("a").kind(Kind.WORKSPACE).gpus(1).obj()
+    cp = work.checkpoint()
+    work.take(ws, [Choice(0, (3,), 1000)])
+    assert work.fixed_usage[("a", "default")] == 1000
+    work.rollback(cp)
+    assert work.fixed_usage[("a", "default")] == 0
 
 
 # -- 6. fractions --------------------------------------------------------------------------
@@ -430,6 +499,15 @@ def test_snapshot_updates_incrementally():
     assert snap.usage[("a", "default")] == 500 and snap.arrays.gpu_free.min() == 500
     snap.remove_workload("w")
     assert snap.usage[("a", "default")] == 0 and snap.arrays.gpu_free.min() == 1000
+    # what guaranteed work holds is kept beside it, and only that (training gives way)
+    ws = make_workload("ws").project("a").kind(Kind.WORKSPACE).gpus(1).obj()
+    snap.upsert_workload(ws)
+    snap.upsert_workload(make_workload("t").project("a").gpus(1).submitted(1).obj())
+    apply(snap, decide(snap))
+    assert snap.usage[("a", "default")] == 2000 and snap.fixed_usage[("a", "default")] == 1000
+    ws.state, ws.placement = State.PENDING, ()  # changed in place, as adapters do
+    snap.upsert_workload(ws)
+    assert snap.usage[("a", "default")] == 1000 and snap.fixed_usage[("a", "default")] == 0
 
 
 def test_snapshot_survives_adapters_changing_workloads_in_place():
