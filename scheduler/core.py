@@ -44,7 +44,6 @@ from .placement import Choice
 from .quota import (
     IN_QUOTA,
     admit,
-    counted_usage,
     department_quota,
     fair_shares,
     in_quota,
@@ -240,21 +239,19 @@ class _Cycle:
         if milli is None:
             milli = self._milli(w, pool)
         work = self.work
-        over_ok = w.may_go_over_quota
-        if freed and not over_ok:  # only preemptible work is freed: not what it counts
-            freed = 0
+        if not w.may_go_over_quota:  # counts only GPUs that cannot give way: quota.admit
+            used, in_dept, dept_used = work.usage_after(w.project, pool, -freed)
+            return admit(project, dept_quota, pool, w.kind, False, milli, used, in_dept, dept_used, work.fixed_usage[key])
         if not freed:  # the common question, answered here when it is "in quota"
             used, dept_in_quota = work.usage[key], work.dept_in_quota[dept]
-            if not over_ok:
-                used, dept_in_quota = counted_usage(False, used, work.fixed_usage[key], quota, dept_in_quota)
             if in_quota(quota, dept_in_quota_max, milli, used, dept_in_quota):
                 return IN_QUOTA
-            return admit(project, dept_quota, pool, w.kind, over_ok, milli, used, dept_in_quota, work.dept_usage[dept])
-        return admit(project, dept_quota, pool, w.kind, over_ok, milli, *work.usage_after(w.project, pool, -freed))
+            return admit(project, dept_quota, pool, w.kind, True, milli, used, dept_in_quota, work.dept_usage[dept])
+        return admit(project, dept_quota, pool, w.kind, True, milli, *work.usage_after(w.project, pool, -freed))
 
     def _whole_usage_in_quota(self, w: Workload, pool: str) -> bool:
         """Would ``w`` fit in its project's quota counting all the project's GPUs? (For work
-        that may not go over quota the verdict counts only non-preemptible GPUs: see
+        that may not go over quota the verdict counts only the GPUs that cannot give way:
         quota.counted_usage.)"""
         if w.may_go_over_quota:
             return True  # the verdict already counted everything

@@ -111,29 +111,42 @@ def admit(
     project_used: int,
     dept_in_quota: int,
     dept_used: int,
+    project_fixed: int | None = None,
 ) -> Verdict:
     """May ``project`` take ``milli`` more GPU in ``pool``, and is it over its quota then?
 
     In quota means inside both the project's quota and its department's (counting only
-    its projects' in-quota GPUs: one project's bursting never spends another's guarantee).
-    Over quota is
-    for work that may go there, up to the project's and the department's limits; how much
-    of the idle capacity it gets is the fair share's business, not this rule's.
+    its projects' in-quota GPUs: one project's bursting never spends another's guarantee);
+    for work that may not go over quota, given ``project_fixed``, counting only the GPUs
+    that cannot give way (``counted_usage``), and then within the limits too, which count
+    everything. Over quota is for work that may go there, up to the project's and the
+    department's limits; how much of the idle capacity it gets is the fair share's
+    business, not this rule's.
     """
     q = project.quotas.get(pool, NO_QUOTA)
-    in_project = project_used + milli <= q.quota_milli
-    if in_quota(q.quota_milli, dept_quota.quota_milli, milli, project_used, dept_in_quota):
-        return IN_QUOTA
+    used, in_dept = project_used, dept_in_quota
+    if project_fixed is not None:
+        used, in_dept = counted_usage(may_go_over_quota, project_used, project_fixed, q.quota_milli, dept_in_quota)
+    if in_quota(q.quota_milli, dept_quota.quota_milli, milli, used, in_dept):
+        if used == project_used:  # everything counted: inside the quota is inside the limits
+            return IN_QUOTA
+        limit = _limit_reached(project, q, dept_quota, milli, project_used, dept_used)
+        return Verdict(False, False, limit) if limit else IN_QUOTA
     if not may_go_over_quota:
-        at = _at_quota(project, q, pool, in_project, project_used, dept_in_quota, dept_quota, " of guaranteed work")
+        counted = " of guaranteed work" if project_fixed is not None else ""
+        at = _at_quota(project, q, pool, used + milli <= q.quota_milli, used, in_dept, dept_quota, counted)
         return Verdict(False, True, f"{at} and over-quota is off for {kind.value}s")
+    limit = _limit_reached(project, q, dept_quota, milli, project_used, dept_used)
+    return Verdict(False, True, limit) if limit else OVER_QUOTA
+
+
+def _limit_reached(project: Project, q: Quota, dept_quota: Quota, milli: int, project_used: int, dept_used: int) -> str:
+    """Why ``milli`` more would pass the project's or its department's limit ("" if not)."""
     if q.limit_milli is not None and project_used + milli > q.limit_milli:
-        return Verdict(False, True, f"project {project.name} is at its limit {_gpus(q.limit_milli)} GPUs")
+        return f"project {project.name} is at its limit {_gpus(q.limit_milli)} GPUs"
     if dept_quota.limit_milli is not None and dept_used + milli > dept_quota.limit_milli:
-        return Verdict(
-            False, True, f"department {project.department} is at its limit {_gpus(dept_quota.limit_milli)} GPUs"
-        )
-    return OVER_QUOTA
+        return f"department {project.department} is at its limit {_gpus(dept_quota.limit_milli)} GPUs"
+    return ""
 
 
 def counted_usage(

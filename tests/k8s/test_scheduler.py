@@ -296,8 +296,9 @@ def test_bad_annotation_gets_an_event_not_a_crash(k8s_cluster: ClusterInfo, ns, 
 @pytest.mark.parametrize("resumed", [True, False], ids=["resumed", "fresh"])
 def test_resumed_pod_that_just_started_is_not_preempted(k8s_cluster: ClusterInfo, ns, sched, resumed):
     """Priority preemption inside one project (a path that honours resume protection): a
-    workspace (priority 100) over the project's quota would preempt its running training
-    pod (priority 50), unless that pod was restarted after a preemption (gpupool.io/resumed)
+    workspace (priority 100) inside the project's quota of guaranteed work but at its limit
+    (quota 1 = limit 1, the training holds it) would preempt its running training pod
+    (priority 50), unless that pod was restarted after a preemption (gpupool.io/resumed)
     and started less than resume_protection_s (600 s) ago."""
     case = "resumed" if resumed else "fresh"
     dept, project = f"d-prot-{case}", f"p-prot-{case}"
@@ -349,7 +350,7 @@ def test_resumed_pod_that_just_started_is_not_preempted(k8s_cluster: ClusterInfo
     preempted = [e for e in low_events if e["reason"] == "Preempted"]
     if resumed:
         assert not preempted, preempted
-        assert cond["reason"] == "Unschedulable" and "quota" in cond["message"], cond
+        assert cond["reason"] == "Unschedulable" and "is at its limit 1 GPUs" in cond["message"], cond
     else:
         assert preempted and "higher-priority" in preempted[0]["message"]
 

@@ -164,6 +164,20 @@ def test_department_quota_counts_a_projects_guaranteed_work_only_for_its_guarant
     assert d.reason("inf1") == "department d is at its quota 3/3 GPUs of guaranteed work and over-quota is off for inferences"
 
 
+def test_guaranteed_work_stays_within_the_limit_counting_every_gpu():
+    # a: quota 1, limit 1, its training holds the 1 GPU. The workspace is inside a's quota
+    # of guaranteed work but a second GPU would pass the limit: it takes the training's GPU
+    # (preempted, priority 50 < 100), never an idle one.
+    ds, ps = org(("a", 1), ("b", 3), limits={"a": 1})
+    n = make_node("n1", gpus=4)
+    t = make_workload("t").project("a").gpus(1).running(("n1", (0,), 1000)).obj()
+    ws = make_workload("ws").project("a").kind(Kind.WORKSPACE).gpus(1).submitted(1).obj()
+    d = decide(snapshot([n], ds, ps, [t, ws]))
+    assert d.binds == [] and [e.workload for e in d.evictions] == ["t"]
+    d = decide(snapshot([n], ds, ps, [t, ws], preempt=False))
+    assert d.evictions == [] and d.reason("ws") == "project a is at its limit 1 GPUs"
+
+
 def test_work_that_may_not_go_over_quota_still_counts_against_guaranteed_work():
     # Training kept inside its quota (static silos: allow_over_quota false) cannot give way
     # as borrowed GPUs do: it counts, and the inference waits.
