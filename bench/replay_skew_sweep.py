@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scheduler.model import ValidationError  # noqa: E402
 from scheduler.sim import scenario as scenarios  # noqa: E402
 from scheduler.sim.cli import default_trace_dir  # noqa: E402
-from scheduler.sim.replay import replay_all  # noqa: E402
+from scheduler.sim.replay import GOAL_KEYS, replay_all  # noqa: E402
 from scheduler.sim.replay_cli import with_window  # noqa: E402
 from scheduler.sim.trace import load_nodes, load_pods  # noqa: E402
 
@@ -112,7 +112,7 @@ def main() -> int:
             "jain": g["fairness_jain"],
             "preemptions": g["preemptions"],
             "lost_gpu_hours": g["lost_gpu_hours"],
-            "goals_met": sorted(k for k, v in doc["goals"].items() if v is True),
+            "goals_met": sorted(k for k in GOAL_KEYS if doc["goals"].get(k) is True),
         })
         if not args.json:
             r = rows[-1]

@@ -238,16 +238,21 @@ class _Cycle:
         milli = self.milli_cache.get((w.name, pool))  # _milli, its common case written out
         if milli is None:
             milli = self._milli(w, pool)
-        work = self.work
-        if not w.may_go_over_quota:  # counts only GPUs that cannot give way: quota.admit
-            used, in_dept, dept_used = work.usage_after(w.project, pool, -freed)
-            return admit(project, dept_quota, pool, w.kind, False, milli, used, in_dept, dept_used, work.fixed_usage[key])
-        if not freed:  # the common question, answered here when it is "in quota"
+        work, over_ok = self.work, w.may_go_over_quota
+        if not freed:
             used, dept_in_quota = work.usage[key], work.dept_in_quota[dept]
-            if in_quota(quota, dept_in_quota_max, milli, used, dept_in_quota):
+            fixed = used if over_ok else work.fixed_usage[key]  # what quota.admit counts
+            # The common question, answered here when it is "in quota" and every GPU counts.
+            if fixed == used and in_quota(quota, dept_in_quota_max, milli, used, dept_in_quota):
                 return IN_QUOTA
-            return admit(project, dept_quota, pool, w.kind, True, milli, used, dept_in_quota, work.dept_usage[dept])
-        return admit(project, dept_quota, pool, w.kind, True, milli, *work.usage_after(w.project, pool, -freed))
+            return admit(
+                project, dept_quota, pool, w.kind, over_ok, milli, used, dept_in_quota, work.dept_usage[dept],
+                None if over_ok else fixed,
+            )
+        return admit(
+            project, dept_quota, pool, w.kind, over_ok, milli, *work.usage_after(w.project, pool, -freed),
+            None if over_ok else work.fixed_usage[key],
+        )
 
     def _whole_usage_in_quota(self, w: Workload, pool: str) -> bool:
         """Would ``w`` fit in its project's quota counting all the project's GPUs? (For work

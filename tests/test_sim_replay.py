@@ -13,7 +13,7 @@ import pytest
 
 from scheduler.model import GPU, Kind, Node
 from scheduler.sim import cli
-from scheduler.sim.replay import POLICY_NAMES, goals, jain, replay, replay_all
+from scheduler.sim.replay import GOAL_KEYS, POLICY_NAMES, goals, jain, replay, replay_all
 from scheduler.sim.scenario import load, parse
 from scheduler.sim.trace import TracePod, load_nodes, load_pods
 
@@ -142,6 +142,7 @@ def test_goals_name_each_miss_and_where_2x_static_cannot_be_reached():
     assert g["allocation_x_static_ceiling"] == 1.09
     assert not (g["in_quota_p99_within_static_plus_period_and_grace"] or g["thrash_zero"] or g["jain_ge_0_9"])
     assert goals({"gpupool": _metrics(90.0)}, scn) == {}  # nothing to compare with
+    assert set(GOAL_KEYS) <= set(g) and all(isinstance(g[k], bool) for k in GOAL_KEYS)
 
 
 def test_scenario_files_parse_and_quotas_add_up():

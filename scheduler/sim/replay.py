@@ -683,8 +683,18 @@ def offered_load(nodes: list[Node], pods: list[TracePod], scn: Scenario) -> dict
     }
 
 
+# The issue's goals among the keys of ``goals`` (the others are the figures beside them).
+GOAL_KEYS = (
+    "allocation_ge_85_pct",
+    "allocation_ge_2x_static",
+    "in_quota_p99_within_static_plus_period_and_grace",
+    "thrash_zero",
+    "jain_ge_0_9",
+)
+
+
 def goals(results: dict[str, dict], scn: Scenario) -> dict:
-    """The issue's goals, each with its figures, for gpupool against static."""
+    """The issue's goals (``GOAL_KEYS``), each with its figures, for gpupool against static."""
     g, s = results.get("gpupool"), results.get("static")
     if not g or not s:
         return {}
