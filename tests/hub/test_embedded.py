@@ -97,6 +97,31 @@ def test_eviction_calls_the_evictor_then_requeues():
     assert any(k == "preempted" for k, _ in store.events)
 
 
+def test_a_workspace_starts_beside_its_projects_borrowed_training():
+    """p (quota 1 of the 2 GPUs) runs a 1-GPU training; p's workspace is still inside p's
+    quota of guaranteed work (training gives way: it is not counted), so it starts in q's
+    idle GPU at once, bound in quota, and the training is now p's borrowed GPU. A second
+    workspace waits, and its reason says what was counted."""
+    async def evict(grace):
+        pass
+
+    async def run():
+        sched = EmbeddedScheduler(FakeStore(project_gpus=1.0), [NODE], period_s=0.05)
+        t = sched.submit(Workload("t", "p", Kind.TRAINING, PodDemand(gpus=1)), evict=evict)
+        await sched.cycle()
+        assert t.bound.done() and not t.bound.result().over_quota
+        w = sched.submit(Workload("w", "p", Kind.WORKSPACE, PodDemand(gpus=1)))
+        await sched.cycle()
+        assert w.bound.done() and not w.bound.result().over_quota
+        w2 = sched.submit(ws("w2", 0.5))
+        await sched.cycle()
+        pending = await asyncio.wait_for(w2.updates.get(), 5)
+        return pending
+
+    pending = asyncio.run(run())
+    assert pending.reason.startswith("project p is at its quota 1/1 GPUs of guaranteed work")
+
+
 class NoQuotaStore(FakeStore):
     def load_org(self):
         return ([Department("d", {DEFAULT_POOL: Quota(0)})],
