@@ -41,14 +41,7 @@ from .model import (
     Workload,
 )
 from .placement import Choice
-from .quota import (
-    IN_QUOTA,
-    admit,
-    department_quota,
-    fair_shares,
-    in_quota,
-    may_catch_up,
-)
+from .quota import IN_QUOTA, admit, department_quota, fair_shares, in_quota, may_catch_up
 from .snapshot import Snapshot
 from .working import Working
 
@@ -260,7 +253,7 @@ class _Cycle:
         quota.counted_usage.)"""
         if w.may_go_over_quota:
             return True  # the verdict already counted everything
-        project, _, key, dept, quota, dept_max = self.quota_rules[(w.project, pool)]
+        _, _, key, dept, quota, dept_max = self.quota_rules[(w.project, pool)]
         return in_quota(quota, dept_max, self._milli(w, pool), self.work.usage[key], self.work.dept_in_quota[dept])
 
     def _admitted(self, w: Workload, pool: str, strategy: str) -> bool:
