@@ -380,14 +380,21 @@ class _Cycle:
             if not self._try(w, lambda pool, v, w=w: v.allowed and not v.over_quota and self._whole_usage_in_quota(w, pool)):
                 if not w.may_go_over_quota:
                     later.append(w)
-        for w in later:
-            self._try(w, lambda pool, v: v.allowed and not v.over_quota)
+        # Idle GPUs such work takes are over its project's whole quota: the least-served
+        # project goes first, as in step 2.
+        self._least_served_first(later, lambda w, pool, v: v.allowed and not v.over_quota)
 
     def _fair_share(self, waiting: list[Workload]) -> None:
+        over = [w for w in waiting if w.name not in self.placed and w.may_go_over_quota]
+        self._least_served_first(over, lambda w, pool, v: v.allowed and self._fits_fair_share(w, pool))
+
+    def _least_served_first(self, work: list[Workload], allow: Callable[[Workload, str, object], bool]) -> None:
+        """Try ``work`` (in queue order within each project) a placement at a time, always
+        for the project holding the least over-quota capacity per unit of weight; a
+        project's turn goes on down its queue until one of its workloads is placed."""
         queues: dict[str, list[Workload]] = defaultdict(list)
-        for w in waiting:
-            if w.name not in self.placed and w.may_go_over_quota:
-                queues[w.project].append(w)
+        for w in work:
+            queues[w.project].append(w)
         heap = [(self._served(p), p) for p in queues]
         heapq.heapify(heap)
         nxt = dict.fromkeys(queues, 0)
@@ -397,7 +404,7 @@ class _Cycle:
             while nxt[p] < len(q):
                 w = q[nxt[p]]
                 nxt[p] += 1
-                if self._try(w, lambda pool, v, w=w: v.allowed and self._fits_fair_share(w, pool)):
+                if self._try(w, lambda pool, v, w=w: allow(w, pool, v)):
                     break
             if nxt[p] < len(q):
                 heapq.heappush(heap, (self._served(p), p))

@@ -164,6 +164,22 @@ def test_department_quota_counts_a_projects_guaranteed_work_only_for_its_guarant
     assert d.reason("inf1") == "department d is at its quota 3/3 GPUs of guaranteed work and over-quota is off for inferences"
 
 
+def test_idle_gpus_go_to_the_least_served_projects_guaranteed_work_first():
+    # a holds 2 GPUs over its quota, b 1; one GPU is idle. Both projects' workspaces are
+    # in quota by guaranteed work but over it counting everything: the idle GPU is
+    # over-quota capacity, so b (less served) gets it although a asked first, and a's
+    # workspace takes the GPU of a's own training instead.
+    ds, ps = org(("a", 2), ("b", 2), ("c", 3))
+    n = make_node("n1", gpus=8)
+    running = [make_workload(f"a{i}").project("a").gpus(1).submitted(i).running(("n1", (i,), 1000)).obj() for i in range(4)]
+    running += [make_workload(f"b{i}").project("b").gpus(1).submitted(i).running(("n1", (4 + i,), 1000)).obj() for i in range(3)]
+    pending = [make_workload("ws-a").project("a").kind(Kind.WORKSPACE).gpus(1).submitted(10).obj(),
+               make_workload("ws-b").project("b").kind(Kind.WORKSPACE).gpus(1).submitted(11).obj()]
+    d = decide(snapshot([n], ds, ps, running + pending))
+    assert set(bound(d)) == {"ws-b"}
+    assert [e.workload for e in d.evictions] == ["a3"] and "ws-a" in d.evictions[0].reason
+
+
 def test_guaranteed_work_stays_within_the_limit_counting_every_gpu():
     # a: quota 1, limit 1, its training holds the 1 GPU. The workspace is inside a's quota
     # of guaranteed work but a second GPU would pass the limit: it takes the training's GPU
