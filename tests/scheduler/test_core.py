@@ -112,13 +112,19 @@ def test_inference_never_goes_over_quota():
     assert d.binds == [] and "over-quota is off for inferences" in d.reason("inf")
 
 
+def one_gpu_pods(prefix: str, project: str, n: int, first_gpu: int = 0, kind: Kind = Kind.TRAINING) -> list[Workload]:
+    """``n`` running 1-GPU pods of ``project`` on GPUs first_gpu.. of node n1, submitted in order."""
+    return [make_workload(f"{prefix}{i}").project(project).kind(kind).gpus(1).submitted(i)
+            .running(("n1", (first_gpu + i,), 1000)).obj() for i in range(n)]
+
+
 def test_borrowed_gpus_do_not_count_against_guaranteed_work():
     # a's training borrowed b's idle GPUs (6 of 8 on a quota of 2); a's inference and
     # workspace are still inside a's quota of guaranteed work: they start in the idle GPUs
     # at once, as in Run:ai, where only non-preemptible GPUs count against such work.
     ds, ps = org(("a", 2), ("b", 6))
     n = make_node("n1", gpus=8)
-    running = [make_workload(f"t{i}").project("a").gpus(1).running(("n1", (i,), 1000)).obj() for i in range(6)]
+    running = one_gpu_pods("t", "a", 6)
     pending = [
         make_workload("inf").project("a").kind(Kind.INFERENCE).gpus(1).obj(),
         make_workload("ws").project("a").kind(Kind.WORKSPACE).gpus(1).submitted(1).obj(),
@@ -139,8 +145,7 @@ def test_guaranteed_work_preempts_its_own_borrowed_gpus_not_another_projects():
     # GPUs: nothing is reclaimed from b for a while a's own training holds a's quota.
     ds, ps = org(("a", 2), ("b", 2), ("c", 4))
     n = make_node("n1", gpus=8)
-    running = [make_workload(f"t{i}").project("a").gpus(1).submitted(i).running(("n1", (i,), 1000)).obj() for i in range(4)]
-    running += [make_workload(f"b{i}").project("b").gpus(1).submitted(i).running(("n1", (4 + i,), 1000)).obj() for i in range(4)]
+    running = one_gpu_pods("t", "a", 4) + one_gpu_pods("b", "b", 4, first_gpu=4)
     inf = make_workload("inf").project("a").kind(Kind.INFERENCE).gpus(1).submitted(10).obj()
     d = decide(snapshot([n], ds, ps, running + [inf]))
     assert [e.workload for e in d.evictions] == ["t3"]  # a's lowest priority, most recent
@@ -155,9 +160,7 @@ def test_department_quota_counts_a_projects_guaranteed_work_only_for_its_guarant
     ds.append(Department("other"))
     ps[2] = Project("c", "other", {"default": Quota(3)})
     n = make_node("n1", gpus=8)
-    running = [make_workload(f"t{i}").project("a").gpus(1).running(("n1", (i,), 1000)).obj() for i in range(4)]
-    running += [make_workload(f"w{i}").project("b").kind(Kind.WORKSPACE).gpus(1).running(("n1", (4 + i,), 1000)).obj()
-                for i in range(2)]
+    running = one_gpu_pods("t", "a", 4) + one_gpu_pods("w", "b", 2, first_gpu=4, kind=Kind.WORKSPACE)
     pending = [make_workload(f"inf{i}").project("a").kind(Kind.INFERENCE).gpus(1).submitted(i).obj() for i in range(2)]
     d = decide(snapshot([n], ds, ps, running + pending))
     assert set(bound(d)) == {"inf0"}
@@ -171,8 +174,7 @@ def test_idle_gpus_go_to_the_least_served_projects_guaranteed_work_first():
     # workspace takes the GPU of a's own training instead.
     ds, ps = org(("a", 2), ("b", 2), ("c", 3))
     n = make_node("n1", gpus=8)
-    running = [make_workload(f"a{i}").project("a").gpus(1).submitted(i).running(("n1", (i,), 1000)).obj() for i in range(4)]
-    running += [make_workload(f"b{i}").project("b").gpus(1).submitted(i).running(("n1", (4 + i,), 1000)).obj() for i in range(3)]
+    running = one_gpu_pods("a", "a", 4) + one_gpu_pods("b", "b", 3, first_gpu=4)
     pending = [make_workload("ws-a").project("a").kind(Kind.WORKSPACE).gpus(1).submitted(10).obj(),
                make_workload("ws-b").project("b").kind(Kind.WORKSPACE).gpus(1).submitted(11).obj()]
     d = decide(snapshot([n], ds, ps, running + pending))
