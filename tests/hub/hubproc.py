@@ -78,3 +78,24 @@ class Hub:
                 os.kill(int(pidfile.read_text().strip()), signal.SIGTERM)
             except (ValueError, ProcessLookupError, PermissionError):
                 pass
+        for pid in _running_in(self.workdir):  # a user server the hub did not stop in time
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _running_in(folder: Path) -> list[int]:
+    """Processes whose working directory is inside ``folder`` (user servers start in the
+    user's home under the hub's state folder; the test's folder is its own)."""
+    out = []
+    root = str(folder.resolve())
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cwd = os.readlink(entry / "cwd")
+            except OSError:
+                continue
+            if cwd == root or cwd.startswith(root + os.sep):
+                out.append(int(entry.name))
+    return out
