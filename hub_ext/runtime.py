@@ -21,7 +21,7 @@ from .db import GpuSampleRow, SampleRow, WorkloadRow, make_sessionmaker
 from .inventory import discover, gpu_utilization
 from .limits import limits_for
 from .requests import FieldError, Limits
-from .store import DbStore
+from .store import DbStore, placement_json
 from .training.runner import JobRunner
 
 log = logging.getLogger("gpupool")
@@ -151,7 +151,9 @@ class Runtime:
             self.store.set_state(w.name, "failed", reason=f"could not start: {e}", placement=[])
             self.scheduler.release(w.name, "failed to start")
             return None
-        self.store.set_state(w.name, "running", pid=proc.pid)
+        # With its placement in the same write: the cycle records its binds only after every
+        # launch, and a reader in between must not see "running" without GPUs.
+        self.store.set_state(w.name, "running", pid=proc.pid, placement=placement_json(b.pods), over_quota=b.over_quota)
 
         async def watch():
             code = await proc.wait()

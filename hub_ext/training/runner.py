@@ -35,6 +35,7 @@ from scheduler.model import Bind, Kind, Node, State, ValidationError, Workload
 
 from ..db import WorkloadRow, add_event
 from ..requests import FieldError
+from ..store import placement_json
 from .db import SUBMITTED, TrainingRow, add_training, ensure_table, set_status
 from .gang import free_port, gang_env
 from .spec import TrainingSpec
@@ -64,13 +65,15 @@ class Job:
             return s.get(TrainingRow, self.name)
 
     def status(self, status: str, reason: str = "", event: str | None = None, message: str = "",
-               workload_state: str | None = None, **fields) -> None:
+               workload_state: str | None = None, bind: Bind | None = None, **fields) -> None:
         with self.runner.Session() as s:
             set_status(s, self.name, status, reason, event, message, **fields)
             if workload_state is not None:
-                values = {"state": workload_state}
+                values: dict = {"state": workload_state}
                 if workload_state not in ("running", "releasing"):
                     values.update(placement=[], pid=None)
+                elif bind is not None:  # "running" never without its GPUs (see runtime)
+                    values["placement"] = placement_json(bind.pods)
                 if workload_state == "pending":
                     values["reason"] = reason
                 w = s.get(WorkloadRow, self.name)
@@ -205,7 +208,7 @@ class Job:
             self.status("Failed", f"could not start the workers: {e}", "failed", workload_state="failed")
             return "done"
         if resumed:
-            self.status("Running", "", workload_state="running")
+            self.status("Running", "", workload_state="running", bind=bind)
         else:
             with self.runner.Session() as s:
                 w = s.get(WorkloadRow, self.name)
