@@ -247,15 +247,6 @@ class _Cycle:
             None if over_ok else work.fixed_usage[key],
         )
 
-    def _whole_usage_in_quota(self, w: Workload, pool: str) -> bool:
-        """Would ``w`` fit in its project's quota counting all the project's GPUs? (For work
-        that may not go over quota the verdict counts only the GPUs that cannot give way:
-        quota.counted_usage.)"""
-        if w.may_go_over_quota:
-            return True  # the verdict already counted everything
-        _, _, key, dept, quota, dept_max = self.quota_rules[(w.project, pool)]
-        return in_quota(quota, dept_max, self._milli(w, pool), self.work.usage[key], self.work.dept_in_quota[dept])
-
     def _admitted(self, w: Workload, pool: str, strategy: str) -> bool:
         """May ``w`` take room made by ``strategy``? Fair-share reclaim also needs it to stay
         within its fair share."""
@@ -377,7 +368,7 @@ class _Cycle:
         # takes idle GPUs after the teams that are inside their quota altogether.
         later = []
         for w in waiting:
-            if not self._try(w, lambda pool, v, w=w: v.allowed and not v.over_quota and self._whole_usage_in_quota(w, pool)):
+            if not self._try(w, lambda pool, v: v.allowed and not v.over_quota and not v.guaranteed_only):
                 if not w.may_go_over_quota:
                     later.append(w)
         # Idle GPUs such work takes are over its project's whole quota: the least-served
@@ -492,7 +483,7 @@ class _Cycle:
             # Reclaim from other projects only while the project's whole usage leaves room
             # in its quota: where its own preemptible work holds the quota, that gives way
             # first (preempt, below), not another team's borrowed GPUs.
-            if self.cfg.reclaim and v.allowed and not v.over_quota and self._whole_usage_in_quota(w, pool):
+            if self.cfg.reclaim and v.allowed and not v.over_quota and not v.guaranteed_only:
                 strategies.append("reclaim")
             if self.cfg.fair_share_reclaim and v.allowed and v.over_quota and self._fits_fair_share(w, pool):
                 strategies.append("fair share")

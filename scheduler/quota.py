@@ -95,6 +95,10 @@ class Verdict:
     allowed: bool
     over_quota: bool
     reason: str = ""
+    # In quota only because the project's borrowed GPUs do not count (``counted_usage``);
+    # counting all of them it would be over: such work goes after work in quota by both
+    # counts and reclaims from no other project (core._in_quota, core._plan_for).
+    guaranteed_only: bool = False
 
 
 def _gpus(milli: float) -> str:
@@ -126,12 +130,15 @@ def admit(
     q = project.quotas.get(pool, NO_QUOTA)
     used, in_dept = project_used, dept_in_quota
     if project_fixed is not None:
-        used, in_dept = counted_usage(may_go_over_quota, project_used, project_fixed, q.quota_milli, dept_in_quota)
+        used, in_dept = counted_usage(project_used, project_fixed, q.quota_milli, dept_in_quota)
     if in_quota(q.quota_milli, dept_quota.quota_milli, milli, used, in_dept):
         if used == project_used:  # everything counted: inside the quota is inside the limits
             return IN_QUOTA
         limit = _limit_reached(project, q, dept_quota, milli, project_used, dept_used)
-        return Verdict(False, False, limit) if limit else IN_QUOTA
+        if limit:
+            return Verdict(False, False, limit)
+        whole = in_quota(q.quota_milli, dept_quota.quota_milli, milli, project_used, dept_in_quota)
+        return IN_QUOTA if whole else IN_GUARANTEED_QUOTA
     if not may_go_over_quota:
         counted = " of guaranteed work" if project_fixed is not None else ""
         at = _at_quota(project, q, pool, used + milli <= q.quota_milli, used, in_dept, dept_quota, counted)
@@ -149,20 +156,16 @@ def _limit_reached(project: Project, q: Quota, dept_quota: Quota, milli: int, pr
     return ""
 
 
-def counted_usage(
-    may_go_over_quota: bool, project_used: int, project_fixed: int, quota_milli: int, dept_in_quota: int
-) -> tuple[int, int]:
-    """What the in-quota test counts, (project's GPUs, department's in-quota GPUs), for one
-    workload: everything for work that may go over quota; for work that may not (inference,
-    workspaces), only the GPUs of the project's work that cannot give way
+def counted_usage(project_used: int, project_fixed: int, quota_milli: int, dept_in_quota: int) -> tuple[int, int]:
+    """What the in-quota test counts, (project's GPUs, department's in-quota GPUs), for work
+    that may not go over quota (inference, workspaces): only the GPUs of the project's work
+    that cannot give way
     (``project_fixed``: Workload.gives_way), as Run:ai's "non-preemptible workload is over
     quota" rule counts only non-preemptible GPUs. The project's preemptible, over-quota-able
     GPUs give way to it: it starts in idle GPUs at once, or preempts them inside the
     project (it reclaims from other projects only while the project's whole usage leaves
     room in its quota: core._plan_for). Otherwise a team whose training borrowed idle GPUs
     could not start a guaranteed inference service while the cluster sat idle."""
-    if may_go_over_quota:
-        return project_used, dept_in_quota
     return project_fixed, dept_in_quota - min(project_used, quota_milli) + min(project_fixed, quota_milli)
 
 
@@ -173,6 +176,7 @@ def in_quota(quota_milli: int, dept_quota_milli: int, milli: int, project_used: 
 
 
 IN_QUOTA = Verdict(True, False)
+IN_GUARANTEED_QUOTA = Verdict(True, False, guaranteed_only=True)
 OVER_QUOTA = Verdict(True, True)
 
 

@@ -79,8 +79,8 @@ class Snapshot:
         # Of it, what work that cannot give way holds (Workload.gives_way): the in-quota test of
         # work that may not go over quota counts only this (quota.counted_usage).
         self.fixed_usage: dict[tuple[str, str], int] = defaultdict(int)
-        self._held: dict[str, list[tuple[str, int]]] = {}  # workload -> [(pool, milli)]
-        self._fixed: set[str] = set()  # holding workloads counted in fixed_usage
+        # workload -> (counted in fixed_usage, [(pool, milli)])
+        self._held: dict[str, tuple[bool, list[tuple[str, int]]]] = {}
         # Per project, its running preemptible work in eviction order (lowest priority, then
         # most recent first), kept sorted as work comes and goes.
         self.victims: dict[str, list[tuple[int, float, str]]] = defaultdict(list)
@@ -201,12 +201,9 @@ class Snapshot:
             if p.node not in self.nodes:
                 raise ValidationError(f"workload[{w.name}].placement", f"unknown node {p.node!r}")
         self.holding[w.project][w.name] = w
-        held = self._held[w.name] = [
-            (self.nodes[p.node].pool, p.gpu_milli * len(p.gpu_indices)) for p in w.placement
-        ]
+        held = [(self.nodes[p.node].pool, p.gpu_milli * len(p.gpu_indices)) for p in w.placement]
         fixed = not w.gives_way
-        if fixed:
-            self._fixed.add(name)
+        self._held[name] = (fixed, held)
         for pool, milli in held:
             self.usage[(w.project, pool)] += milli
             if fixed:
@@ -230,9 +227,8 @@ class Snapshot:
             return
         self.holding[project].pop(name, None)
         self.releasing.pop(name, None)
-        fixed = name in self._fixed
-        self._fixed.discard(name)
-        for pool, milli in self._held.pop(name):
+        fixed, held = self._held.pop(name)
+        for pool, milli in held:
             self.usage[(project, pool)] -= milli
             if fixed:
                 self.fixed_usage[(project, pool)] -= milli

@@ -611,10 +611,8 @@ class GpupoolScheduler:
         while True:
             await asyncio.sleep(self.cfg.project_status_s)
             fair = self.last.fair_share_milli if self.last else {}
-            lag = {}
-            if self.snap.config.fair_share_over_time:
-                self.ledger.advance(time.time())  # at the rates of the last cycle (exact)
-                lag = self.ledger.lag
+            # at the rates of the last cycle (exact); empty when fair share over time is off
+            lag = self.ledger.lag_at(time.time(), self.snap.config.fair_share_over_time)
             for name in list(self.snap.projects):
                 status = {
                     "allocated": {pool: u / MILLI for (p, pool), u in self.snap.usage.items()
