@@ -17,7 +17,7 @@ import numpy as np
 
 from .cluster import ClusterArrays
 from .model import MILLI, PodDemand
-from .policies import FGD, BestFit, Choice, GpupoolPolicy, RandomFit
+from .policies import FGD, BestFit, Choice, GpupoolKeepWhole, GpupoolPolicy, RandomFit
 
 __all__ = ["Choice", "PlacementPolicy", "POLICIES", "get_policy"]
 
@@ -72,6 +72,7 @@ POLICIES: dict[str, type] = {
     "bestfit": BestFit,
     "fgd": FGD,
     "gpupool": GpupoolPolicy,
+    "gpupool-keepwhole": GpupoolKeepWhole,
 }
 
 

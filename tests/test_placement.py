@@ -302,12 +302,9 @@ def test_gpupool_keeps_a_room_for_the_pod_that_fills_it():
 
 def test_gpupool_leaves_a_room_the_cpu_to_be_filled():
     """A 470-milli pod (8 CPUs) opens a GPU either way, leaving 530: on node a only 2 CPUs
-    would be left, too few for the 470 that would fill the room, so it goes to node b.
-    (Both nodes run a whole-GPU pod, so neither is an unused node that opens last.)"""
-    nodes = [Node("a", [GPU(i, "T4", 15000) for i in range(3)], cpu_milli=10000), Node("b", [GPU(i, "T4", 15000) for i in range(3)], cpu_milli=64000)]
+    would be left, too few for the 470 that would fill the room, so it goes to node b."""
+    nodes = [Node("a", [GPU(i, "T4", 15000) for i in range(2)], cpu_milli=10000), Node("b", [GPU(i, "T4", 15000) for i in range(2)], cpu_milli=64000)]
     arrays = ClusterArrays.from_nodes(nodes)
-    for n in (0, 1):
-        arrays.take(n, (2,), MILLI, 0, 0)
     d = PodDemand(gpu_fraction=0.47, cpu_milli=8000)
     rank = HoleWaste(FRACTION_MIX).rank(arrays.gpu_free, arrays.cpu_free, 470, 8000)
     assert rank[:, 0].tolist() == [530 * 2 * MILLI + 530, 60 * 2 * MILLI + 530]
@@ -320,11 +317,9 @@ def test_gpupool_counts_the_rooms_a_pods_cpu_strands():
     """Node a has a 530 room (a 470 on it) and 12 CPUs free; a 320-milli pod with 8 CPUs
     on its free GPU would leave 4 CPUs: too few for the 470 that fills the room (its
     expected idle goes from 60 to 210) and for more than one 320 in the new room (680 ->
-    360), so it goes to node b, where the CPU is plentiful (680 -> 30). (Node b runs a
-    whole-GPU pod, so it is not an unused node that opens last.)"""
-    nodes = [Node("a", [GPU(i, "T4", 15000) for i in range(2)], cpu_milli=20000), Node("b", [GPU(i, "T4", 15000) for i in range(3)], cpu_milli=64000)]
+    360), so it goes to node b, where the CPU is plentiful (680 -> 30)."""
+    nodes = [Node("a", [GPU(i, "T4", 15000) for i in range(2)], cpu_milli=20000), Node("b", [GPU(i, "T4", 15000) for i in range(2)], cpu_milli=64000)]
     arrays = ClusterArrays.from_nodes(nodes)
-    arrays.take(1, (2,), MILLI, 0, 0)
     arrays.take(0, (0,), 470, 8000, 0)
     d = PodDemand(gpu_fraction=0.32, cpu_milli=8000)
     rank = HoleWaste(FRACTION_MIX).rank(arrays.gpu_free, arrays.cpu_free, 320, 8000)
@@ -334,28 +329,31 @@ def test_gpupool_counts_the_rooms_a_pods_cpu_strands():
     assert policy.place(arrays, arrays.eligible(None, (), d), d) == Choice(1, (0,), 320)
 
 
-def test_gpupool_opens_an_unused_node_last_and_the_smallest_first():
-    """Unused nodes (no GPU taken) are kept for the pods that need a whole node: a GPU pod
-    goes to a used node that can take it, and opens an unused node only where no used node fits, then the smallest (GPUs / 8 +
-    CPUs / 128): a 96-CPU node before a 128-CPU one, which stays whole for the 8-GPU pod
-    that asks for 120 CPUs and fits nowhere else."""
-    nodes = [
-        Node("big", [GPU(i, "G2", 16384) for i in range(8)], cpu_milli=128_000),
-        Node("small", [GPU(i, "G2", 16384) for i in range(8)], cpu_milli=96_000),
-        Node("used", [GPU(i, "G2", 16384) for i in range(8)], cpu_milli=96_000),
-    ]
-    arrays = ClusterArrays.from_nodes(nodes)
-    arrays.take(2, (0, 1, 2, 3, 4, 5), MILLI, 80_000, 0)
-    policy = get_policy("gpupool")
-    one = PodDemand(gpus=1, cpu_milli=4000)
-    assert policy.place(arrays, arrays.eligible(None, (), one), one).node == 2
-    arrays.take(2, (6, 7), MILLI, 4000, 0)  # the used node is full
-    for d in (one, PodDemand(gpu_fraction=0.5, cpu_milli=4000)):
-        c = policy.place(arrays, arrays.eligible(None, (), d), d)
-        assert c.node == 1, d
-        arrays.take(c.node, c.gpus, c.milli, d.cpu_milli, d.memory_mib)
-    huge = PodDemand(gpus=8, cpu_milli=120_000)
-    assert policy.place(arrays, arrays.eligible(None, (), huge), huge).node == 0
+def test_keepwhole_keeps_the_largest_unused_nodes_for_whole_node_pods():
+    """gpupool-keepwhole: a GPU pod goes to a used node that can take it rather than open
+    an unused 8-GPU node, and opens one only where no used node fits, then the smallest
+    (GPUs / 8 + CPUs / 128): the 96-CPU node before the 128-CPU one, which stays whole for
+    the 8-GPU pod that asks for 120 CPUs and fits nowhere else. Plain gpupool fails this."""
+    for name, keeps in (("gpupool-keepwhole", True), ("gpupool", False)):
+        nodes = [
+            Node("big", [GPU(i, "G2", 16384) for i in range(8)], cpu_milli=128_000),
+            Node("small", [GPU(i, "G2", 16384) for i in range(8)], cpu_milli=96_000),
+            Node("used", [GPU(i, "G2", 16384) for i in range(8)], cpu_milli=96_000),
+        ]
+        arrays = ClusterArrays.from_nodes(nodes)
+        arrays.take(2, (0, 1, 2, 3, 4, 5), MILLI, 80_000, 0)
+        policy = get_policy(name)
+        picks = []
+        for d in (PodDemand(gpus=1, cpu_milli=4000), PodDemand(gpus=1, cpu_milli=4000), PodDemand(gpus=1, cpu_milli=4000), PodDemand(gpu_fraction=0.5, cpu_milli=4000)):
+            c = policy.place(arrays, arrays.eligible(None, (), d), d)
+            picks.append(c.node)
+            arrays.take(c.node, c.gpus, c.milli, d.cpu_milli, d.memory_mib)
+        huge = PodDemand(gpus=8, cpu_milli=120_000)
+        fits = policy.place(arrays, arrays.eligible(None, (), huge), huge)
+        if keeps:
+            assert picks == [2, 2, 1, 1] and fits is not None and fits.node == 0
+        else:
+            assert fits is None, picks
 
 
 def test_get_policy_rejects_unknown():

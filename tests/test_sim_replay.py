@@ -212,6 +212,22 @@ def test_activity_windows_need_a_period():
         parse({"time": {"activity_period_s": -1}, "departments": [{"name": "d", "projects": [{"name": "a"}]}]})
 
 
+def test_scenario_names_the_placement_every_policy_uses():
+    """``placement`` in the scenario file is what the replay places with unless the caller
+    names one; an unknown name is an error naming the field and the choices."""
+    base = {"departments": [{"name": "d", "projects": [{"name": "a", "quota_share": 1, "pod_share": 1}]}]}
+    assert parse(base).placement == "gpupool"
+    assert parse({**base, "placement": "gpupool-keepwhole"}).placement == "gpupool-keepwhole"
+    with pytest.raises(ValueError, match=r"placement.*gpupool-keepwhole.*'best'"):
+        parse({**base, "placement": "best"})
+    scn = scenario()
+    scn.placement = "gpupool-keepwhole"
+    doc, _ = replay_all(nodes(), synthetic(seed=5), scn, ("gpupool",))
+    assert doc["placement"] == "gpupool-keepwhole" and doc["scenario"]["placement"] == "gpupool-keepwhole"
+    doc, _ = replay_all(nodes(), synthetic(seed=5), scn, ("gpupool",), placement="bestfit")
+    assert doc["placement"] == "bestfit"
+
+
 def test_fair_share_over_time_switch_changes_only_the_lag(monkeypatch):
     # Off: the replay keeps no ledger, so every snapshot it gives the core has an empty lag.
     from scheduler.sim import replay as replay_mod

@@ -651,7 +651,7 @@ def replay(
     pods: list[TracePod],
     scn: Scenario,
     policy: str,
-    placement: str = "gpupool",
+    placement: str | None = None,
     check: bool = False,
     skip_quiet: bool = True,
     fair_share_over_time: bool = True,
@@ -662,7 +662,7 @@ def replay(
     if policy not in SETUPS:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(SETUPS)}")
     jobs = make_jobs(pods, scn)
-    return _Replay(nodes, jobs, scn, policy, placement, check, skip_quiet, fair_share_over_time).run()
+    return _Replay(nodes, jobs, scn, policy, placement or scn.placement, check, skip_quiet, fair_share_over_time).run()
 
 
 def offered_load(nodes: list[Node], pods: list[TracePod], scn: Scenario) -> dict:
@@ -719,12 +719,14 @@ def replay_all(
     pods: list[TracePod],
     scn: Scenario,
     policies: tuple[str, ...] = POLICY_NAMES,
-    placement: str = "gpupool",
+    placement: str | None = None,
     check: bool = False,
     skip_quiet: bool = True,
     fair_share_over_time: bool = True,
 ) -> tuple[dict, list[PolicyResult]]:
-    """Every policy on the same pods; the JSON document and the per-policy results."""
+    """Every policy on the same pods; the JSON document and the per-policy results.
+    ``placement``: None for the scenario's."""
+    placement = placement or scn.placement
     results = [replay(nodes, pods, scn, p, placement, check, skip_quiet, fair_share_over_time) for p in policies]
     by = {r.policy: r.metrics for r in results}
     doc = {

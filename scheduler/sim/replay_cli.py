@@ -111,7 +111,8 @@ def add_replay(sub) -> None:
     )
     p.add_argument("--policy", default="all", help=f"one of {', '.join(POLICY_NAMES)}; a comma list; or all")
     p.add_argument(
-        "--placement", default="gpupool", choices=list(POLICIES), help="placement policy every policy uses (default gpupool)"
+        "--placement", default=None, choices=list(POLICIES),
+        help="placement policy every policy uses (default: the scenario's, gpupool unless it names one)"
     )
     p.add_argument("--window", default="", help="LO,HI: replay only this share of the pods (e.g. 0.4,0.5)")
     p.add_argument(

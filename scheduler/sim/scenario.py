@@ -20,6 +20,7 @@ A scenario is a YAML file (``scheduler/sim/scenarios/*.yaml``)::
       window: [0.0, 1.0]          # share of the pods (in creation order) to replay
     kinds: {LS: workspace, Guaranteed: inference, BE: training, Burstable: training}
     workspace_over_quota: 0.0     # share of workspaces that opt in to over quota (see below)
+    placement: gpupool            # placement policy every replayed policy uses (see below)
     departments:
       - name: research
         projects:
@@ -41,6 +42,10 @@ GPUs of other projects and is then reclaimed, preempted and loses the work since
 checkpoint as training does. The rest keep the kind's defaults (non-preemptible, in quota
 only). The same pods opt in under every policy; only gpupool lets work go over quota.
 
+``placement``: the placement policy (``scheduler.placement.POLICIES``) of the cluster the
+scenario describes, used by all three replayed policies alike (``--placement`` overrides it);
+``gpupool`` unless set.
+
 Errors: a bad file raises ``ValidationError`` naming the field.
 """
 
@@ -54,6 +59,7 @@ from pathlib import Path
 import yaml
 
 from ..model import DEFAULT_POOL, MILLI, Department, Kind, Node, Project, Quota, ValidationError
+from ..placement import POLICIES
 from .trace import TracePod
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
@@ -104,6 +110,7 @@ class Scenario:
     description: str = ""
     path: str = ""
     workspace_over_quota: float = 0.0
+    placement: str = "gpupool"
 
     # -- the cluster -----------------------------------------------------------------
     def select_nodes(self, nodes: list[Node]) -> list[Node]:
@@ -202,6 +209,7 @@ class Scenario:
             "pods": {**self.pods.__dict__, "window": list(self.pods.window)},
             "kinds": {k: v.value for k, v in self.kinds.items()},
             "workspace_over_quota": self.workspace_over_quota,
+            "placement": self.placement,
             "projects": [t.__dict__ for t in self.teams],
         }
 
@@ -283,6 +291,9 @@ def parse(data: dict, path: str = "") -> Scenario:
         woq = 1.0 if woq else 0.0
     if not isinstance(woq, (int, float)) or not 0 <= woq <= 1:
         raise ValidationError("workspace_over_quota", f"must be true, false or a share in [0, 1], got {woq!r}")
+    placement = data.get("placement", "gpupool")
+    if placement not in POLICIES:
+        raise ValidationError("placement", f"must be one of {', '.join(POLICIES)}, got {placement!r}")
     c = data.get("cluster") or {}
     node_fraction = _num(c, "node_fraction", "cluster", 1.0, strict=True)
     if node_fraction > 1:
@@ -298,6 +309,7 @@ def parse(data: dict, path: str = "") -> Scenario:
         description=str(data.get("description", "")).strip(),
         path=str(path),
         workspace_over_quota=float(woq),
+        placement=placement,
     )
 
 
