@@ -514,7 +514,6 @@ class _Cycle:
         else:
             others = [p for p in snap.projects if p != w.project and snap.victims.get(p)]
             projects = sorted(others, key=lambda p: (self.fair.get((p, pool), 0) - self.work.usage[(p, pool)], p))
-        deferred: list[tuple[Workload, int | None]] = []
         for p in projects:
             floor = None
             if strategy in ("reclaim", "catch up"):
@@ -526,11 +525,8 @@ class _Cycle:
             for prio, v, protected in self._pool_victims(p, pool):
                 if strategy == "preempt" and prio >= w.effective_priority:
                     break
-                if not protected:
+                if not protected:  # no strategy takes work that just restarted: that is thrash
                     yield v, floor
-                elif strategy == "reclaim":  # a guarantee outranks the protection, but last
-                    deferred.append((v, floor))
-        yield from deferred
 
     def _pool_victims(self, project: str, pool: str) -> Iterator[tuple[int, Workload, bool]]:
         """``project``'s running preemptible work in ``pool`` not evicted this cycle, in

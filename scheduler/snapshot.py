@@ -38,7 +38,9 @@ class SchedulerConfig:
     max_victim_scan: int = 128
     # A workload that restarted after a preemption may not be preempted or taken for fair
     # share again for this long (needs Snapshot.now and Workload.started_at); stops
-    # preempt-resume-preempt thrash. Reclaim for a project below its quota still may.
+    # preempt-resume-preempt thrash; not even reclaim for a project below its quota may
+    # (it takes other work first, and this after the window: the trace replay measured
+    # thrash where it could, and every in-quota wait within its bound where it cannot).
     resume_protection_s: float = 600.0
     # Fair share over time (quota.OverQuotaLedger, quota.may_catch_up): the half-life of a
     # project's over-quota lag, kept by the adapter (4 h: a working day's usage counts,

@@ -583,13 +583,22 @@ def test_work_restarted_after_preemption_is_protected_for_a_while():
     assert [e.workload for e in decide(snap).evictions] == ["low"]
 
 
-def test_guarantee_outranks_resume_protection():
+def test_reclaim_takes_other_work_before_and_protected_work_only_after_its_window():
+    """A project back under its quota reclaims from work that did not just restart; work
+    that restarted within the protection is taken only once the window has passed (taking
+    it at once was the replay's only thrash)."""
     ds, ps = org(("a", 2), ("b", 0))
     victim = make_workload("b1").project("b").gpus(2).running(("n1", (0, 1), 1000)).obj()
     victim.resumed, victim.started_at = True, 1000.0
     snap = snapshot([make_node("n1", gpus=2)], ds, ps, [victim, make_workload("a1").project("a").gpus(2).obj()])
     snap.now = 1001.0
+    assert decide(snap).evictions == []
+    snap.now = 1000.0 + 601
     assert [e.workload for e in decide(snap).evictions] == ["b1"]
+    other = make_workload("b2").project("b").gpus(2).running(("n2", (0, 1), 1000)).obj()
+    snap = snapshot([make_node("n1", gpus=2), make_node("n2", gpus=2)], ds, ps, [victim, other, make_workload("a1").project("a").gpus(2).obj()])
+    snap.now = 1001.0
+    assert [e.workload for e in decide(snap).evictions] == ["b2"]
 
 
 @pytest.mark.parametrize(
