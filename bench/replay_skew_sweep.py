@@ -20,14 +20,13 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import sweeplib  # noqa: E402
+from sweeplib import scenarios  # noqa: E402
 
 from scheduler.model import ValidationError  # noqa: E402
-from scheduler.sim import scenario as scenarios  # noqa: E402
-from scheduler.sim.cli import default_trace_dir  # noqa: E402
-from scheduler.sim.replay import GOAL_KEYS, replay_all  # noqa: E402
 from scheduler.sim.replay_cli import with_window  # noqa: E402
-from scheduler.sim.trace import load_nodes, load_pods  # noqa: E402
 
 
 def with_idle_share(scn: scenarios.Scenario, idle: set[str], share: float) -> scenarios.Scenario:
@@ -39,27 +38,6 @@ def with_idle_share(scn: scenarios.Scenario, idle: set[str], share: float) -> sc
         for t in scn.teams
     ]
     return dataclasses.replace(scn, teams=teams)
-
-
-def plot(rows: list[dict], title: str, out: str) -> None:
-    """Allocation of static and gpupool against the idle teams' quota share, with 2x static."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    x = [100 * r["idle_quota_share"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.2), constrained_layout=True)
-    ax.plot(x, [r["static_alloc_pct"] for r in rows], "o-", color="#d62728", label="static")
-    ax.plot(x, [r["gpupool_alloc_pct"] for r in rows], "o-", color="#1f77b4", label="gpupool")
-    ax.plot(x, [min(100, 2 * r["static_alloc_pct"]) for r in rows], ":", color="#d62728", label="2x static")
-    ax.axhline(85, color="#1f77b4", ls="--", lw=0.8, label="85% goal")
-    ax.set(xlabel="share of the quota owned by the idle teams, %", ylabel="GPUs allocated while work waits, %",
-           ylim=(0, 100), title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower left")
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
 
 
 def _fail(msg: str) -> None:
@@ -91,36 +69,16 @@ def main() -> int:
         _fail(f"--shares must be a comma list of numbers in (0, 1), got {args.shares!r}")
     if args.window:
         base.pods = with_window(base.pods, args.window, "replay_skew_sweep")
-    d = default_trace_dir()
-    if not (d / "openb_pod_list_default.csv").exists():
-        _fail(f"no openb trace under {d}; set GPUPOOL_TRACES")
-    nodes = base.select_nodes(load_nodes(d / "openb_node_list_gpu_node.csv"))
-    pods = load_pods(d / "openb_pod_list_default.csv")
+    nodes, pods = sweeplib.load_trace(base, "replay_skew_sweep")
     rows = []
     for share in shares:
-        doc, _ = replay_all(nodes, pods, with_idle_share(base, idle, share), ("static", "gpupool"))
-        s, g = doc["policies"]["static"], doc["policies"]["gpupool"]
-        ga, sa = g["gpu_allocation_mean_pct"], s["gpu_allocation_mean_pct"]  # None: nothing ever waited
-        rows.append({
-            "idle_quota_share": share,
-            "static_alloc_pct": sa,
-            "gpupool_alloc_pct": ga,
-            "ratio": round(ga / sa, 2) if ga and sa else None,
-            "in_quota_p99_s": g["in_quota_wait_p99_s"],
-            "in_quota_p99_bound_s": doc["goals"]["in_quota_p99_bound_s"],
-            "thrash": g["thrash_count"],
-            "jain": g["fairness_jain"],
-            "preemptions": g["preemptions"],
-            "lost_gpu_hours": g["lost_gpu_hours"],
-            "goals_met": sorted(k for k in GOAL_KEYS if doc["goals"].get(k) is True),
-        })
+        rows.append({"idle_quota_share": share, **sweeplib.point(nodes, pods, with_idle_share(base, idle, share))})
         if not args.json:
-            r = rows[-1]
-            print(f"idle own {share:.0%}: static {r['static_alloc_pct']}%  gpupool {r['gpupool_alloc_pct']}%  "
-                  f"x{r['ratio']}  in-quota p99 {r['in_quota_p99_s']} s (bound {r['in_quota_p99_bound_s']})  "
-                  f"thrash {r['thrash']}  Jain {r['jain']}  preemptions {r['preemptions']}", flush=True)
+            print(sweeplib.line(f"idle own {share:.0%}", rows[-1]), flush=True)
     if args.plot:
-        plot(rows, f"{base.name}: idle teams ({', '.join(sorted(idle))}) own more quota", args.plot)
+        x = [100 * r["idle_quota_share"] for r in rows]
+        title = f"{base.name}: idle teams ({', '.join(sorted(idle))}) own more quota"
+        sweeplib.plot(rows, x, "share of the quota owned by the idle teams, %", title, args.plot)
     print(json.dumps({"bench": "replay_skew_sweep", "scenario": base.name, "idle": sorted(idle), "points": rows}))
     return 0
 

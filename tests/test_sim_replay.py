@@ -6,6 +6,7 @@ Every replay here runs with ``check=True``: after each cycle no GPU or CPU is ov
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -143,6 +144,22 @@ def test_goals_name_each_miss_and_where_2x_static_cannot_be_reached():
     assert not (g["in_quota_p99_within_static_plus_period_and_grace"] or g["thrash_zero"] or g["jain_ge_0_9"])
     assert goals({"gpupool": _metrics(90.0)}, scn) == {}  # nothing to compare with
     assert set(GOAL_KEYS) <= set(g) and all(isinstance(g[k], bool) for k in GOAL_KEYS)
+    assert g["work_waited"] == {"gpupool": True, "static": True}
+
+
+def test_goals_are_undefined_not_missed_where_nothing_waited():
+    scn = scenario()
+    # A light load: static's silos made work wait at 47% allocated; under gpupool nothing
+    # ever waited, so it has no allocation-while-waiting to compare (the turns load sweep).
+    g = goals({"static": _metrics(47.0), "gpupool": _metrics(None, jain=None)}, scn)
+    assert g["allocation_ge_85_pct"] is None and g["allocation_ge_2x_static"] is None
+    assert g["allocation_x_static"] is None and g["allocation_x_static_ceiling"] == 2.13
+    assert g["allocation_2x_static_attainable"] is True
+    assert g["work_waited"] == {"gpupool": False, "static": True}
+    assert g["jain_ge_0_9"] is None and g["thrash_zero"] is True
+    # Nothing waited under either: no ratio, no ceiling.
+    g = goals({"static": _metrics(None), "gpupool": _metrics(None)}, scn)
+    assert g["allocation_x_static_ceiling"] is None and g["allocation_2x_static_attainable"] is None
 
 
 def test_scenario_files_parse_and_quotas_add_up():
@@ -442,15 +459,19 @@ def test_make_room_memo_changes_no_decision_on_openb(openb, monkeypatch, name):
     assert any(e for _, _, e, _ in plain)
 
 
-def _skew_sweep():
+def _bench(name: str):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "replay_skew_sweep.py"
-    spec = importlib.util.spec_from_file_location("replay_skew_sweep", path)
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
-    return sweep
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _skew_sweep():
+    return _bench("replay_skew_sweep")
 
 
 @pytest.mark.parametrize(
@@ -483,3 +504,51 @@ def test_skew_sweep_gives_the_idle_teams_the_share_and_keeps_the_rest():
     assert [t.pod_share for t in scn.teams] == [t.pod_share for t in base.teams]
     assert [t.weight for t in scn.teams] == [t.weight for t in base.teams]
     assert [t.quota_share for t in base.teams][0] == 0.35  # the scenario itself unchanged
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--window", "0.5"], "--window must be LO,HI"),
+        (["--scenario", "nope"], "no shipped scenario of that name"),
+        (["--compressions", "50,0"], "--compressions must be a comma list of numbers > 0"),
+        (["--compressions", "fast"], "--compressions must be a comma list of numbers > 0"),
+        (["--compressions", "inf"], "--compressions must be a comma list of numbers > 0"),
+    ],
+)
+def test_load_sweep_bad_arguments_are_one_line(monkeypatch, argv, says):
+    sweep = _bench("replay_load_sweep")
+    monkeypatch.setattr("sys.argv", ["replay_load_sweep.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        sweep.main()
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_load_sweep_changes_the_arrival_rate_and_keeps_the_rest():
+    sweep = _bench("replay_load_sweep")
+    base = load("turns")
+    scn = sweep.with_compression(base, 50)
+    assert scn.time.arrival_compression == 50
+    # A team's turn covers the same trace days: the period (in replay seconds) doubles.
+    assert scn.time.activity_period_s == pytest.approx(2 * base.time.activity_period_s)
+    assert dataclasses.replace(scn.time, arrival_compression=100, activity_period_s=base.time.activity_period_s) == base.time
+    assert scn.teams == base.teams and scn.seed == base.seed and scn.placement == base.placement
+    assert base.time.arrival_compression == 100  # the scenario itself unchanged
+
+
+def test_load_sweep_runs_each_load_and_reports_the_waiting(openb, monkeypatch, capsys):
+    sweep = _bench("replay_load_sweep")
+    monkeypatch.setattr("sys.argv", ["replay_load_sweep.py", "--window", "0.6,0.63", "--compressions", "30,300", "--json"])
+    assert sweep.main() == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    low, high = doc["points"]
+    assert [low["arrival_compression"], high["arrival_compression"]] == [30, 300]
+    # Ten times the arrival rate: a higher load (not ten times: service past the last arrival
+    # is not offered load).
+    assert high["offered_load_pct"] > low["offered_load_pct"]
+    for r in (low, high):
+        assert 0 <= r["gpupool_waiting_pct"] <= 100 and 0 <= r["static_waiting_pct"] <= 100
+        if r["static_alloc_pct"]:
+            assert r["ratio_ceiling"] == pytest.approx(100 / r["static_alloc_pct"], abs=0.01)
+    # At ten times the rate work waits at least as long under static as at the low rate.
+    assert high["static_waiting_pct"] >= low["static_waiting_pct"]

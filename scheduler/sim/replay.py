@@ -694,23 +694,28 @@ GOAL_KEYS = (
 
 
 def goals(results: dict[str, dict], scn: Scenario) -> dict:
-    """The issue's goals (``GOAL_KEYS``), each with its figures, for gpupool against static."""
+    """The issue's goals (``GOAL_KEYS``), each with its figures, for gpupool against static.
+    A goal whose figure is undefined is None, not a miss: allocation is counted only while
+    work waits, so where nothing ever waited under a policy it has none (a light load, say),
+    and Jain's index has none where no two projects ever wanted over-quota GPUs at once."""
     g, s = results.get("gpupool"), results.get("static")
     if not g or not s:
         return {}
     bound = (s["in_quota_wait_p99_s"] or 0) + scn.time.scheduling_period_s + scn.time.eviction_grace_s
-    alloc, static = g["gpu_allocation_mean_pct"] or 0, s["gpu_allocation_mean_pct"] or 0
+    alloc, static, jain_ = g["gpu_allocation_mean_pct"], s["gpu_allocation_mean_pct"], g["fairness_jain"]
+    both = alloc is not None and static is not None
     return {
-        "allocation_ge_85_pct": alloc >= 85,
-        "allocation_ge_2x_static": alloc >= 2 * static,
-        "allocation_x_static": round(alloc / static, 2) if static else None,
+        "allocation_ge_85_pct": None if alloc is None else alloc >= 85,
+        "allocation_ge_2x_static": alloc >= 2 * static if both else None,
+        "allocation_x_static": round(alloc / static, 2) if both and static else None,
         # Allocation cannot pass 100%: where static is above 50% no policy can double it.
         "allocation_x_static_ceiling": round(100 / static, 2) if static else None,
-        "allocation_2x_static_attainable": 2 * static <= 100,
+        "allocation_2x_static_attainable": None if static is None else 2 * static <= 100,
+        "work_waited": {"gpupool": alloc is not None, "static": static is not None},
         "in_quota_p99_within_static_plus_period_and_grace": (g["in_quota_wait_p99_s"] or 0) <= bound,
         "in_quota_p99_bound_s": bound,
         "thrash_zero": g["thrash_count"] == 0,
-        "jain_ge_0_9": (g["fairness_jain"] or 0) >= 0.9,
+        "jain_ge_0_9": None if jain_ is None else jain_ >= 0.9,
     }
 
 

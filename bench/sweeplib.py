@@ -1,0 +1,91 @@
+"""What the replay sweeps share: the trace, one point (static and gpupool in the same run,
+the ratio taken there), its printed line and the chart. Each sweep varies one quantity of
+a scenario and says which (``replay_skew_sweep.py``: the idle teams' quota share;
+``replay_load_sweep.py``: the offered load)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scheduler.model import Node  # noqa: E402
+from scheduler.sim import scenario as scenarios  # noqa: E402
+from scheduler.sim.cli import default_trace_dir  # noqa: E402
+from scheduler.sim.replay import GOAL_KEYS, replay_all  # noqa: E402
+from scheduler.sim.trace import TracePod, load_nodes, load_pods  # noqa: E402
+
+
+def load_trace(scn: scenarios.Scenario, prog: str) -> tuple[list[Node], list[TracePod]]:
+    """The scenario's nodes and the default trace's pods; a one-line exit if missing."""
+    d = default_trace_dir()
+    if not (d / "openb_pod_list_default.csv").exists():
+        raise SystemExit(f"{prog}: no openb trace under {d}; set GPUPOOL_TRACES")
+    return scn.select_nodes(load_nodes(d / "openb_node_list_gpu_node.csv")), load_pods(d / "openb_pod_list_default.csv")
+
+
+def point(nodes: list[Node], pods: list[TracePod], scn: scenarios.Scenario) -> dict:
+    """One full replay of ``scn`` under static and gpupool: the goals' figures, and how long
+    work waited under each (allocation counts only while work waits, so where pooling
+    removes the waiting the share of time with work waiting says what the ratio cannot)."""
+    doc, _ = replay_all(nodes, pods, scn, ("static", "gpupool"))
+    s, g = doc["policies"]["static"], doc["policies"]["gpupool"]
+    sa, ga = s["gpu_allocation_mean_pct"], g["gpu_allocation_mean_pct"]  # None: nothing ever waited
+    window = doc["load"]["arrival_window_s"] or 1.0
+    return {
+        "offered_load_pct": doc["load"]["offered_load_pct"],
+        "static_alloc_pct": sa,
+        "gpupool_alloc_pct": ga,
+        "ratio": round(ga / sa, 2) if ga and sa else None,
+        "ratio_ceiling": round(100 / sa, 2) if sa else None,  # no policy allocates over 100%
+        "static_waiting_pct": round(100 * s["pending_time_in_window_s"] / window, 1),
+        "gpupool_waiting_pct": round(100 * g["pending_time_in_window_s"] / window, 1),
+        "static_all_wait_p99_s": s["all_wait_p99_s"],
+        "gpupool_all_wait_p99_s": g["all_wait_p99_s"],
+        "in_quota_p99_s": g["in_quota_wait_p99_s"],
+        "in_quota_p99_bound_s": doc["goals"]["in_quota_p99_bound_s"],
+        "thrash": g["thrash_count"],
+        "jain": g["fairness_jain"],
+        "preemptions": g["preemptions"],
+        "lost_gpu_hours": g["lost_gpu_hours"],
+        "goals_met": sorted(k for k in GOAL_KEYS if doc["goals"].get(k) is True),
+    }
+
+
+def line(label: str, r: dict) -> str:
+    return (
+        f"{label}: static {r['static_alloc_pct']}%  gpupool {r['gpupool_alloc_pct']}%  x{r['ratio']} "
+        f"(ceiling {r['ratio_ceiling']})  work waiting {r['static_waiting_pct']}% / {r['gpupool_waiting_pct']}% "
+        f"of the time  in-quota p99 {r['in_quota_p99_s']} s (bound {r['in_quota_p99_bound_s']})  "
+        f"thrash {r['thrash']}  Jain {r['jain']}  preemptions {r['preemptions']}"
+    )
+
+
+def plot(rows: list[dict], x: list[float], xlabel: str, title: str, out: str) -> None:
+    """Allocation while work waits of static and gpupool against the swept quantity, with
+    2x static and the 85% goal; below it, the share of the time that work waited."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(
+        2, 1, figsize=(7, 6), sharex=True, constrained_layout=True, gridspec_kw={"height_ratios": [2, 1]}
+    )
+    nan = float("nan")
+    sa = [nan if r["static_alloc_pct"] is None else r["static_alloc_pct"] for r in rows]
+    ax.plot(x, sa, "o-", color="#d62728", label="static")
+    ax.plot(x, [nan if r["gpupool_alloc_pct"] is None else r["gpupool_alloc_pct"] for r in rows], "o-",
+            color="#1f77b4", label="gpupool")
+    ax.plot(x, [min(100, 2 * v) for v in sa], ":", color="#d62728", label="2x static")
+    ax.axhline(85, color="#1f77b4", ls="--", lw=0.8, label="85% goal")
+    ax.set(ylabel="GPUs allocated while work waits, %", ylim=(0, 102), title=title)  # 2x static caps at 100
+    ax.legend(loc="lower left")
+    ax2.plot(x, [r["static_waiting_pct"] for r in rows], "o-", color="#d62728", label="static")
+    ax2.plot(x, [r["gpupool_waiting_pct"] for r in rows], "o-", color="#1f77b4", label="gpupool")
+    ax2.set(xlabel=xlabel, ylabel="time work waits, %", ylim=(0, 100))
+    for a in (ax, ax2):
+        a.grid(alpha=0.3)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
