@@ -17,7 +17,6 @@ the same run.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -28,9 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sweeplib  # noqa: E402
 from sweeplib import scenarios  # noqa: E402
 
-from scheduler.model import ValidationError  # noqa: E402
-from scheduler.sim.replay_cli import with_window  # noqa: E402
-
 
 def with_compression(scn: scenarios.Scenario, compression: float) -> scenarios.Scenario:
     """A copy of ``scn`` whose arrivals are divided by ``compression`` instead; an activity
@@ -40,31 +36,14 @@ def with_compression(scn: scenarios.Scenario, compression: float) -> scenarios.S
     return dataclasses.replace(scn, time=dataclasses.replace(t, arrival_compression=compression, activity_period_s=period))
 
 
-def _fail(msg: str) -> None:
-    raise SystemExit(f"replay_load_sweep: {msg}")
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenario", default="balanced")
+    prog = "replay_load_sweep"
+    ap = sweeplib.parser(__doc__, "balanced", "also draw allocation and waiting against the offered load here (PNG)")
     ap.add_argument("--compressions", default="35,50,70,100", help="comma list of arrival compressions, each > 0")
-    ap.add_argument("--window", default="", help="LO,HI share of the pods (default: the scenario's)")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--plot", default="", help="also draw allocation and waiting against the offered load here (PNG)")
     args = ap.parse_args()
-    try:
-        base = scenarios.load(args.scenario)
-    except ValidationError as e:
-        _fail(str(e))
-    try:
-        compressions = [float(x) for x in args.compressions.split(",")]
-    except ValueError:
-        compressions = []
-    if not compressions or not all(0 < c < float("inf") for c in compressions):
-        _fail(f"--compressions must be a comma list of numbers > 0, got {args.compressions!r}")
-    if args.window:
-        base.pods = with_window(base.pods, args.window, "replay_load_sweep")
-    nodes, pods = sweeplib.load_trace(base, "replay_load_sweep")
+    base = sweeplib.base_scenario(args, prog)
+    compressions = sweeplib.numbers(args.compressions, lambda c: 0 < c < float("inf"), "numbers > 0", prog, "--compressions")
+    nodes, pods = sweeplib.load_trace(base, prog)
     rows = []
     for c in compressions:
         rows.append({"arrival_compression": c, **sweeplib.point(nodes, pods, with_compression(base, c))})

@@ -14,7 +14,6 @@ scenario's. Each point is a full replay (static and gpupool), the ratio taken in
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -24,9 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sweeplib  # noqa: E402
 from sweeplib import scenarios  # noqa: E402
-
-from scheduler.model import ValidationError  # noqa: E402
-from scheduler.sim.replay_cli import with_window  # noqa: E402
 
 
 def with_idle_share(scn: scenarios.Scenario, idle: set[str], share: float) -> scenarios.Scenario:
@@ -40,36 +36,21 @@ def with_idle_share(scn: scenarios.Scenario, idle: set[str], share: float) -> sc
     return dataclasses.replace(scn, teams=teams)
 
 
-def _fail(msg: str) -> None:
-    raise SystemExit(f"replay_skew_sweep: {msg}")
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenario", default="skewed")
+    prog = "replay_skew_sweep"
+    ap = sweeplib.parser(__doc__, "skewed", "also draw allocation against the idle share here (PNG)")
     ap.add_argument("--idle", default="vision,autonomy", help="comma list of the teams that own idle quota")
     ap.add_argument("--shares", default="0.4,0.5,0.6,0.7,0.8", help="comma list of the idle teams' quota shares, each in (0, 1)")
-    ap.add_argument("--window", default="", help="LO,HI share of the pods (default: the scenario's)")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--plot", default="", help="also draw allocation against the idle share here (PNG)")
     args = ap.parse_args()
-    try:
-        base = scenarios.load(args.scenario)
-    except ValidationError as e:
-        _fail(str(e))
+    base = sweeplib.base_scenario(args, prog)
     idle = {x for x in args.idle.split(",") if x}
     names = {t.name for t in base.teams}
     if not idle or not idle < names:
-        _fail(f"--idle must name some but not all of the scenario's projects ({', '.join(sorted(names))}), got {args.idle!r}")
-    try:
-        shares = [float(x) for x in args.shares.split(",")]
-    except ValueError:
-        shares = []
-    if not shares or not all(0 < s < 1 for s in shares):
-        _fail(f"--shares must be a comma list of numbers in (0, 1), got {args.shares!r}")
-    if args.window:
-        base.pods = with_window(base.pods, args.window, "replay_skew_sweep")
-    nodes, pods = sweeplib.load_trace(base, "replay_skew_sweep")
+        raise SystemExit(
+            f"{prog}: --idle must name some but not all of the scenario's projects ({', '.join(sorted(names))}), got {args.idle!r}"
+        )
+    shares = sweeplib.numbers(args.shares, lambda s: 0 < s < 1, "numbers in (0, 1)", prog, "--shares")
+    nodes, pods = sweeplib.load_trace(base, prog)
     rows = []
     for share in shares:
         rows.append({"idle_quota_share": share, **sweeplib.point(nodes, pods, with_idle_share(base, idle, share))})

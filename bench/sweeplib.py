@@ -10,11 +10,47 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scheduler.model import Node  # noqa: E402
+import argparse  # noqa: E402
+
+from scheduler.model import Node, ValidationError  # noqa: E402
 from scheduler.sim import scenario as scenarios  # noqa: E402
 from scheduler.sim.cli import default_trace_dir  # noqa: E402
 from scheduler.sim.replay import GOAL_KEYS, replay_all  # noqa: E402
+from scheduler.sim.replay_cli import with_window  # noqa: E402
 from scheduler.sim.trace import TracePod, load_nodes, load_pods  # noqa: E402
+
+
+def parser(doc: str, scenario: str, plot_help: str) -> argparse.ArgumentParser:
+    """The arguments every sweep takes; each adds the quantity it sweeps."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--scenario", default=scenario)
+    ap.add_argument("--window", default="", help="LO,HI share of the pods (default: the scenario's)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--plot", default="", help=plot_help)
+    return ap
+
+
+def base_scenario(args: argparse.Namespace, prog: str) -> scenarios.Scenario:
+    """``--scenario`` with ``--window`` applied; a one-line exit on a bad one."""
+    try:
+        scn = scenarios.load(args.scenario)
+    except ValidationError as e:
+        raise SystemExit(f"{prog}: {e}") from None
+    if args.window:
+        scn.pods = with_window(scn.pods, args.window, prog)
+    return scn
+
+
+def numbers(arg: str, ok, what: str, prog: str, flag: str) -> list[float]:
+    """A comma list of numbers each ``ok``; else a one-line exit naming ``flag`` and ``what``
+    it must be."""
+    try:
+        xs = [float(x) for x in arg.split(",")]
+    except ValueError:
+        xs = []
+    if not xs or not all(ok(x) for x in xs):
+        raise SystemExit(f"{prog}: {flag} must be a comma list of {what}, got {arg!r}")
+    return xs
 
 
 def load_trace(scn: scenarios.Scenario, prog: str) -> tuple[list[Node], list[TracePod]]:

@@ -475,21 +475,26 @@ def _skew_sweep():
 
 
 @pytest.mark.parametrize(
-    "argv, says",
+    "bench, argv, says",
     [
-        (["--window", "0.5"], "--window must be LO,HI"),
-        (["--window", "0.9,0.1"], "--window must have 0 <= LO < HI <= 1"),
-        (["--scenario", "nope"], "no shipped scenario of that name"),
-        (["--shares", "0.5,1.5"], "--shares must be a comma list of numbers in (0, 1)"),
-        (["--idle", "nobody"], "--idle must name some but not all"),
+        ("replay_skew_sweep", ["--window", "0.5"], "--window must be LO,HI"),
+        ("replay_skew_sweep", ["--window", "0.9,0.1"], "--window must have 0 <= LO < HI <= 1"),
+        ("replay_skew_sweep", ["--scenario", "nope"], "no shipped scenario of that name"),
+        ("replay_skew_sweep", ["--shares", "0.5,1.5"], "--shares must be a comma list of numbers in (0, 1)"),
+        ("replay_skew_sweep", ["--idle", "nobody"], "--idle must name some but not all"),
+        ("replay_load_sweep", ["--window", "0.5"], "--window must be LO,HI"),
+        ("replay_load_sweep", ["--scenario", "nope"], "no shipped scenario of that name"),
+        ("replay_load_sweep", ["--compressions", "50,0"], "--compressions must be a comma list of numbers > 0"),
+        ("replay_load_sweep", ["--compressions", "fast"], "--compressions must be a comma list of numbers > 0"),
+        ("replay_load_sweep", ["--compressions", "inf"], "--compressions must be a comma list of numbers > 0"),
     ],
 )
-def test_skew_sweep_bad_arguments_are_one_line(monkeypatch, argv, says):
-    sweep = _skew_sweep()
-    monkeypatch.setattr("sys.argv", ["replay_skew_sweep.py", *argv])
+def test_sweep_bad_arguments_are_one_line(monkeypatch, bench, argv, says):
+    sweep = _bench(bench)
+    monkeypatch.setattr("sys.argv", [f"{bench}.py", *argv])
     with pytest.raises(SystemExit) as e:
         sweep.main()
-    assert says in str(e.value) and "\n" not in str(e.value)
+    assert says in str(e.value) and str(e.value).startswith(f"{bench}: ") and "\n" not in str(e.value)
 
 
 def test_skew_sweep_gives_the_idle_teams_the_share_and_keeps_the_rest():
@@ -504,24 +509,6 @@ def test_skew_sweep_gives_the_idle_teams_the_share_and_keeps_the_rest():
     assert [t.pod_share for t in scn.teams] == [t.pod_share for t in base.teams]
     assert [t.weight for t in scn.teams] == [t.weight for t in base.teams]
     assert [t.quota_share for t in base.teams][0] == 0.35  # the scenario itself unchanged
-
-
-@pytest.mark.parametrize(
-    "argv, says",
-    [
-        (["--window", "0.5"], "--window must be LO,HI"),
-        (["--scenario", "nope"], "no shipped scenario of that name"),
-        (["--compressions", "50,0"], "--compressions must be a comma list of numbers > 0"),
-        (["--compressions", "fast"], "--compressions must be a comma list of numbers > 0"),
-        (["--compressions", "inf"], "--compressions must be a comma list of numbers > 0"),
-    ],
-)
-def test_load_sweep_bad_arguments_are_one_line(monkeypatch, argv, says):
-    sweep = _bench("replay_load_sweep")
-    monkeypatch.setattr("sys.argv", ["replay_load_sweep.py", *argv])
-    with pytest.raises(SystemExit) as e:
-        sweep.main()
-    assert says in str(e.value) and "\n" not in str(e.value)
 
 
 def test_load_sweep_changes_the_arrival_rate_and_keeps_the_rest():
