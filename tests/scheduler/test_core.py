@@ -256,7 +256,7 @@ def test_fair_share_node_plan_keeps_the_victims_fair_share():
 
 
 def test_quota_reclaim_keeps_to_the_global_eviction_order():
-    # Quota reclaim does not plan per node (README: it made the replay thrash): with the
+    # Quota reclaim does not plan per node (docs/replay-history.md: it made the replay thrash): with the
     # candidates spread one per node, nothing is evicted for a whole-node pod.
     ds, ps = org(("a", 8), ("b", 8))
     nodes = [make_node(f"n{k}", gpus=4) for k in range(4)]
