@@ -114,7 +114,7 @@ def plot(rows: list[dict], x: list[float], xlabel: str, title: str, out: str) ->
     ax.plot(x, sa, "o-", color="#d62728", label="static")
     ax.plot(x, [nan if r["gpupool_alloc_pct"] is None else r["gpupool_alloc_pct"] for r in rows], "o-",
             color="#1f77b4", label="gpupool")
-    ax.plot(x, [min(100, 2 * v) for v in sa], ":", color="#d62728", label="2x static")
+    ax.plot(x, [min(100, 2 * v) for v in sa], ":", color="#d62728", label="2x static (at most 100%)")
     ax.axhline(85, color="#1f77b4", ls="--", lw=0.8, label="85% goal")
     ax.set(ylabel="GPUs allocated while work waits, %", ylim=(0, 102), title=title)  # 2x static caps at 100
     ax.legend(loc="lower left")
