@@ -98,7 +98,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         )
         print(table(doc))
         for k, v in doc["goals"].items():
-            print(f"  {k}: {'undefined (see work_waited)' if v is None else v}")
+            print(f"  {k}: {'undefined' if v is None else v}")
     return 0
 
 
