@@ -5,12 +5,11 @@ a scenario and says which (``replay_skew_sweep.py``: the idle teams' quota share
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import argparse  # noqa: E402
 
 from scheduler.model import Node, ValidationError  # noqa: E402
 from scheduler.sim import scenario as scenarios  # noqa: E402
