@@ -384,6 +384,33 @@ def test_jain_over_time_counts_turns():
     assert m.over_quota_ratios(window=True) == {"a": 1.0, "b": 1.0}
 
 
+def test_unserved_quota_counts_idle_quota_while_its_team_waits():
+    # a (quota 4 GPUs) holds 1 and has 2 GPUs of work waiting: 2 GPUs of its guarantee go
+    # unserved (not 3: it asked for 2). b (quota 4) holds 1 with nothing waiting: none.
+    # After 100 s a holds 3: nothing unserved. Over the 200-s window: 2 GPUs x 100 s / 200 s.
+    from scheduler.sim.replay import Meter
+
+    m = Meter(["a", "b"], {"a": 4000, "b": 4000}, {"a": 1.0, "b": 1.0}, window_end=200.0)
+    m.pend_all = {"a": 2000, "b": 0}
+    m.change("a", 1000)
+    m.change("b", 1000)
+    m.record()
+    m.advance(100.0)
+    m.pend_all = {"a": 0, "b": 0}
+    m.change("a", 2000)
+    m.record()
+    m.advance(300.0)  # past the window: not counted
+    assert m.unserved_quota_gpus() == pytest.approx(1.0)
+
+
+def test_replay_reports_unserved_quota_for_every_policy():
+    scn = scenario()
+    doc, _ = replay_all(nodes(2), synthetic(60, seed=3), scn)
+    for p in POLICY_NAMES:
+        v = doc["policies"][p]["quota_unserved_mean_gpus"]
+        assert v is not None and 0 <= v <= 8  # at most the two nodes' 8 GPUs
+
+
 def _decisions_of(monkeypatch, memo: bool, skip_quiet: bool, run):
     """Every cycle's decisions (binds, evictions, pending reasons) of ``run()``, with the
     core's make-room memo on or off, and how often ``_candidates`` was asked."""

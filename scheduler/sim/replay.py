@@ -214,7 +214,12 @@ class Meter:
         self.held: dict[str, int] = dict.fromkeys(projects, 0)
         self.held_total = 0
         self.pend_over: dict[str, int] = dict.fromkeys(projects, 0)  # as of the last cycle
+        self.pend_all: dict[str, int] = dict.fromkeys(projects, 0)  # likewise, all pending milli
         self.pending_seen = False
+        # Quota a project leaves unused while work of its own waits (the guarantee not
+        # delivered, milli), summed over projects: now, and its time integrals.
+        self.unserved_now = 0
+        self.unserved_int = [0.0, 0.0]
         self.jain_now: float | None = None
         self.t = 0.0
         self.busy_pending = [0.0, 0.0]  # milli-seconds allocated while work was pending
@@ -238,6 +243,7 @@ class Meter:
             if self.pending_seen:
                 self.busy_pending[i] += self.held_total * dt
                 self.pending_time[i] += dt
+            self.unserved_int[i] += self.unserved_now * dt
             if self.jain_now is not None:
                 self.jain_int[i] += self.jain_now * dt
                 self.jain_time[i] += dt
@@ -255,6 +261,9 @@ class Meter:
         self.held_total += milli
 
     def record(self) -> None:
+        self.unserved_now = sum(
+            max(0, min(q - self.held[p], self.pend_all[p])) for p, q in self.quota.items()
+        )
         self.shares = st = over_quota_shares(self.held, self.pend_over, self.quota, self.weight)
         self.jain_now = None
         if st is not None:
@@ -271,6 +280,12 @@ class Meter:
         if not self.pending_time[i]:
             return None
         return round(100 * self.busy_pending[i] / (capacity_milli * self.pending_time[i]), 2)
+
+    def unserved_quota_gpus(self) -> float | None:
+        """GPUs of quota left unused while their project had work waiting, summed over the
+        projects and averaged over the arrival window."""
+        t = min(self.t, self.window_end)
+        return round(self.unserved_int[0] / t / MILLI, 2) if t > 0 else None
 
     def jain_mean(self, window: bool) -> float | None:
         """The instantaneous index, averaged over the time it is defined."""
@@ -546,6 +561,7 @@ class _Replay:
             self.version += 1
             self._changed(t)  # the next pods of a queue get a cycle at once
         self.meter.pend_over = dict(self.pend_over)
+        self.meter.pend_all = dict(self.pend_all)
         if self.ledger is not None:
             self.ledger.observe(
                 self.snap.projects, self.snap.usage, {(p, DEFAULT_POOL): m for p, m in self.pend_over.items()}
@@ -590,6 +606,8 @@ class _Replay:
             "preemptions": self.preemptions,
             "lost_gpu_hours": round(self.lost_gpu_s / 3600, 2),
             "thrash_count": self.thrash,
+            # The guarantee beyond the in-quota waits: quota idle while its team waited.
+            "quota_unserved_mean_gpus": m.unserved_quota_gpus(),
             "fairness_jain": m.jain_over_time(window=True),
             "fairness_jain_instant_mean": m.jain_mean(window=True),
             "fairness_time_s": round(m.jain_time[0], 1),
