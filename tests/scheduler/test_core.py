@@ -255,14 +255,29 @@ def test_fair_share_node_plan_keeps_the_victims_fair_share():
     assert sorted(e.workload for e in d.evictions) == [f"b-n0-g{g}" for g in range(1, 4)]
 
 
-def test_quota_reclaim_keeps_to_the_global_eviction_order():
-    # Quota reclaim does not plan per node (docs/replay-history.md: it made the replay thrash): with the
-    # candidates spread one per node, nothing is evicted for a whole-node pod.
+def test_quota_reclaim_clears_one_node_for_a_whole_node_pod():
+    # a is below its quota (8) with a 4-GPU pod; b holds all 16 GPUs, 8 over its quota. The
+    # global eviction order frees one GPU per node; the per-node plan takes one node's pods.
     ds, ps = org(("a", 8), ("b", 8))
     nodes = [make_node(f"n{k}", gpus=4) for k in range(4)]
     pending = [make_workload("a1").project("a").gpus(4).submitted(100).obj()]
     d = decide(snapshot(nodes, ds, ps, _spread_b() + pending, max_victim_scan=4))
-    assert d.evictions == []
+    assert sorted(e.workload for e in d.evictions) == [f"b-n0-g{g}" for g in range(4)]
+    assert all("below its quota" in e.reason for e in d.evictions)
+
+
+def test_quota_reclaim_node_plan_passes_over_work_that_just_restarted():
+    # As above, but n0's pods restarted after a preemption 100 s ago (protected for 600 s):
+    # the plan clears n1 instead, and no thrash.
+    ds, ps = org(("a", 8), ("b", 8))
+    nodes = [make_node(f"n{k}", gpus=4) for k in range(4)]
+    spread = [dataclasses.replace(w, resumed=True, started_at=900.0) if w.name.startswith("b-n0-") else w
+              for w in _spread_b()]
+    pending = [make_workload("a1").project("a").gpus(4).submitted(100).obj()]
+    snap = snapshot(nodes, ds, ps, spread + pending, max_victim_scan=4)
+    snap.now = 1000.0
+    d = decide(snap)
+    assert sorted(e.workload for e in d.evictions) == [f"b-n1-g{g}" for g in range(4)]
 
 
 def test_reclaim_never_evicts_non_preemptible_work():
