@@ -72,8 +72,8 @@ def point(nodes: list[Node], pods: list[TracePod], scn: scenarios.Scenario) -> d
         "offered_load_pct": doc["load"]["offered_load_pct"],
         "static_alloc_pct": sa,
         "gpupool_alloc_pct": ga,
-        "ratio": round(ga / sa, 2) if ga and sa else None,
-        "ratio_ceiling": round(100 / sa, 2) if sa else None,  # no policy allocates over 100%
+        "ratio": doc["goals"]["allocation_x_static"],
+        "ratio_ceiling": doc["goals"]["allocation_x_static_ceiling"],  # no policy allocates over 100%
         "static_waiting_pct": round(100 * s["pending_time_in_window_s"] / window, 1),
         "gpupool_waiting_pct": round(100 * g["pending_time_in_window_s"] / window, 1),
         "static_all_wait_p99_s": s["all_wait_p99_s"],

@@ -217,9 +217,9 @@ class Meter:
         self.pend_all: dict[str, int] = dict.fromkeys(projects, 0)  # likewise, all pending milli
         self.pending_seen = False
         # Quota a project leaves unused while work of its own waits (the guarantee not
-        # delivered, milli), summed over projects: now, and its time integrals.
+        # delivered, milli), summed over projects: now, and its integral over the window.
         self.unserved_now = 0
-        self.unserved_int = [0.0, 0.0]
+        self.unserved_int = 0.0
         self.jain_now: float | None = None
         self.t = 0.0
         self.busy_pending = [0.0, 0.0]  # milli-seconds allocated while work was pending
@@ -239,11 +239,11 @@ class Meter:
         if t <= self.t:
             return
         in_window = max(0.0, min(t, self.window_end) - self.t)
+        self.unserved_int += self.unserved_now * in_window
         for i, dt in enumerate((in_window, t - self.t)):
             if self.pending_seen:
                 self.busy_pending[i] += self.held_total * dt
                 self.pending_time[i] += dt
-            self.unserved_int[i] += self.unserved_now * dt
             if self.jain_now is not None:
                 self.jain_int[i] += self.jain_now * dt
                 self.jain_time[i] += dt
@@ -285,7 +285,7 @@ class Meter:
         """GPUs of quota left unused while their project had work waiting, summed over the
         projects and averaged over the arrival window."""
         t = min(self.t, self.window_end)
-        return round(self.unserved_int[0] / t / MILLI, 2) if t > 0 else None
+        return round(self.unserved_int / t / MILLI, 2) if t > 0 else None
 
     def jain_mean(self, window: bool) -> float | None:
         """The instantaneous index, averaged over the time it is defined."""
