@@ -413,8 +413,8 @@ def test_replay_reports_unserved_quota_for_every_policy():
 
 def _decisions_of(monkeypatch, memo: bool, skip_quiet: bool, run):
     """Every cycle's decisions (binds, evictions, pending reasons) of ``run()``, with the
-    core's make-room memo on or off, and how often ``_candidates`` was asked."""
-    from scheduler import core
+    core's make-room memo on or off, and how often ``Victims.candidates`` was asked."""
+    from scheduler.actions.victims import Victims
     from scheduler.sim import replay as replay_mod
 
     class NoMemo(dict):
@@ -422,10 +422,10 @@ def _decisions_of(monkeypatch, memo: bool, skip_quiet: bool, run):
             pass
 
     log, asked = [], [0]
-    init, candidates, real = core._Cycle.__init__, core._Cycle._candidates, core.decide
+    init, candidates, real = Victims.__init__, Victims.candidates, replay_mod.decide
 
-    def patched_init(self, snap):
-        init(self, snap)
+    def patched_init(self, cycle):
+        init(self, cycle)
         if not memo:
             self.plan_memo = NoMemo()
 
@@ -438,8 +438,8 @@ def _decisions_of(monkeypatch, memo: bool, skip_quiet: bool, run):
         log.append((snap.now, d.binds, d.evictions, d.pending))
         return d
 
-    monkeypatch.setattr(core._Cycle, "__init__", patched_init)
-    monkeypatch.setattr(core._Cycle, "_candidates", counting)
+    monkeypatch.setattr(Victims, "__init__", patched_init)
+    monkeypatch.setattr(Victims, "candidates", counting)
     monkeypatch.setattr(replay_mod, "decide", recording)
     metrics = {k: v for k, v in run(skip_quiet).metrics.items() if k not in TIMING | {"cycles_skipped_quiet"}}
     monkeypatch.undo()
