@@ -96,6 +96,16 @@ def test_a_team_back_to_its_quota_gets_its_gpus_after_one_grace_period():
     assert s.metrics["all_wait_p99_s"] > 4000  # busy's pods beyond its 4 GPUs wait in the silo
 
 
+def test_every_eviction_cause_is_counted_under_a_known_key():
+    # The replay counts evictions by their cause, never by their text; fair share over
+    # time counts with fair share, the keys the JSON has always had.
+    from scheduler.model import EvictionCause
+    from scheduler.sim.replay import REASON_KEYS
+
+    assert set(REASON_KEYS) == set(EvictionCause)
+    assert set(REASON_KEYS.values()) == {"reclaim", "fair share", "preempt"}
+
+
 def test_lost_work_and_restart():
     scn = scenario(checkpoint_interval_s=300)
     busy = [p for p in (pod(i, 0, 5000) for i in range(400)) if scn.project_of(p.name) == "busy"][:16]
