@@ -105,7 +105,7 @@ class Cycle:
         self.decisions = Decisions()
         for (project, pool), milli in sorted(self.fair.items()):
             self.decisions.fair_share_milli[(project, pool)] = milli
-        # The pending work whose project and pool exist, in queue order (``actions.KnownWork``).
+        # The pending work whose project and pool exist, in queue order (``actions.allocate.KnownWork``).
         self.waiting: list[Workload] = []
         self.placed: set[str] = set()
         self.why: dict[str, str | tuple[str, str]] = {}
