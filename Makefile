@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: setup run test lint native bench clean system k8s dex
+.PHONY: setup run test lint native bench clean system k8s dex fuzz
 
 setup: $(VENV)/.installed
 
@@ -38,6 +38,10 @@ lint: setup
 
 test: setup system native lint k8s dex
 	$(VENV)/bin/pytest -q tests
+
+# The scheduler's property tests with a long random profile (CI runs a fixed, short one).
+fuzz: setup
+	HYPOTHESIS_PROFILE=fuzz $(VENV)/bin/pytest -q tests/scheduler/test_guarantee_properties.py
 
 clean:
 	rm -rf $(VENV) native/build
