@@ -69,9 +69,16 @@ def cmd_up(args) -> int:
     return 0
 
 
+def option_rows() -> list[tuple[str, str, str, str]]:
+    """(class, name, default, help) of every configuration option; the docs' options page
+    is generated from this list too."""
+    return [("Gpupool", name, repr(trait.default_value), trait.help)
+            for name, trait in sorted(Gpupool.class_traits(config=True).items())]
+
+
 def cmd_options(_args) -> int:
-    for name, trait in sorted(Gpupool.class_traits(config=True).items()):
-        print(f"c.Gpupool.{name} = {trait.default_value!r}\n    {trait.help}\n")
+    for cls, name, default, help_text in option_rows():
+        print(f"c.{cls}.{name} = {default}\n    {help_text}\n")
     return 0
 
 

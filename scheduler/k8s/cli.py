@@ -18,10 +18,10 @@ from .adapter import AdapterConfig, GpupoolScheduler
 from .client import KubeClient
 from .lease import LeaderElector
 
-__all__ = ["main"]
+__all__ = ["main", "parser"]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="gpupool-scheduler", description=__doc__)
     ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
                     help="kubeconfig file; in-cluster configuration when unset")
@@ -43,7 +43,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="serve Prometheus metrics at :PORT/metrics (0: off); standbys serve too")
     ap.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics server listens on")
     ap.add_argument("-v", "--verbose", action="count", default=0)
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 async def _amain(args: argparse.Namespace) -> int:
