@@ -16,7 +16,6 @@ source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build", "reference/_generated", "_snippets", ".DS_Store"]
 myst_heading_anchors = 4
 myst_enable_extensions = ["colon_fence", "deflist"]
-suppress_warnings = ["myst.header"]  # generated pages may start at ###
 nitpicky = True
 
 html_theme = "pydata_sphinx_theme"

@@ -35,7 +35,7 @@ def test_options_page_lists_exactly_what_gpupool_options_prints():
     out = subprocess.run([sys.executable, "-m", "hub_ext.cli", "options"], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     printed = re.findall(r"^c\.(\w+)\.(\w+) = ", out, re.M)
-    page = re.findall(r"^### `c\.(\w+)\.(\w+)`$", REF.options_md(), re.M)
+    page = re.findall(r"^## `c\.(\w+)\.(\w+)`$", REF.options_md(), re.M)
     assert printed, "gpupool options printed no option"
     assert page == printed
 
