@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import re
+import socket
 import sys
 from pathlib import Path
 
@@ -177,6 +179,19 @@ def _subparsers(p: argparse.ArgumentParser):
                 yield name, helps.get(name, ""), sub
 
 
+def _default(value) -> str:
+    """A default as the reader's machine would see it: one taken from the build machine's
+    environment or host name is named, not shown."""
+    if isinstance(value, str) and value.startswith(socket.gethostname() + "_"):
+        return "see meaning"
+    if value == socket.gethostname():
+        return "the host name"
+    for name, env_value in os.environ.items():
+        if value == env_value and len(str(value)) > 1:
+            return f"`${name}`"
+    return f"`{value}`"
+
+
 def _parser_md(p: argparse.ArgumentParser, level: int) -> list[str]:
     out = [f"{'#' * level} `{p.prog}`", ""]
     if p.description and level > 2:
@@ -189,7 +204,7 @@ def _parser_md(p: argparse.ArgumentParser, level: int) -> list[str]:
         name = ", ".join(a.option_strings) or a.dest
         if a.choices:
             name += " {" + ",".join(map(str, a.choices)) + "}"
-        default = "" if a.default in (None, argparse.SUPPRESS, False, "") or not a.option_strings else f"`{a.default}`"
+        default = "" if a.default in (None, argparse.SUPPRESS, False, "") or not a.option_strings else _default(a.default)
         rows.append(f"| `{name}` | {_cell(a.help or '')} | {default} |")
     if rows:
         out += ["| argument | meaning | default |", "| --- | --- | --- |", *rows, ""]

@@ -312,7 +312,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--host-lib-dir", default=DEFAULT_HOST_LIB_DIR,
                     help=f"host directory the library is copied to as {PRELOAD_NAME}")
     ap.add_argument("--once", action="store_true", help="publish once and exit")
-    ap.add_argument("-v", "--verbose", action="count", default=0)
+    ap.add_argument("-v", "--verbose", action="count", default=0, help="more log output (repeatable)")
     return ap
 
 
