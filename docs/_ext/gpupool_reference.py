@@ -44,6 +44,7 @@ def options_md() -> str:
 
     out = ["Set in `gpupool_config.py` (`c.CLASS.NAME = value`); `gpupool options` prints the same list.", ""]
     for cls, name, default, help_text in option_rows():
+        default = default.replace(str(ROOT) + "/", "")  # paths inside the tree, as the tree names them
         out += [f"## `c.{cls}.{name}`", "", f"Default: `{default}`", "", help_text.strip(), ""]
     return "\n".join(out)
 
