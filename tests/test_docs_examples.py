@@ -58,3 +58,19 @@ def test_gangs_a_two_worker_gang_waits_rather_than_start_one_worker():
     d = decide(snap)
     assert not any(b.workload == "gang" for b in d.binds)
     assert "no node in pool default" in d.reason("gang")
+
+
+def test_reclaim_a_borrowed_gang_is_taken_whole_for_a_team_below_its_quota():
+    ds, ps = org(("nlp", 1), ("vision", 2))
+    ws = [make_workload("nlp-ws").project("nlp").kind(Kind.WORKSPACE).gpus(0.25).submitted(0).obj(),
+          make_workload("vision-ws1").project("vision").kind(Kind.WORKSPACE).gpus(0.75).submitted(1).obj(),
+          make_workload("nlp-gang").project("nlp").gpus(1).pods(2).submitted(2).obj()]
+    snap = snapshot([make_node("n1", gpus=3)], ds, ps, ws)
+    d = decide(snap)
+    assert {b.workload for b in d.binds} == {"nlp-ws", "vision-ws1", "nlp-gang"}
+    apply(snap, d)
+    snap.upsert_workload(make_workload("vision-ws2").project("vision").kind(Kind.WORKSPACE).gpus(1).submitted(10).obj())
+    d = decide(snap)
+    assert [e.workload for e in d.evictions] == ["nlp-gang"]  # nlp left at 0.25 < 1, and 0.25 + 2 > 1
+    apply(snap, d)
+    assert [b.workload for b in decide(snap).binds] == ["vision-ws2"]
