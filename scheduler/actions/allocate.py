@@ -45,10 +45,16 @@ class InQuota:
         # takes idle GPUs after the teams that are inside their quota altogether.
         c = self.cycle
         later = []
+        waits_ahead: set[str] = set()  # projects whose guaranteed work was put off
         for w in c.waiting:
+            if w.gives_way and w.project in waits_ahead:
+                # Its project's guaranteed work ahead of it waits for idle GPUs; this would
+                # take them first and be preempted for it again, once per cycle (make room).
+                continue
             if not c.try_place(w, lambda pool, v: v.allowed and not v.over_quota and not v.guaranteed_only):
                 if not w.may_go_over_quota:
                     later.append(w)
+                    waits_ahead.add(w.project)
         # Idle GPUs such work takes are over its project's whole quota: the least-served
         # project goes first, as in the fair-share action.
         least_served_first(c, later, lambda w, pool, v: v.allowed and not v.over_quota)

@@ -13,7 +13,7 @@ import numpy as np
 from ..cycle import Cycle, TooBig, pod_size
 from ..model import Evict, PodDemand, Workload
 from ..placement import Choice
-from .evictions import EVICTIONS, Eviction
+from .evictions import EVICTIONS, Eviction, may_take
 from .victims import Victims
 
 
@@ -101,7 +101,7 @@ class MakeRoom:
         with work.trial() as plan:
             gpu_work = w.demand.gpu_count > 0
             # The candidates depend only on these (and on evictions, which clear ``hopeless``).
-            group = (w.project, w.effective_priority, pool, strategy, w.gpu_models, gpu_work)
+            group = (w.project, w.effective_priority, pool, strategy.key, w.gpu_models, gpu_work)
             if self.hopeless.covers(group, pod_size(w)):
                 return False  # a smaller pod found victims but no room with them all gone
             key, candidates = victims_.plan_candidates(w, pool, strategy)
@@ -115,13 +115,16 @@ class MakeRoom:
             placed = None
             if w.pods == 1 and not victims_.room_with_all_gone(w, pool, candidates, static, key):
                 candidates = []  # the trials below cannot make room: go to the per-node plan
+            smallest: dict[str, int] = {}  # the smallest piece taken so far, per project
             for v, floor in candidates:
                 if gpu_work and not v.demand.gpu_count:
                     continue  # CPU-only work never makes room for GPUs
                 choices = work.choices_of(v)
                 milli = work.milli_of(v)
-                if floor is not None and work.usage[(v.project, pool)] - milli < floor:
+                least = min(milli, smallest.get(v.project, milli))
+                if not may_take(floor, work.usage[(v.project, pool)] - milli, least):
                     continue
+                smallest[v.project] = least
                 work.give(v, choices)
                 victims.append((v, choices))
                 if (w.pods > 1 or any(victims_.room_on(x.node, w, static) for x in choices)) and strategy.admits(c, w, pool):
@@ -204,14 +207,17 @@ class MakeRoom:
                 continue
             room = [a.gpu_free[node].tolist(), int(a.cpu_free[node]), int(a.mem_free[node])]
             gone: dict[str, int] = defaultdict(int)
+            smallest: dict[str, int] = {}
             chosen = []
             for v, floor in per_node[node]:
                 if best is not None and len(chosen) + 1 >= len(best):
                     break  # cannot beat the best node found so far
                 milli = work.milli_of(v)
-                if floor is not None and usage[(v.project, pool)] - gone[v.project] - milli < floor:
+                least = min(milli, smallest.get(v.project, milli))
+                if not may_take(floor, usage[(v.project, pool)] - gone[v.project] - milli, least):
                     continue
                 gone[v.project] += milli
+                smallest[v.project] = least
                 choices = work.choices_of(v)
                 chosen.append((v, choices))
                 for c in choices:

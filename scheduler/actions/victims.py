@@ -13,17 +13,18 @@ import numpy as np
 from ..cycle import Cycle
 from ..model import MILLI, State, Workload
 from ..placement import Choice
-from .evictions import Eviction
+from .evictions import Eviction, Floor, may_take
 
 
 class Victims:
     def __init__(self, cycle: Cycle):
         self.cycle = cycle
         self.snap, self.cfg, self.work = cycle.snap, cycle.cfg, cycle.work
+        self.wide_scan = 8 * self.cfg.max_victim_scan  # how far past ``max_victim_scan`` some plans look
         # Per candidate group (see ``plan_candidates``) its candidates, and what they free
         # (``room_with_all_gone``); valid until a plan evicts (``evicted_for``).
         self.plan_memo: dict[tuple, object] = {}
-        # Per (project, pool): its victims as far as read (see ``_pool_victims``), kept for
+        # Per (project, pool): its victims as far as read (see ``pool_victims``), kept for
         # the whole cycle: what filters them does not change within one, evictions aside.
         self.victim_lists: dict[tuple[str, str], tuple[list, Iterator]] = {}
         self.pool_of_workload: dict[str, str | None] = {}
@@ -36,19 +37,28 @@ class Victims:
         for v in victims:
             self.evicted.add(v.name)
 
-    def candidates(self, w: Workload, pool: str, strategy: Eviction) -> Iterator[tuple[Workload, int | None]]:
-        """Possible victims in eviction order (``strategy.projects``), each with the floor
-        its project must keep (``strategy.floor``). No strategy takes work that just
-        restarted: that is thrash."""
+    def candidates(self, w: Workload, pool: str, strategy: Eviction) -> Iterator[tuple[Workload, Floor | None]]:
+        """Possible victims in eviction order (``strategy.projects``, then
+        ``strategy.victims_in``), each with the floor its project must keep
+        (``strategy.floor``)."""
         for p in strategy.projects(self.cycle, w, pool):
             floor = strategy.floor(self.cycle, p, pool)
-            for prio, v, protected in self._pool_victims(p, pool):
-                if strategy.stops_at(prio, w):
-                    break
-                if not protected:
-                    yield v, floor
+            for v in strategy.victims_in(self, w, p, pool, floor):
+                yield v, floor
 
-    def _pool_victims(self, project: str, pool: str) -> Iterator[tuple[int, Workload, bool]]:
+    def below_quota_order(self, project: str, pool: str, quota: int) -> list[Workload]:
+        """Quota reclaim's second pass takes ``project``'s pieces that each alone would take
+        it below its quota first, the smallest first, then the others in eviction order. A
+        smaller piece taken before a crossing one would make ``may_take`` refuse the crossing
+        one (the smaller piece could fit back): this order finds a set the rule allows where
+        the eviction order does not, with the fewest GPUs among single crossings."""
+        used, milli_of = self.work.usage[(project, pool)], self.work.milli_of
+        pieces = [v for _, v, protected in itertools.islice(self.pool_victims(project, pool), self.wide_scan)
+                  if not protected]
+        crossing = sorted((v for v in pieces if used - milli_of(v) < quota), key=milli_of)
+        return crossing + [v for v in pieces if used - milli_of(v) >= quota]
+
+    def pool_victims(self, project: str, pool: str) -> Iterator[tuple[int, Workload, bool]]:
         """``project``'s running preemptible work in ``pool`` not evicted this cycle, in
         eviction order, each with its priority and whether it is protected. Filtered only
         as far as a caller reads (a plan reads the first few of thousands), once a cycle:
@@ -94,16 +104,16 @@ class Victims:
         preemption; its GPUs, for catch up), and on usage and the evicted set, which in
         make-room change only when a plan evicts (that clears ``plan_memo``): so they are
         worked out once per group."""
-        key = (w.project, pool, strategy, strategy.group(self.cycle, w, pool))
+        key = (w.project, pool, strategy.key, strategy.group(self.cycle, w, pool))
         candidates = self.plan_memo.get(key)
         if candidates is None:
             candidates = self.plan_memo[key] = list(itertools.islice(self.candidates(w, pool, strategy), self.cfg.max_victim_scan))
         return key, candidates
 
-    def wide(self, w: Workload, pool: str, strategy: Eviction) -> Iterator[tuple[Workload, int | None]]:
+    def wide(self, w: Workload, pool: str, strategy: Eviction) -> Iterator[tuple[Workload, Floor | None]]:
         """The candidates further down the eviction order than ``plan_candidates`` reads:
         for the per-node plan."""
-        return itertools.islice(self.candidates(w, pool, strategy), 8 * self.cfg.max_victim_scan)
+        return itertools.islice(self.candidates(w, pool, strategy), self.wide_scan)
 
     def admissible_after(self, w: Workload, pool: str, strategy: Eviction, candidates: list, key: tuple | None = None) -> bool:
         """Would ``w`` pass its quota rule if all ``candidates`` went? Only a strategy that
@@ -125,14 +135,17 @@ class Victims:
         gpu_work = w.demand.gpu_count > 0
         usage = self.work.usage
         gone: dict[str, int] = defaultdict(int)  # milli the loop would have freed, per project
+        smallest: dict[str, int] = {}  # the smallest piece it would have taken, per project
         for v, floor in candidates:
             if gpu_work and not v.demand.gpu_count:
                 continue
             choices = self.work.choices_of(v)
             milli = self.work.milli_of(v)
-            if floor is not None and usage[(v.project, pool)] - gone[v.project] - milli < floor:
+            least = min(milli, smallest.get(v.project, milli))
+            if not may_take(floor, usage[(v.project, pool)] - gone[v.project] - milli, least):
                 continue
             gone[v.project] += milli
+            smallest[v.project] = least
             yield v, choices, milli
 
     def any_victim(self, w: Workload, pool: str, candidates: list) -> bool:
