@@ -26,12 +26,15 @@ def test_baseline_revision_is_timed_beside_this_tree_and_removed_after():
     proc = _run("--json", "--scale", "0.02", "--baseline", "HEAD")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    for fig in ("cycle_s", "snapshot_s", "actions_s", "cycle_cpu_s", "gc_full_s", "decisions_sha"):
+    for fig in ("cycle_s", "snapshot_s", "actions_s", "cycle_cpu_s", "update_cpu_s", "decide_cpu_s", "gc_full_s",
+                "gc_tracked", "loadavg", "decisions_sha"):
         for suffix in ("_quarter", "_half", ""):
             assert f"{fig}{suffix}" in out and f"{fig}{suffix}" in out["baseline"]
     for suffix in ("_quarter", "_half", ""):
         assert out[f"cycle_s{suffix}"] == pytest.approx(out[f"snapshot_s{suffix}"] + out[f"actions_s{suffix}"], abs=2e-4)
         assert out[f"snapshot_s{suffix}"] > 0 and out[f"actions_s{suffix}"] > 0
+        parts = out[f"update_cpu_s{suffix}"] + out[f"decide_cpu_s{suffix}"]
+        assert out[f"cycle_cpu_s{suffix}"] == pytest.approx(parts, abs=2e-4)
     assert out["nodes"] == 80 and out["running_pods"] == 2800
     assert out["baseline"]["rev"] == "HEAD" and out["ratio"]["cycle_s"] > 0
     # HEAD decides what the working tree decides (unless the scheduler has uncommitted changes)
@@ -40,6 +43,16 @@ def test_baseline_revision_is_timed_beside_this_tree_and_removed_after():
     if not dirty:
         assert out["same_decisions"] is True
     assert _worktrees() == before
+
+
+def test_repeated_runs_keep_each_figures_least():
+    proc = _run("--json", "--scale", "0.01", "--repeat", "2")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["repeat"] == 2 and "baseline" not in out
+    for suffix in ("_quarter", "_half", ""):
+        runs = out[f"cycle_s_runs{suffix}"]
+        assert len(runs) == 2 and out[f"cycle_s{suffix}"] == min(runs)
 
 
 @pytest.mark.parametrize(
