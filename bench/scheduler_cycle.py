@@ -147,14 +147,13 @@ class _CollectorClock:
     """Time the cyclic garbage collector spends while it is installed (gc.callbacks)."""
 
     def __init__(self) -> None:
-        self.seconds, self.full, self._t0 = 0.0, 0, 0.0
+        self.seconds, self._t0 = 0.0, 0.0
 
     def __call__(self, phase: str, info: dict) -> None:
         if phase == "start":
             self._t0 = time.perf_counter()
         else:
             self.seconds += time.perf_counter() - self._t0
-            self.full += info["generation"] == 2
 
 
 def measure(scale: float, policy: str = "gpupool") -> dict:
@@ -193,7 +192,6 @@ def measure(scale: float, policy: str = "gpupool") -> dict:
         "decide_cpu_s": cpu_s - (c1 - c0),
         "loadavg": [round(x, 2) for x in load],
         "gc_in_cycle_s": clock.seconds,
-        "gc_full_in_cycle": clock.full,
         "gc_full_s": gc_full_s,
         "gc_tracked": len(gc.get_objects()),
         "binds": len(d.binds),
@@ -305,9 +303,10 @@ def main() -> None:
         trees["baseline"] = checkout(args.baseline)
     runs: dict[str, dict[str, list[dict]]] = {t: {name: [] for name, _ in SCALES} for t in trees}
     try:
-        for _ in range(args.repeat):
+        for i in range(args.repeat):
             for name, frac in SCALES:
-                for t, tree in trees.items():  # alternately, so both see the same machine
+                # alternately, so both see the same machine; who goes first alternates too
+                for t, tree in sorted(trees.items(), reverse=bool(i % 2)):
                     runs[t][name].append(run_worker(tree, args.scale * frac, args.policy))
     finally:
         if args.baseline:
