@@ -15,7 +15,8 @@ least of the runs, the load average at the start of the fastest, ``gc_in_cycle_s
 cyclic garbage collector took inside the span), ``gc_full_s`` (CPU time of one full
 collection with the snapshot alive: the pause a collection costs wherever it falls) and
 ``gc_tracked`` (objects it walks), and ``decisions_sha`` (a digest of the decisions). Full
-scale under the plain names, the others with ``_quarter`` / ``_half`` after them.
+scale under the plain names, the others with ``_quarter`` / ``_half`` after them; and
+``action_s``, the full-scale cycle's time per action where the scheduler times each.
 
 ``--baseline REV`` also measures the scheduler of git revision REV in the same run: it is
 checked out with ``git worktree add --detach`` into a temporary folder (removed after) and
@@ -201,6 +202,8 @@ def measure(scale: float, policy: str = "gpupool") -> dict:
         "pending_workloads": len(pending),
         "nodes": len(nodes),
         "decisions_sha": decisions_sha(d),
+        # Each action of the cycle, where the scheduler times them one by one.
+        "action_s": {k: v for k, v in d.timings.items() if k not in ("snapshot_s", "actions_s")},
         "build_and_cycle_cpu_s": time.process_time() - cpu0 - gc_full_s,
     }
 
@@ -256,6 +259,7 @@ def summary(by_scale: dict[str, dict], policy: str) -> dict:
         running_pods=full["running_pods"],
         nodes=full["nodes"],
         build_and_cycle_cpu_s=round(full["build_and_cycle_cpu_s"], 2),
+        action_s={k: round(v, 4) for k, v in full["action_s"].items()},  # of the fastest full-scale run
     )
     for name, r in by_scale.items():
         out["decisions_sha" if name == "full" else f"decisions_sha_{name}"] = r["decisions_sha"]
