@@ -17,7 +17,16 @@ from sqlalchemy import delete, func, select
 from scheduler.model import DEFAULT_POOL, Department, Project, Quota
 
 from . import audit
-from .db import DepartmentRow, MemberRow, NodeRow, ProjectRow, WorkloadRow, add_event, bump_version
+from .db import (
+    FINISHED,
+    DepartmentRow,
+    MemberRow,
+    NodeRow,
+    ProjectRow,
+    WorkloadRow,
+    add_event,
+    bump_version,
+)
 from .requests import NAME_RE, FieldError
 
 
@@ -301,13 +310,18 @@ def update_project(s, name: str, data: dict, actor: str = audit.SYSTEM) -> dict:
 def delete_project(s, name: str, actor: str = audit.SYSTEM) -> None:
     if s.get(ProjectRow, name) is None:
         raise NotFound(f"project {name!r} does not exist")
-    active = s.scalar(
-        select(func.count()).select_from(WorkloadRow).where(
-            WorkloadRow.project == name, WorkloadRow.state.in_(("pending", "running", "releasing"))
-        )
-    )
+    # Refused while any of its work is unfinished: it may hold GPUs (a process still
+    # exiting) or get them again (a suspended training), and its project must outlive it.
+    active = s.execute(
+        select(WorkloadRow.name, WorkloadRow.state).where(
+            WorkloadRow.project == name, WorkloadRow.state.notin_(FINISHED)
+        ).order_by(WorkloadRow.name)
+    ).all()
     if active:
-        raise Conflict("name", f"project {name!r} has {active} active workloads; stop them first")
+        listed = ", ".join(f"{w} ({state})" for w, state in active[:5])
+        more = f" and {len(active) - 5} more" if len(active) > 5 else ""
+        raise Conflict("name", f"project {name!r} has {len(active)} unfinished workloads: "
+                       f"{listed}{more}; stop or delete them first")
     s.execute(delete(MemberRow).where(MemberRow.project == name))
     s.execute(delete(ProjectRow).where(ProjectRow.name == name))
     add_event(s, "org", f"project {name} deleted", project=name)
