@@ -132,10 +132,16 @@ class MetaRow(Base):
     value: Mapped[str] = mapped_column(Text, default="")
 
 
+BUSY_TIMEOUT_S = 30
+
+
 def make_sessionmaker(url: str) -> sessionmaker:
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": 30} if url.startswith("sqlite") else {})
+    # The hub, its service and the scheduler loop write the same file: a writer waits up to
+    # BUSY_TIMEOUT_S for another's transaction (SQLite's busy timeout) instead of failing
+    # with "database is locked"; WAL lets readers go on meanwhile.
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S} if url.startswith("sqlite") else {})
     if url.startswith("sqlite"):
 
         @event.listens_for(engine, "connect")

@@ -101,14 +101,17 @@ class ProjectsHandler(ApiHandler):
         with self.Session() as s:
             self.send({"items": org.list_projects(s, roles.visible_projects(self.who))})
 
-    def post(self):
+    async def post(self):
         data = self.body()
         dept = data.get("department")
         self.require("manage_project", department=dept if isinstance(dept, str) else "")
+        self.send(await self.off_loop(self._create, data), 201)
+
+    def _create(self, data: dict) -> dict:
         with self.Session() as s:
             p = org.create_project(s, data, actor=self.username)
             s.commit()
-        self.send(p, 201)
+        return p
 
 
 class ProjectHandler(ApiHandler):
@@ -117,15 +120,18 @@ class ProjectHandler(ApiHandler):
         with self.Session() as s:
             self.send(org.get_project(s, name))
 
-    def patch(self, name):
+    async def patch(self, name):
         data = self.body()
         self.require_project("manage_project", name)
         if isinstance(data.get("department"), str):  # moving it: the new department's admin too
             self.require("manage_project", department=data["department"])
+        self.send(await self.off_loop(self._update, name, data))
+
+    def _update(self, name: str, data: dict) -> dict:
         with self.Session() as s:
             p = org.update_project(s, name, data, actor=self.username)
             s.commit()
-        self.send(p)
+        return p
 
     def delete(self, name):
         self.require_project("manage_project", name)

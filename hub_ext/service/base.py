@@ -6,6 +6,7 @@ scope -> 403; every error body is ``{"error": {"status", "field", "message"}}``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from jupyterhub.services.auth import HubOAuthenticated
@@ -95,6 +96,11 @@ class ApiHandler(BaseHandler):
         if not isinstance(data, dict):
             raise FieldError("body", "must be a JSON object")
         return data
+
+    async def off_loop(self, fn, *args):
+        """Run ``fn`` (database work that may be large: a project's member list) in a thread,
+        so other users' requests are answered meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
     def send(self, data, status: int = 200) -> None:
         self.set_status(status)
