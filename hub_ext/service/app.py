@@ -44,7 +44,7 @@ def make_app(cfg: Gpupool, prefix: str, session_factory=None, hub: HubAPI | None
     return web.Application(
         handlers, gpupool=ctx, prefix=prefix, cookie_secret=os.urandom(32),
         hub_prefix=os.environ.get("JUPYTERHUB_BASE_URL", "/") + "hub/",
-        user_for_tests=user_for_tests,
+        user_for_tests=user_for_tests, max_body_size=cfg.max_body_size,
     )
 
 
@@ -59,7 +59,10 @@ def main() -> None:
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        HTTPServer(app, xheaders=True).listen(url.port, url.hostname)
+        # A body over max_body_size is never read: the API answers 413 from its
+        # Content-Length, then the server closes the connection (tornado's own check).
+        HTTPServer(app, xheaders=True, max_body_size=cfg.max_body_size,
+                   max_buffer_size=cfg.max_body_size).listen(url.port, url.hostname)
         log.info("listening on %s%s", url.geturl(), prefix)
         if cfg.cull_idle_s:
             asyncio.ensure_future(culler.run(app.settings["gpupool"]))

@@ -1,7 +1,8 @@
 """Base handlers of the gpupool service: HubOAuth login, scopes, JSON errors.
 
 Errors map to HTTP: FieldError -> 400, NotFound -> 404, Conflict -> 409, a missing
-scope -> 403; every error body is ``{"error": {"status", "field", "message"}}``.
+scope -> 403, a method the path does not take -> 405 (with ``Allow``), a body over
+``max_body_size`` -> 413; every error body is ``{"error": {"status", "field", "message"}}``.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import json
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
-from .. import roles
+from .. import roles, validation
 from ..org import Conflict, NotFound
-from ..requests import FieldError
+from ..validation import FieldError
 
 ADMIN, USE = roles.ADMIN_SCOPE, roles.USE_SCOPE
 
@@ -76,30 +77,65 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         self.require("administer_platform")
 
 
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+@web.stream_request_body  # prepare() runs before the body is read: a body too big is never read
 class ApiHandler(BaseHandler):
     """JSON in, JSON out; 401 instead of a login redirect."""
 
+    _size = 0  # body bytes received
+    _chunks: list[bytes] | None = None
+
     def prepare(self):
+        if self._refuse_big_body():
+            return
         if self.current_user is None:
             raise web.HTTPError(401, "authenticate with a JupyterHub token (Authorization: token ...)")
         if not (self.scopes & set(roles.SCOPES)):
             raise web.HTTPError(403, f"this needs the {USE} scope")
 
+    @property
+    def max_body_size(self) -> int:
+        return self.settings.get("max_body_size") or validation.MAX_BODY_BYTES
+
+    def _refuse_big_body(self) -> bool:
+        """413 from the Content-Length header alone (the HTTPServer's own max_body_size then
+        closes the connection instead of reading the body)."""
+        length = self.request.headers.get("Content-Length", "")
+        if length.isdigit() and len(length) < 20 and int(length) > self.max_body_size:
+            self.send_error(413, field="body", message=f"the body must be at most "
+                            f"{self.max_body_size} bytes, got {int(length)}")
+            return True
+        return False
+
+    def data_received(self, chunk: bytes) -> None:
+        # A body without Content-Length (chunked) is counted as it comes and dropped once
+        # over the limit; body() then answers 413.
+        self._size += len(chunk)
+        if self._chunks is None:
+            self._chunks = []
+        if self._size <= self.max_body_size:
+            self._chunks.append(chunk)
+        else:
+            self._chunks = []
+
     def body(self) -> dict:
-        if not self.request.body:
+        if self._size > self.max_body_size:
+            raise web.HTTPError(413, f"the body must be at most {self.max_body_size} bytes")
+        raw = b"".join(self._chunks or ())
+        if not raw:
             return {}
-        try:
-            data = json.loads(self.request.body)
-        except ValueError as e:
-            raise FieldError("body", f"must be JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise FieldError("body", "must be a JSON object")
-        return data
+        return validation.json_body(raw, self.max_body_size)
 
     def send(self, data, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(data))
+
+    def _allowed(self) -> list[str]:
+        base = web.RequestHandler
+        return [m for m in _METHODS if getattr(type(self), m.lower()) is not getattr(base, m.lower())]
 
     def _handle_request_exception(self, e):
         if isinstance(e, FieldError):
@@ -115,6 +151,9 @@ class ApiHandler(BaseHandler):
     def write_error(self, status_code, **kwargs):
         message = kwargs.get("message")
         exc = kwargs.get("exc_info")
+        if status_code == 405:
+            self.set_header("Allow", ", ".join(self._allowed()))
+            message = message or f"{self.request.method} is not allowed here; allowed: {', '.join(self._allowed())}"
         if message is None and exc and isinstance(exc[1], web.HTTPError):
             message = exc[1].log_message or self._reason
         elif message is None and exc:  # tornado has logged the traceback (log_exception)
