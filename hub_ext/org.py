@@ -40,11 +40,8 @@ def _num(data: dict, key: str, default, allow_none=False):
     v = data.get(key, default)
     if v is None and allow_none:
         return None
-    unit = " GPUs" if key != "over_quota_weight" else ""
-    try:
-        return validation.number(v, key, 0, QUOTA_MAX[key], unit=unit)
-    except FieldError as e:
-        raise FieldError(key, e.message + (" (or null)" if allow_none else "")) from None
+    unit = (" GPUs" if key != "over_quota_weight" else "") + (", or null" if allow_none else "")
+    return validation.number(v, key, 0, QUOTA_MAX[key], unit=unit)
 
 
 def _quota_fields(data: dict, current=None) -> dict:

@@ -61,8 +61,14 @@ _COMPILED = {k: re.compile(p) for k, (p, _) in PATTERNS.items()}
 
 # -- bounds -------------------------------------------------------------------------------
 MAX_BODY_BYTES = 4 * 1024 * 1024  # 32 credential values of 64 KiB fit, with JSON's escapes
+# A body up to this many times MAX_BODY_BYTES is read and dropped to answer 413; a bigger
+# one closes the connection unread.
+BODY_DRAIN_FACTOR = 16
 MAX_JSON_DEPTH = 16  # the deepest request gpupool takes is 3 levels
 MAX_INT_DIGITS = 18  # fits in 64 bits; bigger is no count of anything here
+# A JSON body's integers are parsed up to this many digits (int() is quadratic in them);
+# number() then refuses anything over MAX_INT_DIGITS naming its field.
+MAX_JSON_INT_DIGITS = 1000
 MAX_WEIGHT = float(MAX_GPUS)  # over-quota weights
 MAX_TEXT = 1024  # single-line strings without a limit of their own (paths, URL paths)
 MAX_IMAGE_CHARS = 512  # a container image reference: registry/name:tag@digest
@@ -161,7 +167,7 @@ def check_fields(data, known) -> None:
 def number(raw, field: str, lo: float, hi: float, integer: bool = False, unit: str = ""):
     """A finite number from ``lo`` to ``hi`` (whole with ``integer``): JSON numbers, or text
     from forms and query strings (at most MAX_INT_DIGITS digits before the point)."""
-    rng = f"from {lo:g} to {hi:g}{unit}"
+    rng = f"from {lo:.15g} to {hi:.15g}{unit}"
     if isinstance(raw, bool) or raw is None:
         raise FieldError(field, f"must be a number {rng}, got {show(raw)}")
     if isinstance(raw, str):
@@ -170,7 +176,8 @@ def number(raw, field: str, lo: float, hi: float, integer: bool = False, unit: s
             raise FieldError(field, f"must be a number {rng} (at most {MAX_INT_DIGITS} digits), "
                              f"got {len(digits)} digits")
     elif isinstance(raw, int) and abs(raw) >= 10 ** MAX_INT_DIGITS:
-        raise FieldError(field, f"must be {rng}, got a {len(str(abs(raw)))}-digit number")
+        raise FieldError(field, f"must be {rng}, got a {len(str(abs(raw)))}-digit number "
+                         f"(at most {MAX_INT_DIGITS} digits)")
     try:
         v = float(raw)
     except (TypeError, ValueError, OverflowError):
@@ -278,8 +285,8 @@ def path(raw, field: str, most: int = MAX_TEXT) -> str:
 
 # -- bodies -------------------------------------------------------------------------------
 def _int_digits(s: str) -> int:
-    if len(s.lstrip("-")) > MAX_INT_DIGITS:
-        raise FieldError("body", f"numbers must have at most {MAX_INT_DIGITS} digits, got "
+    if len(s.lstrip("-")) > MAX_JSON_INT_DIGITS:
+        raise FieldError("body", f"numbers must have at most {MAX_JSON_INT_DIGITS} digits, got "
                          f"{len(s.lstrip('-'))}")
     return int(s)
 

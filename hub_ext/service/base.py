@@ -80,7 +80,7 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 
-@web.stream_request_body  # prepare() runs before the body is read: a body too big is never read
+@web.stream_request_body  # the body arrives in data_received: one too big is never held
 class ApiHandler(BaseHandler):
     """JSON in, JSON out; 401 instead of a login redirect."""
 
@@ -88,8 +88,6 @@ class ApiHandler(BaseHandler):
     _chunks: list[bytes] | None = None
 
     def prepare(self):
-        if self._refuse_big_body():
-            return
         if self.current_user is None:
             raise web.HTTPError(401, "authenticate with a JupyterHub token (Authorization: token ...)")
         if not (self.scopes & set(roles.SCOPES)):
@@ -99,30 +97,23 @@ class ApiHandler(BaseHandler):
     def max_body_size(self) -> int:
         return self.settings.get("max_body_size") or validation.MAX_BODY_BYTES
 
-    def _refuse_big_body(self) -> bool:
-        """413 from the Content-Length header alone (the HTTPServer's own max_body_size then
-        closes the connection instead of reading the body)."""
-        length = self.request.headers.get("Content-Length", "")
-        if length.isdigit() and len(length) < 20 and int(length) > self.max_body_size:
-            self.send_error(413, field="body", message=f"the body must be at most "
-                            f"{self.max_body_size} bytes, got {int(length)}")
-            return True
-        return False
-
     def data_received(self, chunk: bytes) -> None:
-        # A body without Content-Length (chunked) is counted as it comes and dropped once
-        # over the limit; body() then answers 413.
+        # Past max_body_size the rest is read and dropped, not held, so that the client
+        # (and the hub's proxy in between) gets the 413 instead of a reset connection.
+        # The HTTPServer's own limit (app.py) closes the connection on a far bigger one.
         self._size += len(chunk)
-        if self._chunks is None:
-            self._chunks = []
-        if self._size <= self.max_body_size:
-            self._chunks.append(chunk)
+        if self._size > self.max_body_size:
+            self._chunks = None
+        elif self._chunks is None:
+            self._chunks = [chunk]
         else:
-            self._chunks = []
+            self._chunks.append(chunk)
 
     def body(self) -> dict:
+        """The request's JSON object (validation.json_body); 413 over max_body_size."""
         if self._size > self.max_body_size:
-            raise web.HTTPError(413, f"the body must be at most {self.max_body_size} bytes")
+            raise web.HTTPError(413, f"the body must be at most {self.max_body_size} bytes, "
+                                f"got {self._size}")
         raw = b"".join(self._chunks or ())
         if not raw:
             return {}
@@ -154,6 +145,8 @@ class ApiHandler(BaseHandler):
         if status_code == 405:
             self.set_header("Allow", ", ".join(self._allowed()))
             message = message or f"{self.request.method} is not allowed here; allowed: {', '.join(self._allowed())}"
+        if status_code == 413:
+            kwargs.setdefault("field", "body")
         if message is None and exc and isinstance(exc[1], web.HTTPError):
             message = exc[1].log_message or self._reason
         elif message is None and exc:  # tornado has logged the traceback (log_exception)
