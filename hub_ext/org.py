@@ -7,7 +7,6 @@ below what it runs now is allowed: the scheduler reclaims over-quota work.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from sqlalchemy import delete, func, insert, select
 
 from scheduler.model import DEFAULT_POOL, Department, Project, Quota
 
-from . import audit
+from . import audit, validation
 from .db import (
     FINISHED,
     DepartmentRow,
@@ -27,7 +26,7 @@ from .db import (
     add_event,
     bump_version,
 )
-from .requests import NAME_RE, FieldError
+from .validation import MAX_GPUS, FieldError
 
 
 class NotFound(LookupError):
@@ -42,22 +41,16 @@ class Conflict(ValueError):
 
 
 QUOTA_FIELDS = ("gpus", "over_quota_weight", "limit")
-USER_RE = r"^[A-Za-z0-9._@-]{1,255}$"
+# field -> the most it may be (scheduler.model.Quota refuses more)
+QUOTA_MAX = {"gpus": MAX_GPUS, "over_quota_weight": validation.MAX_WEIGHT, "limit": MAX_GPUS}
 
 
-def _num(data: dict, key: str, default, lo=0.0, allow_none=False):
+def _num(data: dict, key: str, default, allow_none=False):
     v = data.get(key, default)
     if v is None and allow_none:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise FieldError(key, f"must be a number >= {lo:g}{' or null' if allow_none else ''}, got {v!r}")
-    try:
-        f = float(v)
-    except ValueError:
-        raise FieldError(key, f"must be a number >= {lo:g}, got {v!r}") from None
-    if not math.isfinite(f) or f < lo:
-        raise FieldError(key, f"must be a number >= {lo:g}, got {v!r}")
-    return f
+    unit = (" GPUs" if key != "over_quota_weight" else "") + (", or null" if allow_none else "")
+    return validation.number(v, key, 0, QUOTA_MAX[key], unit=unit)
 
 
 def _quota_fields(data: dict, current=None) -> dict:
@@ -73,29 +66,30 @@ def _quota_fields(data: dict, current=None) -> dict:
 
 
 def _check_name(data: dict, what: str) -> str:
-    name = data.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise FieldError("name", f"{what} name must be 1-63 lowercase letters, digits or '-'")
-    return name
+    try:
+        return validation.name(data.get("name"), "name")
+    except FieldError as e:
+        raise FieldError("name", f"a {what} name {e.message}") from None
 
 
 def _check_unknown(data: dict, allowed: tuple[str, ...]) -> None:
-    if not isinstance(data, dict):
-        raise FieldError("body", "must be a JSON object")
-    for k in data:
-        if k not in allowed:
-            raise FieldError(k, f"unknown field; allowed: {', '.join(allowed)}")
+    validation.check_fields(data, allowed)
 
 
 def _members(data: dict) -> list[str] | None:
-    import re
-
     if "members" not in data:
         return None
     m = data["members"]
-    if not isinstance(m, list) or not all(isinstance(u, str) and re.match(USER_RE, u) for u in m):
-        raise FieldError("members", "must be a list of user names")
-    return sorted(set(m))
+    if not isinstance(m, list):
+        raise FieldError("members", f"must be a list of user names, got {validation.show(m)}")
+    return sorted(set(validation.names(m, "members", "user", validation.MAX_MEMBERS, unique=False)))
+
+
+def _department_name(dept) -> str:
+    """A department named in a body: FieldError unless it is a name (the caller checks it exists)."""
+    if not validation.is_name(dept):
+        raise FieldError("department", f"must name an existing department, got {validation.show(dept)}")
+    return dept
 
 
 # -- reads -------------------------------------------------------------------------------
@@ -272,9 +266,7 @@ def create_project(s, data: dict, actor: str = audit.SYSTEM) -> dict:
     name = _check_name(data, "project")
     if s.get(ProjectRow, name) is not None:
         raise Conflict("name", f"project {name!r} already exists")
-    dept = data.get("department")
-    if not isinstance(dept, str):
-        raise FieldError("department", "must name an existing department")
+    dept = _department_name(data.get("department"))
     q = _quota_fields(data)
     _check_dept_room(s, dept, q["gpus"])
     members = _members(data) or []
@@ -294,9 +286,7 @@ def update_project(s, name: str, data: dict, actor: str = audit.SYSTEM) -> dict:
     if p is None:
         raise NotFound(f"project {name!r} does not exist")
     q = _quota_fields(data, {"gpus": p.gpus, "over_quota_weight": p.over_quota_weight, "limit": p.limit})
-    dept = data.get("department", p.department)
-    if not isinstance(dept, str):
-        raise FieldError("department", "must name an existing department")
+    dept = _department_name(data.get("department", p.department))
     _check_dept_room(s, dept, q["gpus"], skip=name)
     old = p.gpus
     before = {"department": p.department, **{k: getattr(p, k) for k in QUOTA_FIELDS}}

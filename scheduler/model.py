@@ -16,11 +16,9 @@ from dataclasses import dataclass, field
 
 MILLI = 1000
 DEFAULT_POOL = "default"
-# The largest quota, limit or over-quota weight a queue may have: more than any cluster
-# holds, and small enough that milli-GPU sums stay exact integers (1e307 GPUs overflowed
-# ``round(limit * MILLI)`` and stopped every cycle).
+# The most GPUs a quota or limit may name: far beyond any cluster, and small enough that
+# milli-GPU sums stay exact integers (1e307 GPUs would overflow to inf).
 MAX_GPUS = 1_000_000
-MAX_WEIGHT = 1_000_000
 
 
 class ValidationError(ValueError):
@@ -38,13 +36,6 @@ def check_seconds(field_name: str, value: object, positive: bool = False) -> Non
     if not ok or value < 0 or (positive and value == 0):
         bound = "> 0" if positive else ">= 0"
         raise ValidationError(field_name, f"must be a finite number {bound} (seconds), got {value!r}")
-
-
-def _check_amount(field_name: str, value: object, most: float, alternative: str = "") -> None:
-    """A quota-like amount: a finite number from 0 to ``most``."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or not 0 <= value <= most:
-        raise ValidationError(field_name, f"must be a number from 0 to {most:g}{alternative}, got {value!r}")
 
 
 class Kind(str, enum.Enum):
@@ -108,15 +99,17 @@ class Quota:
     limit: float | None = None
 
     def validate(self, where: str) -> None:
-        # Stored values reach here too (an older release, a hand edit): any type may come.
-        _check_amount(f"{where}.gpus", self.gpus, MAX_GPUS)
-        _check_amount(f"{where}.over_quota_weight", self.over_quota_weight, MAX_WEIGHT)
-        if self.limit is not None:
-            _check_amount(f"{where}.limit", self.limit, MAX_GPUS, " or unset")
-            if self.limit < self.gpus:
-                raise ValidationError(
-                    f"{where}.limit", f"must be >= the quota ({self.gpus}) or unset, got {self.limit}"
-                )
+        for key in ("gpus", "over_quota_weight", "limit"):
+            v = getattr(self, key)
+            if key == "limit" and v is None:
+                continue
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if not ok or not 0 <= v <= MAX_GPUS:
+                raise ValidationError(f"{where}.{key}", f"must be a number from 0 to {MAX_GPUS}, got {v!r}")
+        if self.limit is not None and not (self.limit >= self.gpus):
+            raise ValidationError(
+                f"{where}.limit", f"must be >= the quota ({self.gpus}) or unset, got {self.limit}"
+            )
 
     @functools.cached_property  # asked in every verdict; a Quota never changes
     def quota_milli(self) -> int:

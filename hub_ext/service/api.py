@@ -16,10 +16,10 @@ from sqlalchemy import delete, select
 
 from inference import api as inference_api
 
-from .. import attach, org, roles
+from .. import attach, org, roles, validation
 from ..db import EventRow, SampleRow, WorkloadRow, add_event, bump_version
 from ..limits import limits_for
-from ..requests import FieldError, parse_request, workload_name
+from ..requests import parse_request, workload_name
 from . import governance_api, roles_api, training_api, usage_api
 from .base import ApiHandler
 from .sharing import gpu_sharing
@@ -159,7 +159,7 @@ class WorkloadsHandler(ApiHandler):
     async def post(self):
         data = self.body()
         server = data.pop("server_name", "") if data.get("kind", "workspace") == "workspace" else ""
-        owner = data.pop("owner", self.username)
+        owner = validation.name(data.pop("owner", self.username), "owner", "user")
         if owner != self.username:
             self.require("submit_for_others", project=data.get("project"))
         self.require_submit(data)
@@ -168,8 +168,7 @@ class WorkloadsHandler(ApiHandler):
             req = parse_request(data, limits_for(s, self.ctx.cfg, owner, projects=mine))
             attached = attach.check(s, req.project, req.credentials, req.datasources)
         if req.kind == "workspace":
-            if not isinstance(server, str) or (server and not server.replace("-", "").isalnum()):
-                raise FieldError("server_name", "must be letters, digits or '-'")
+            validation.name(server, "server_name", "server")
             code, body = await self.ctx.hub.start_server(owner, server, req.to_dict())
             if code >= 400:
                 self.send_error(code if code in (400, 403, 404, 409) else 502,
@@ -261,12 +260,7 @@ class NodesHandler(ApiHandler):
 
 class EventsHandler(ApiHandler):
     def get(self):
-        try:
-            limit = int(self.get_argument("limit", "100"))
-        except ValueError:
-            raise FieldError("limit", "must be a whole number from 1 to 1000") from None
-        if not 1 <= limit <= 1000:
-            raise FieldError("limit", f"must be from 1 to 1000, got {limit}")
+        limit = validation.integer_arg(self.get_argument("limit", None), "limit", 100, 1, 1000)
         q = select(EventRow).order_by(EventRow.id.desc()).limit(limit)
         for key in ("kind", "project", "workload"):
             v = self.get_argument(key, None)
@@ -284,10 +278,8 @@ class EventsHandler(ApiHandler):
 class SamplesHandler(ApiHandler):
     def get(self):
         self.require("view_cluster")
-        try:
-            since = float(self.get_argument("since", str(time.time() - 86400)))
-        except ValueError:
-            raise FieldError("since", "must be a UNIX time in seconds") from None
+        since = self.get_argument("since", None)
+        since = time.time() - 86400 if since in (None, "") else validation.unix_time(since, "since")
         with self.Session() as s:
             rows = s.scalars(select(SampleRow).where(SampleRow.ts >= since).order_by(SampleRow.ts)).all()
         self.send({"items": [{"ts": r.ts, "capacity": r.capacity_milli / 1000,
