@@ -1,6 +1,6 @@
-"""Hostile input on a real hub: a bad value already in the database leaves out its own queue
-and the scheduler keeps placing everyone else; a workload that cannot start, or is stopped,
-or whose project is deleted, never keeps its GPUs."""
+"""The hub keeps scheduling and frees GPUs whatever is stored or fails: a bad value already in
+the database leaves out its own queue and the scheduler keeps placing everyone else; a
+workload that cannot start, or is stopped, or whose project is deleted, never keeps its GPUs."""
 
 from __future__ import annotations
 
