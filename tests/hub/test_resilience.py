@@ -149,14 +149,20 @@ def test_delete_ends_stopped_and_frees_the_gpus(hhub):
     assert api(hhub, "admin", "GET", "/projects/nlp", expect=200)["allocated_gpus"] == 0
 
 
-def test_delete_of_a_training_job_through_the_workloads_api_ends_stopped(hhub):
-    job = {"name": "job-stop", "project": "nlp", "gpu": 1, "command": SLEEP, "grace_period_s": 5}
+@pytest.mark.parametrize("phase", ["running", "just-submitted"])
+def test_delete_of_a_training_job_through_the_workloads_api_ends_it(hhub, phase):
+    """A job of the trainings API, running or just submitted: DELETE /workloads/NAME ends it
+    as DELETE /trainings/NAME does; nothing of it runs on or holds GPUs."""
+    name = f"job-{phase}"
+    job = {"name": name, "project": "nlp", "gpu": 1, "command": SLEEP, "grace_period_s": 5}
     api(hhub, "alice", "POST", "/trainings", job, expect=201)
-    in_state(hhub, "job-stop", "running")
-    api(hhub, "alice", "DELETE", "/workloads/job-stop", expect=204)
-    w = in_state(hhub, "job-stop", "stopped")
-    assert w["gpu_allocated"] == 0
-    api(hhub, "alice", "DELETE", "/trainings/job-stop", expect=202)
+    if phase == "running":
+        in_state(hhub, name, "running")
+    api(hhub, "alice", "DELETE", f"/workloads/{name}", expect=204)
+    for path in (f"/workloads/{name}", f"/trainings/{name}"):
+        wait_for(lambda path=path: call(hhub.url, hhub.tokens["alice"], "GET", path)[0] == 404,
+                 f"{path} gone", timeout=20)
+    assert api(hhub, "admin", "GET", "/projects/nlp", expect=200)["allocated_gpus"] == 0
 
 
 def test_deleting_a_project_is_refused_while_its_work_runs(hhub):
