@@ -8,6 +8,7 @@ below what it runs now is allowed: the scheduler reclaims over-quota work.
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -351,18 +352,20 @@ def model_projects(s) -> list[Project]:
 def load_starter(s, path: str | Path) -> dict:
     """Load the YAML organisation when the database has no department yet. Returns the
     file's content (the hub also takes its users and admins from it)."""
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = check_org_file(yaml.safe_load(Path(path).read_text()) or {})
     if s.scalar(select(func.count()).select_from(DepartmentRow)):
         return data
     from . import roles
 
-    for d in data.get("departments", []):
+    for i, d in enumerate(data.get("departments", [])):
         d = dict(d)
         projects = d.pop("projects", [])
         people = {roles.DEPARTMENT_ADMIN: d.pop("admins", []), roles.VIEWER: d.pop("viewers", [])}
-        create_department(s, d)
-        for p in projects:
-            create_project(s, {**p, "department": d["name"]})
+        with _where(f"departments[{i}]"):
+            create_department(s, d)
+        for j, p in enumerate(projects):
+            with _where(f"departments[{i}].projects[{j}]"):
+                create_project(s, {**p, "department": d["name"]})
         for role, users in people.items():
             for u in users:
                 roles.set_assignments(s, u, [(role, d["name"])], "org", only_departments={d["name"]})
@@ -370,6 +373,43 @@ def load_starter(s, path: str | Path) -> dict:
         roles.set_assignments(s, u, [(roles.VIEWER, roles.ALL_DEPARTMENTS)], "org",
                               only_departments={roles.ALL_DEPARTMENTS})
     s.commit()
+    return data
+
+
+@contextmanager
+def _where(prefix: str):
+    """FieldErrors inside name the org file's entry: ``departments[0].projects[1].gpus``."""
+    try:
+        yield
+    except FieldError as e:
+        raise FieldError(f"{prefix}.{e.field}", e.message) from None
+
+
+def _list_of(raw, field: str, kind: str = "") -> list:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise FieldError(field, f"must be a list, got {validation.show(raw)}")
+    if kind:
+        validation.names(raw, field, kind, most=validation.MAX_MEMBERS, unique=False)
+    return raw
+
+
+def check_org_file(data) -> dict:
+    """The org file's shape and every user name in it (the validation layer's rules);
+    departments and projects are checked as they are created. FieldError names the entry."""
+    validation.check_fields(data, ("admins", "users", "viewers", "departments"))
+    for key in ("admins", "users", "viewers"):
+        _list_of(data.get(key), key, "user")
+    for i, d in enumerate(_list_of(data.get("departments"), "departments")):
+        where = f"departments[{i}]"
+        with _where(where):
+            validation.check_fields(d, ("name", "admins", "viewers", "projects", *QUOTA_FIELDS))
+            for key in ("admins", "viewers"):
+                _list_of(d.get(key), key, "user")
+        for j, p in enumerate(_list_of(d.get("projects"), f"{where}.projects")):
+            with _where(f"{where}.projects[{j}]"):
+                validation.check_fields(p, ("name", "members", *QUOTA_FIELDS))
     return data
 
 

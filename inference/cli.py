@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 
-from hub_ext.cli_common import ApiCall, env_option
+from hub_ext.cli_common import ApiCall, env_option, name_arg
 
 OPTIONS = (("project", "project"), ("gpu", "gpu"), ("min_replicas", "min_replicas"),
            ("max_replicas", "max_replicas"), ("metric", "metric"), ("target", "target"),
@@ -98,7 +98,7 @@ def add_parser(sub, api: ApiCall) -> None:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     acts = inf.add_subparsers(dest="action", required=True)
     s = acts.add_parser("submit", help="create an inference service")
-    s.add_argument("name")
+    s.add_argument("name", type=name_arg())
     s.add_argument("--project", "-p")
     s.add_argument("--gpu", "-g", type=float, help="GPU per replica: a fraction, or whole GPUs")
     s.add_argument("--min-replicas", type=int)
@@ -117,9 +117,9 @@ def add_parser(sub, api: ApiCall) -> None:
     ls.add_argument("--project", "-p")
     ls.set_defaults(fn=lambda a: _list(a, api))
     d = acts.add_parser("describe", help="one service, its replicas and why they wait")
-    d.add_argument("name")
+    d.add_argument("name", type=name_arg())
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=lambda a: _describe(a, api))
     rm = acts.add_parser("delete", help="delete a service")
-    rm.add_argument("name")
+    rm.add_argument("name", type=name_arg())
     rm.set_defaults(fn=lambda a: _delete(a, api))

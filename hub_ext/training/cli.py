@@ -18,7 +18,7 @@ import json
 import sys
 import time
 
-from hub_ext.cli_common import ApiCall, env_option
+from hub_ext.cli_common import ApiCall, env_option, name_arg
 
 
 def _age(ts: float) -> str:
@@ -132,7 +132,7 @@ def add_parser(sub, api: ApiCall) -> None:
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     acts = tr.add_subparsers(dest="action", required=True, parser_class=_DashDashParser)
     s = acts.add_parser("submit", help="submit a training job")
-    s.add_argument("name")
+    s.add_argument("name", type=name_arg())
     s.add_argument("--project", "-p")
     s.add_argument("--gpu", "-g", type=float, help="GPUs per worker: a fraction (0.05 steps) or whole GPUs")
     s.add_argument("--gpu-memory", help="GPU memory per worker instead of --gpu, e.g. 20GiB")
@@ -155,11 +155,11 @@ def add_parser(sub, api: ApiCall) -> None:
     ls.add_argument("--status")
     ls.set_defaults(fn=lambda a: _list(a, api))
     d = acts.add_parser("describe", help="status, transitions and events of a job")
-    d.add_argument("name")
+    d.add_argument("name", type=name_arg())
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=lambda a: _describe(a, api))
     lg = acts.add_parser("logs", help="a worker's output")
-    lg.add_argument("name")
+    lg.add_argument("name", type=name_arg())
     lg.add_argument("--rank", type=int, default=0)
     lg.add_argument("--tail", type=int, default=200)
     lg.add_argument("--follow", "-f", action="store_true")
@@ -167,5 +167,5 @@ def add_parser(sub, api: ApiCall) -> None:
     for action, what in (("delete", "delete a job"), ("suspend", "stop a job and free its GPUs"),
                          ("resume", "queue a suspended job again")):
         c = acts.add_parser(action, help=what)
-        c.add_argument("name")
+        c.add_argument("name", type=name_arg())
         c.set_defaults(fn=lambda a: _control(a, api))
