@@ -57,8 +57,13 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 
     def require(self, action: str, project: str | None = None, department: str | None = None,
                 owner: str | None = None) -> None:
-        """403 with the rule's reason unless hub_ext.roles allows ``action``."""
-        roles.check(self.who, action, project, department, owner)
+        """403 with the rule's reason unless hub_ext.roles allows ``action``. A project or
+        department straight from a body may be any JSON value: one that is not a string names
+        none (the request rules' 400 says so after this check)."""
+        def text(v):
+            return v if isinstance(v, str) or v is None else None
+
+        roles.check(self.who, action, text(project), text(department), text(owner))
 
     def require_project(self, action: str, project: str, owner: str | None = None) -> None:
         """404 when ``project`` does not exist (names are not secret, contents are), else
@@ -87,12 +92,18 @@ class ApiHandler(BaseHandler):
 
     _size = 0  # body bytes received
     _chunks: list[bytes] | None = None
+    # Whether prepare() went through: only then does tornado read the body (streamed). An
+    # answer before that (401, 403, 405 for a method tornado does not know) leaves the body
+    # unread, and tornado closes the connection after it: "Connection: close" tells the
+    # hub's proxy not to send another user's request down that connection (a 503).
+    _prepared = False
 
     def prepare(self):
         if self.current_user is None:
             raise web.HTTPError(401, "authenticate with a JupyterHub token (Authorization: token ...)")
         if not (self.scopes & set(roles.SCOPES)):
             raise web.HTTPError(403, f"this needs the {USE} scope")
+        self._prepared = True
 
     @property
     def max_body_size(self) -> int:
@@ -157,6 +168,8 @@ class ApiHandler(BaseHandler):
             message = exc[1].log_message or self._reason
         elif message is None and exc:  # tornado has logged the traceback (log_exception)
             message = "internal error; see the service log"
+        if not self._prepared:
+            self.set_header("Connection", "close")
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": {
             "status": status_code, "field": kwargs.get("field"), "message": message or self._reason,

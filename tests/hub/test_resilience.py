@@ -4,6 +4,8 @@ workload that cannot start, or is stopped, or whose project is deleted, never ke
 
 from __future__ import annotations
 
+import http.client
+import json
 import sqlite3
 import sys
 import time
@@ -15,6 +17,7 @@ from openapi_check import validate
 
 pytestmark = pytest.mark.slow
 
+API = "/services/gpupool/api/v1"
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
 
 
@@ -179,3 +182,36 @@ def test_deleting_a_project_is_refused_while_its_work_runs(hhub):
     api(hhub, "admin", "DELETE", "/projects/doomed", expect=204)
     api(hhub, "admin", "DELETE", "/departments/temp", expect=204)
     assert workload(hhub, "in-doomed")["gpu_allocated"] == 0
+
+
+@pytest.mark.parametrize("method", ["QUERY", "TRACE"])  # the proxy itself refuses others
+def test_a_method_the_service_does_not_know_does_not_break_the_next_request(hhub, method):
+    """The service answers it before reading the body and closes that connection; the
+    hub's proxy must not send the next request, another user's, down it (a 503)."""
+    headers = {"Authorization": f"token {hhub.tokens['alice']}", "Content-Type": "application/json"}
+    other = {"Authorization": f"token {hhub.tokens['carol']}"}
+    statuses = []
+    for _ in range(20):
+        odd = http.client.HTTPConnection("127.0.0.1", hhub.port, timeout=30)
+        nxt = http.client.HTTPConnection("127.0.0.1", hhub.port, timeout=30)
+        nxt.connect()  # ready, so that its request follows the odd one at once
+        odd.request(method, API + "/me", body=b"{}", headers=headers)
+        r = odd.getresponse()
+        assert r.status == 405 and json.loads(r.read())["error"]["status"] == 405
+        nxt.request("GET", API + "/me", headers=other)
+        statuses.append(nxt.getresponse().status)
+        odd.close()
+        nxt.close()
+    assert statuses == [200] * 20
+
+
+@pytest.mark.parametrize("path", ["/workloads", "/trainings"])
+def test_submitting_for_another_user_with_an_object_as_project_is_refused(hhub, path):
+    body = {"name": "obj-project", "owner": "carol", "project": {}, "command": ["true"],
+            **({"kind": "training"} if path == "/workloads" else {})}
+    status, data = call(hhub.url, hhub.tokens["alice"], "POST", path, body)
+    validate("POST", path, status, data)
+    assert status == 403 and "another user" in data["error"]["message"], data
+    status, data = call(hhub.url, hhub.tokens["admin"], "POST", path, body)
+    validate("POST", path, status, data)
+    assert status == 400 and data["error"]["field"] == "project", data
