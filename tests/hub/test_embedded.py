@@ -17,6 +17,7 @@ from scheduler.model import (
     PodPlacement,
     Project,
     Quota,
+    State,
     Workload,
 )
 
@@ -43,6 +44,9 @@ class FakeStore:
 
     def set_state(self, name, state, **fields):
         self.states[name] = state
+
+    def finish_stop(self, name):
+        self.states[name] = "stopped"
 
     def event(self, kind, message, workload="", project=""):
         self.events.append((kind, workload))
@@ -223,3 +227,33 @@ def test_a_stored_bad_value_isolates_its_queue_and_the_cycle_goes_on(bad, isolat
     store, why = asyncio.run(run())
     assert why.startswith(f"{isolated} is left out of scheduling: ")
     assert ("isolated", "") in store.events and ("restored", "") in store.events
+
+
+class LeftoverStore(FakeStore):
+    """A workload stored as running that nothing of this process runs (a row an older
+    release left), then asked to stop (the row leaves the active states)."""
+
+    def __init__(self):
+        super().__init__()
+        w = ws("left", 0.5)
+        w.state, w.placement = State.RUNNING, (PodPlacement("n", (0,), 500),)
+        self.rows = [w]
+
+    def load_workloads(self):
+        return self.rows
+
+
+def test_a_stop_of_work_nothing_runs_ends_stopped_and_frees_its_gpus_at_once():
+    async def run():
+        store = LeftoverStore()
+        sched = EmbeddedScheduler(store, [NODE], period_s=0.05)
+        await sched.cycle()
+        held = sched.snapshot.usage[("p", DEFAULT_POOL)]
+        store.rows, store.v = [], store.v + 1
+        await sched.cycle()
+        return sched, store, held
+
+    sched, store, held = asyncio.run(run())
+    assert held == 500
+    assert "left" not in sched.snapshot.workloads and sched.snapshot.usage[("p", DEFAULT_POOL)] == 0
+    assert store.states["left"] == "stopped"
