@@ -65,6 +65,7 @@ class Client:
         # percent-encoding (%ED%A0%80, %FF) with 500 and the hub's error page before any
         # request reaches gpupool (its decodeURIComponent throws).
         self.proxy_errors: list[tuple[int, str, str, str]] = []
+        self.ten_mb_statuses: list[int] = []  # what the 10 MB bodies were answered (0: cut off)
 
     def __call__(self, user: str, method: str, path: str, body: bytes | str | None = None,
                  timeout: float = 120) -> tuple[int, bytes]:
@@ -213,6 +214,7 @@ def send_10mb(c: Client, done: threading.Event, times: int = 3) -> None:
         finally:
             conn.close()
         c.requests += 1
+        c.ten_mb_statuses.append(status)
         if status >= 500:
             c.errors.append((status, "PATCH", "/projects/nlp", "10 MB member list"))
     done.set()
@@ -409,6 +411,7 @@ def main() -> None:
         "p99_ms_other_users_during_10mb_request": round(p99(loaded), 1),
         "p99_ms_other_users_idle": round(p99(idle), 1),
         "median_ms_other_users_during_10mb_request": round(statistics.median(loaded), 1),
+        "ten_mb_answers": c.ten_mb_statuses,
         "scheduler_cycles_failed": log.count("scheduler cycle failed"),
         "tracebacks_in_hub_log": log.count("Traceback (most recent call last)"),
         "seed": args.seed,

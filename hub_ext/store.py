@@ -165,6 +165,9 @@ class DbStore:
             s.execute(delete(WorkloadRow).where(WorkloadRow.kind == "workspace"))
             s.execute(update(WorkloadRow).where(WorkloadRow.state.in_(("running", "releasing")))
                       .values(state="pending", placement=[], pid=None))
+            # Asked to stop before the restart: nothing runs it now, so it has stopped.
+            s.execute(update(WorkloadRow).where(WorkloadRow.state == "stopping")
+                      .values(state="stopped", placement=[], pid=None, reason="stopped"))
             bump_version(s)
             s.commit()
 

@@ -215,3 +215,19 @@ def test_submitting_for_another_user_with_an_object_as_project_is_refused(hhub, 
     status, data = call(hhub.url, hhub.tokens["admin"], "POST", path, body)
     validate("POST", path, status, data)
     assert status == 400 and data["error"]["field"] == "project", data
+
+
+def test_work_asked_to_stop_before_a_hub_restart_is_stopped_after_it(tmp_path):
+    from hub_ext.db import WorkloadRow, make_sessionmaker
+    from hub_ext.store import DbStore
+
+    Session = make_sessionmaker(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
+    placement = [{"node": "local", "gpu_indices": [0], "gpu_milli": 1000}]
+    with Session() as s:
+        s.add(WorkloadRow(name="halfway", owner="alice", project="nlp", kind="training", spec={},
+                          state="stopping", placement=placement, pid=2**22 + 1))
+        s.commit()
+    DbStore(Session).reset_after_restart()
+    with Session() as s:
+        w = s.get(WorkloadRow, "halfway")
+        assert (w.state, w.placement, w.pid) == ("stopped", [], None)
