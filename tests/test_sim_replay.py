@@ -818,7 +818,8 @@ def test_quota_left_unserved_while_reclaim_takes_its_grace_is_a_miss_against_sta
     scn = scenario()
     busy = [p for p in (pod(i, 0, 5000) for i in range(400)) if scn.project_of(p.name) == "busy"][:16]
     idle = [p for p in (pod(i, 1000, 500, qos="LS") for i in range(400, 800)) if scn.project_of(p.name) == "idle"][:4]
-    doc, _ = replay_all(nodes(), busy + idle, scn, ("static", "gpupool"), check=True)
+    late = [pod(900, 2000, 100, milli=100)]  # the arrival window (the figures' span) runs past the reclaim
+    doc, _ = replay_all(nodes(), busy + idle + late, scn, ("static", "gpupool"), check=True)
     goal = doc["goals"]
     assert doc["policies"]["static"]["quota_unserved_mean_gpus"] == 0
     assert doc["policies"]["gpupool"]["quota_unserved_mean_gpus"] > 0
