@@ -328,7 +328,7 @@ def openb():
     return load_nodes(d / "openb_node_list_gpu_node.csv"), load_pods(d / "openb_pod_list_default.csv")
 
 
-@pytest.mark.parametrize("name", ["balanced", "skewed", "turns"])
+@pytest.mark.parametrize("name", ["balanced", "skewed", "turns", "timezones", "follow-the-sun"])
 def test_openb_slice(openb, name):
     all_nodes, pods = openb
     scn = load(name)
