@@ -17,14 +17,18 @@ of ``departments``::
       bursts_per_team: [0, 2]    # deadlines drawn per team
       burst_days: [1, 3]         # the days before a deadline the team crunches
       burst_factor: [2, 4]       # its rate then, relative to a normal day's
+      cull_idle_s: 3600          # a workspace stops this long after its owner's day ends (0: never)
       # Pinned instead of drawn:
       # zones: [{name: london, utc_offset_h: 0, teams: [{name: nlp, size: 12}]}, ...]
       # bursts: [{team: nlp, deadline_day: 9, days: 3, factor: 3}]
 
-Each team is a project of its zone's department; its quota and its share of the pods are in
-proportion to its size. Its rate of submitting at replay time ``t`` is its size times 1 in
-its local working hours on weekdays and ``off_hours`` otherwise; in the ``days`` before a
-deadline it works weekends too, at ``factor`` times that rate. The trace's pods keep their
+Each team is a project of its zone's department. Its rate of submitting at replay time ``t``
+is its size times 1 in its local working hours on weekdays and ``off_hours`` otherwise; in
+the ``days`` before a deadline it works weekends too, at ``factor`` times that rate. Its
+share of the pods is its size; its quota its size times its largest deadline factor (its
+silo holds its crunch, so between crunches and while its team sleeps it sits idle). A
+workspace is used until its owner's working day ends and stopped by the idle culler
+``cull_idle_s`` (the product's ``Gpupool.cull_idle_s``, default 3,600) later. The trace's pods keep their
 order and their service times; their arrival times are spread over the window in proportion
 to the teams' total rate (so nights, when every zone sleeps, get few), and each pod goes to
 a team by a stable hash drawn against the teams' rates at its arrival.
