@@ -1,10 +1,11 @@
-# One entry point for a newcomer: `make run` starts gpupool, `make test` runs every test.
+# One entry point for a newcomer: `make run` starts gpupool, `make test` runs every test,
+# `make docs` builds the docs site (docs/_build/html).
 # Both do their own set-up into .venv (and build native/), so they work on a fresh machine.
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: setup run test lint native bench clean system k8s dex
+.PHONY: setup run test lint native bench clean system k8s dex docs fuzz
 
 setup: $(VENV)/.installed
 
@@ -39,5 +40,19 @@ lint: setup
 test: setup system native lint k8s dex
 	$(VENV)/bin/pytest -q tests
 
+# The scheduler's property tests with a long random profile (CI runs a fixed, short one).
+fuzz: setup
+	HYPOTHESIS_PROFILE=fuzz $(VENV)/bin/pytest -q tests/scheduler/test_guarantee_properties.py
+
+# The docs site: Sphinx + MyST + pydata theme. -n -W --keep-going: any warning fails the
+# build, an unresolved internal link (page or heading) included; external links are not
+# checked, so it builds offline. The reference pages are generated from the code.
+docs: setup $(VENV)/.docs-installed
+	$(VENV)/bin/sphinx-build -n -W --keep-going -q -b html docs docs/_build/html
+
+$(VENV)/.docs-installed: pyproject.toml
+	$(PIP) install -q -e '.[docs]'
+	touch $@
+
 clean:
-	rm -rf $(VENV) native/build
+	rm -rf $(VENV) native/build docs/_build docs/reference/_generated

@@ -70,9 +70,16 @@ def cmd_up(args) -> int:
     return 0
 
 
+def option_rows() -> list[tuple[str, str, str, str]]:
+    """(class, name, default, help) of every configuration option; the docs' options page
+    is generated from this list too."""
+    return [("Gpupool", name, repr(trait.default_value), trait.help)
+            for name, trait in sorted(Gpupool.class_traits(config=True).items())]
+
+
 def cmd_options(_args) -> int:
-    for name, trait in sorted(Gpupool.class_traits(config=True).items()):
-        print(f"c.Gpupool.{name} = {trait.default_value!r}\n    {trait.help}\n")
+    for cls, name, default, help_text in option_rows():
+        print(f"c.{cls}.{name} = {default}\n    {help_text}\n")
     return 0
 
 
@@ -134,33 +141,35 @@ def cmd_workspace(args) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpupool", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", default=os.environ.get("GPUPOOL_URL", "http://127.0.0.1:8000"))
-    p.add_argument("--token", default="")
+    p.add_argument("--url", default=os.environ.get("GPUPOOL_URL", "http://127.0.0.1:8000"),
+                   help="the hub's URL (default $GPUPOOL_URL)")
+    p.add_argument("--token", default="", help="a JupyterHub token (default $GPUPOOL_TOKEN or $JUPYTERHUB_API_TOKEN)")
     sub = p.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start the hub in embedded mode")
-    up.add_argument("--config", default="gpupool_config.py" if Path("gpupool_config.py").exists() else "")
-    up.add_argument("--port", type=int, default=0)
+    up.add_argument("--config", default="gpupool_config.py" if Path("gpupool_config.py").exists() else "",
+                    help="configuration file (default gpupool_config.py where it exists)")
+    up.add_argument("--port", type=int, default=0, help="public port (default Gpupool.port)")
     up.add_argument("hub_args", nargs="*", help="extra JupyterHub arguments (after --)")
     up.set_defaults(fn=cmd_up)
     sub.add_parser("options", help="print every option").set_defaults(fn=cmd_options)
     pr = sub.add_parser("project", help="your projects")
-    pr.add_argument("action", choices=["list", "show"])
-    pr.add_argument("name", nargs="?", type=name_arg())
+    pr.add_argument("action", choices=["list", "show"], help="list your projects, or show one")
+    pr.add_argument("name", nargs="?", type=name_arg(), help="the project (show)")
     pr.set_defaults(fn=cmd_project)
     ws = sub.add_parser("workspace", help="your workspaces")
-    ws.add_argument("action", choices=["list", "start", "stop"])
+    ws.add_argument("action", choices=["list", "start", "stop"], help="what to do")
     ws.add_argument("name", nargs="?", default="", type=name_arg("server"),
                     help="server name (start) or workload name (stop)")
-    ws.add_argument("--project")
-    ws.add_argument("--kind", default="jupyterlab", choices=["jupyterlab", "vscode"])
+    ws.add_argument("--project", help="the workspace's project (default: your first)")
+    ws.add_argument("--kind", default="jupyterlab", choices=["jupyterlab", "vscode"], help="the editor")
     ws.add_argument("--fraction", type=float, help="GPU fraction 0.05..1 (0: no GPU)")
     ws.add_argument("--gpus", type=int, help="whole GPUs")
     ws.add_argument("--gpu-memory", type=float, help="GPU memory in GiB")
     ws.add_argument("--preemptible", action="store_true", help="may run over quota (reclaimable)")
     ws.set_defaults(fn=cmd_workspace)
     ro = sub.add_parser("roles", help="department admins and viewers (hub_ext/roles.py)")
-    ro.add_argument("action", choices=["list", "set"])
-    ro.add_argument("user", nargs="?", default="", type=name_arg("user", "USER"))
+    ro.add_argument("action", choices=["list", "set"], help="list assignments, or replace a user's")
+    ro.add_argument("user", nargs="?", default="", type=name_arg("user", "USER"), help="the user (set)")
     ro.add_argument("rules", nargs="*", help="ROLE:DEPARTMENT, e.g. department-admin:research, viewer:*")
     ro.set_defaults(fn=cmd_roles)
     training_cli.add_parser(sub, _api)

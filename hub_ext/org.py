@@ -12,12 +12,21 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, insert, inspect, select
 
 from scheduler.model import DEFAULT_POOL, Department, Project, Quota
 
 from . import audit, validation
-from .db import DepartmentRow, MemberRow, NodeRow, ProjectRow, WorkloadRow, add_event, bump_version
+from .db import (
+    FINISHED,
+    DepartmentRow,
+    MemberRow,
+    NodeRow,
+    ProjectRow,
+    WorkloadRow,
+    add_event,
+    bump_version,
+)
 from .validation import MAX_GPUS, FieldError
 
 
@@ -235,9 +244,22 @@ def _check_dept_room(s, dept: str, gpus: float, skip: str | None = None) -> None
         )
 
 
-def _set_members(s, project: str, members: list[str]) -> None:
-    s.execute(delete(MemberRow).where(MemberRow.project == project))
-    s.add_all(MemberRow(project=project, user=u) for u in members)
+def _set_members(s, project: str, members: list[str], had: set[str] | None = None) -> None:
+    """Write only the difference, as bulk statements: ORM objects for 100,000 members took
+    20 s, and the write lock is held all that time."""
+    if had is None:
+        had = set(s.scalars(select(MemberRow.user).where(MemberRow.project == project)))
+    gone, new = had - set(members), set(members) - had
+    table = MemberRow.__table__
+    for batch in _batches(sorted(gone)):  # SQLite limits the variables of one statement
+        s.execute(delete(table).where(table.c.project == project, table.c.user.in_(batch)))
+    if new:
+        s.execute(insert(table), [{"project": project, "user": u} for u in sorted(new)])
+
+
+def _batches(items: list, size: int = 500):
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
 
 
 def create_project(s, data: dict, actor: str = audit.SYSTEM) -> dict:
@@ -281,7 +303,7 @@ def update_project(s, name: str, data: dict, actor: str = audit.SYSTEM) -> dict:
         if had != set(members):
             audit.record(s, actor, "project.members", name, {
                 "added": sorted(set(members) - had), "removed": sorted(had - set(members))}, name)
-        _set_members(s, name, members)
+        _set_members(s, name, members, had)
     if old != q["gpus"]:
         add_event(s, "quota", f"project {name} quota {old:g} -> {q['gpus']:g} GPUs", project=name)
     bump_version(s)
@@ -292,18 +314,36 @@ def update_project(s, name: str, data: dict, actor: str = audit.SYSTEM) -> dict:
 def delete_project(s, name: str, actor: str = audit.SYSTEM) -> None:
     if s.get(ProjectRow, name) is None:
         raise NotFound(f"project {name!r} does not exist")
-    active = s.scalar(
-        select(func.count()).select_from(WorkloadRow).where(
-            WorkloadRow.project == name, WorkloadRow.state.in_(("pending", "running", "releasing"))
-        )
-    )
+    # Refused while any of its work is unfinished: it may hold GPUs (a process still
+    # exiting) or get them again (a suspended training), and its project must outlive it.
+    active = s.execute(
+        select(WorkloadRow.name, WorkloadRow.state).where(
+            WorkloadRow.project == name, WorkloadRow.state.notin_(FINISHED)
+        ).order_by(WorkloadRow.name)
+    ).all()
     if active:
-        raise Conflict("name", f"project {name!r} has {active} active workloads; stop them first")
+        listed = ", ".join(f"{w} ({state})" for w, state in active[:5])
+        more = f" and {len(active) - 5} more" if len(active) > 5 else ""
+        raise Conflict("name", f"project {name!r} has {len(active)} unfinished workloads: "
+                       f"{listed}{more}; stop or delete them first")
+    services = _inference_services(s, name)
+    if services:  # scaled to zero they run nothing, but a request would start one
+        raise Conflict("name", f"project {name!r} has {len(services)} inference services: "
+                       f"{', '.join(services[:5])}; delete them first")
     s.execute(delete(MemberRow).where(MemberRow.project == name))
     s.execute(delete(ProjectRow).where(ProjectRow.name == name))
     add_event(s, "org", f"project {name} deleted", project=name)
     audit.record(s, actor, "project.deleted", name, project=name)
     bump_version(s)
+
+
+def _inference_services(s, project: str) -> list[str]:
+    from inference.db import InferenceRow  # beside the hub; its table exists once it is used
+
+    if not inspect(s.get_bind()).has_table(InferenceRow.__tablename__):
+        return []
+    return list(s.scalars(select(InferenceRow.name).where(InferenceRow.project == project)
+                          .order_by(InferenceRow.name)))
 
 
 # -- scheduler model ---------------------------------------------------------------------

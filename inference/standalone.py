@@ -53,6 +53,9 @@ class OrgStore:
     def set_state(self, name, state, **fields):
         pass
 
+    def finish_stop(self, name):
+        pass  # no rows: nothing to mark
+
     def event(self, kind, message, workload="", project=""):
         logging.getLogger("gpupool.inference").info("%s: %s", kind, message)
 
@@ -84,16 +87,20 @@ async def serve(args) -> None:
     await controller.stop()
 
 
-def main(argv=None) -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m inference", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--port", type=int, default=9000)
-    p.add_argument("--services", required=True)
-    p.add_argument("--gpus", type=int, default=4)
-    p.add_argument("--quota", type=float, default=4.0)
-    p.add_argument("--tick", type=float, default=1.0)
-    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
-    args = p.parse_args(argv)
+    p.add_argument("--port", type=int, default=9000, help="the activator's port")
+    p.add_argument("--services", required=True, help="JSON file: a list of service descriptions")
+    p.add_argument("--gpus", type=int, default=4, help="declared GPUs of the one local node")
+    p.add_argument("--quota", type=float, default=4.0, help="GPU quota of every project")
+    p.add_argument("--tick", type=float, default=1.0, help="seconds between the controller's passes")
+    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop")
+    return p
+
+
+def main(argv=None) -> None:
+    args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     profile_to = os.environ.get("GPUPOOL_PROFILE")
     if profile_to:

@@ -45,7 +45,38 @@ from .quota import IN_QUOTA, admit, department_quota, fair_shares, in_quota, may
 from .snapshot import Snapshot
 from .working import Working
 
-__all__ = ["decide"]
+__all__ = ["decide", "Floor", "may_take"]
+
+
+class Floor(int):
+    """What a victim's project keeps under one eviction strategy, in milli-GPUs: its quota
+    (quota reclaim, catch up) or its fair share (fair-share reclaim). ``below`` marks the
+    floor of quota reclaim's second pass, which ``may_take`` lets a project go below."""
+
+    below: bool
+
+    def __new__(cls, milli: int, below: bool = False) -> Floor:
+        f = super().__new__(cls, milli)
+        f.below = below
+        return f
+
+
+def may_take(floor: Floor | None, left: int, smallest: int) -> bool:
+    """The reclaim rule, in one place: may a victim's project be left with ``left``
+    milli-GPUs once the work taken from it by one plan (the smallest piece ``smallest``
+    milli) is gone?
+
+    At or above its floor, always. Below it only with a ``below`` floor (a project under
+    its quota that reclaim without going below found no room for), and only when every
+    piece taken would be over quota if it came back (``left + smallest > floor``): it
+    cannot reclaim its way back in, so nothing thrashes, and a project that borrowed a gang
+    or a multi-GPU pod cannot keep it against a team below its quota just because the
+    piece is indivisible. Example: nlp (quota 1) holds a 0.25 workspace and a 2-GPU gang
+    over quota; taking the gang leaves 0.25, and 0.25 + 2 > 1, so vision, below its quota,
+    may take it; a 0.5 pod that 0.25 + 0.5 <= 1 would let back in may not be taken so."""
+    if floor is None or left >= floor:
+        return True
+    return floor.below and left + smallest > floor
 
 
 def decide(snapshot: Snapshot) -> Decisions:
@@ -367,10 +398,16 @@ class _Cycle:
         # only because its project's borrowed GPUs do not count (quota.counted_usage): it
         # takes idle GPUs after the teams that are inside their quota altogether.
         later = []
+        waits_ahead: set[str] = set()  # projects whose guaranteed work was put off
         for w in waiting:
+            if w.gives_way and w.project in waits_ahead:
+                # Its project's guaranteed work ahead of it waits for idle GPUs; this would
+                # take them first and be preempted for it again, once per cycle (step 2).
+                continue
             if not self._try(w, lambda pool, v: v.allowed and not v.over_quota and not v.guaranteed_only):
                 if not w.may_go_over_quota:
                     later.append(w)
+                    waits_ahead.add(w.project)
         # Idle GPUs such work takes are over its project's whole quota: the least-served
         # project goes first, as in step 2.
         self._least_served_first(later, lambda w, pool, v: v.allowed and not v.over_quota)
@@ -484,13 +521,19 @@ class _Cycle:
             # in its quota: where its own preemptible work holds the quota, that gives way
             # first (preempt, below), not another team's borrowed GPUs.
             if self.cfg.reclaim and v.allowed and not v.over_quota and not v.guaranteed_only:
-                strategies.append("reclaim")
+                # Victims left at or above their quota first; only then below it (may_take).
+                strategies += ["reclaim", "reclaim below quota"]
             if self.cfg.fair_share_reclaim and v.allowed and v.over_quota and self._fits_fair_share(w, pool):
                 strategies.append("fair share")
             elif self.cfg.fair_share_reclaim and v.allowed and v.over_quota and self._catch_up_from(w, pool):
                 strategies.append("catch up")  # behind its share over time: see quota.py
             if self.cfg.preempt:
                 strategies.append("preempt")
+            if self.cfg.reclaim and v.allowed and v.guaranteed_only:
+                # Its own work gave way and that made no room: the GPUs it is guaranteed
+                # are held by other projects' over-quota work, which gives way next (its own
+                # preemptible work then runs over quota, where it can be reclaimed).
+                strategies += ["reclaim", "reclaim below quota"]
             found_any = False
             for strategy in strategies:
                 outcome = self._evict_to_fit(w, pool, strategy)
@@ -504,7 +547,8 @@ class _Cycle:
 
         Preempt: the same project's lower-priority work. Reclaim: other projects' work,
         the project furthest above its fair share first; a victim must leave its project at
-        or above its quota (reclaim) or its fair share (fair-share reclaim). Catch up: the
+        or above its quota (reclaim) or its fair share (fair-share reclaim), or, in quota
+        reclaim's second pass, below its quota only as ``may_take`` allows. Catch up: the
         over-quota work of projects ahead of their share over time, furthest ahead first."""
         snap = self.snap
         if strategy == "preempt":
@@ -517,9 +561,14 @@ class _Cycle:
         for p in projects:
             floor = None
             if strategy in ("reclaim", "catch up"):
-                floor = snap.projects[p].quotas.get(pool, NO_QUOTA).quota_milli
+                floor = Floor(snap.projects[p].quotas.get(pool, NO_QUOTA).quota_milli)
+            elif strategy == "reclaim below quota":
+                floor = Floor(snap.projects[p].quotas.get(pool, NO_QUOTA).quota_milli, below=True)
+                if self.work.usage[(p, pool)] > floor:  # at or below its quota nothing is over it
+                    yield from ((v, floor) for v in self._below_quota_order(p, pool, floor))
+                continue
             elif strategy == "fair share":
-                floor = self.fair.get((p, pool), 0)
+                floor = Floor(self.fair.get((p, pool), 0))
                 if self.work.usage[(p, pool)] <= floor:
                     continue
             for prio, v, protected in self._pool_victims(p, pool):
@@ -527,6 +576,18 @@ class _Cycle:
                     break
                 if not protected:  # no strategy takes work that just restarted: that is thrash
                     yield v, floor
+
+    def _below_quota_order(self, project: str, pool: str, quota: int) -> list[Workload]:
+        """Quota reclaim's second pass takes ``project``'s pieces that each alone would take
+        it below its quota first, the smallest first, then the others in eviction order. A
+        smaller piece taken before a crossing one would make ``may_take`` refuse the crossing
+        one (the smaller piece could fit back): this order finds a set the rule allows where
+        the eviction order does not, with the fewest GPUs among single crossings."""
+        used, milli_of = self.work.usage[(project, pool)], self.work.milli_of
+        pieces = [v for _, v, protected in itertools.islice(self._pool_victims(project, pool), self._wide_scan())
+                  if not protected]
+        crossing = sorted((v for v in pieces if used - milli_of(v) < quota), key=milli_of)
+        return crossing + [v for v in pieces if used - milli_of(v) >= quota]
 
     def _pool_victims(self, project: str, pool: str) -> Iterator[tuple[int, Workload, bool]]:
         """``project``'s running preemptible work in ``pool`` not evicted this cycle, in
@@ -613,14 +674,17 @@ class _Cycle:
         gpu_work = w.demand.gpu_count > 0
         usage = self.work.usage
         gone: dict[str, int] = defaultdict(int)  # milli the loop would have freed, per project
+        smallest: dict[str, int] = {}  # the smallest piece it would have taken, per project
         for v, floor in candidates:
             if gpu_work and not v.demand.gpu_count:
                 continue
             choices = self.work.choices_of(v)
             milli = self.work.milli_of(v)
-            if floor is not None and usage[(v.project, pool)] - gone[v.project] - milli < floor:
+            least = min(milli, smallest.get(v.project, milli))
+            if not may_take(floor, usage[(v.project, pool)] - gone[v.project] - milli, least):
                 continue
             gone[v.project] += milli
+            smallest[v.project] = least
             yield v, choices, milli
 
     def _any_victim(self, w: Workload, pool: str, candidates: list) -> bool:
@@ -682,14 +746,17 @@ class _Cycle:
                 continue
             room = [a.gpu_free[node].tolist(), int(a.cpu_free[node]), int(a.mem_free[node])]
             gone: dict[str, int] = defaultdict(int)
+            smallest: dict[str, int] = {}
             chosen = []
             for v, floor in per_node[node]:
                 if best is not None and len(chosen) + 1 >= len(best):
                     break  # cannot beat the best node found so far
                 milli = self.work.milli_of(v)
-                if floor is not None and usage[(v.project, pool)] - gone[v.project] - milli < floor:
+                least = min(milli, smallest.get(v.project, milli))
+                if not may_take(floor, usage[(v.project, pool)] - gone[v.project] - milli, least):
                     continue
                 gone[v.project] += milli
+                smallest[v.project] = least
                 choices = self.work.choices_of(v)
                 chosen.append((v, choices))
                 for c in choices:
@@ -738,13 +805,16 @@ class _Cycle:
         placed = None
         if w.pods == 1 and not self._room_with_all_gone(w, pool, candidates, static, key):
             candidates = []  # the trials below cannot make room: go to the per-node plan
+        smallest: dict[str, int] = {}  # the smallest piece taken so far, per project
         for v, floor in candidates:
             if gpu_work and not v.demand.gpu_count:
                 continue  # CPU-only work never makes room for GPUs
             choices = work.choices_of(v)
             milli = work.milli_of(v)
-            if floor is not None and work.usage[(v.project, pool)] - milli < floor:
+            least = min(milli, smallest.get(v.project, milli))
+            if not may_take(floor, work.usage[(v.project, pool)] - milli, least):
                 continue
+            smallest[v.project] = least
             work.give(v, choices)
             victims.append((v, choices))
             if (w.pods > 1 or any(self._room_on(c.node, w, static) for c in choices)) and self._admitted(w, pool, strategy):
@@ -809,6 +879,12 @@ class _Cycle:
             return f"preempted by higher-priority workload {w.name} of project {w.project}"
         if strategy == "reclaim":
             return f"reclaimed: project {w.project} is below its quota and needs the GPUs for {w.name}"
+        if strategy == "reclaim below quota":
+            return (
+                f"reclaimed: project {w.project} is below its quota and needs the GPUs for {w.name}; "
+                f"{v.name} is taken whole though project {v.project} then holds less than its quota, "
+                f"as it would be over that quota if it came back"
+            )
         if strategy == "catch up":
             return (
                 f"reclaimed for fair share over time: project {w.project} got less than its share of "

@@ -1,6 +1,6 @@
 """Fixtures every test folder may use: the local Kubernetes cluster (scripts/test-cluster).
 
-One session cluster for the whole run: etcd + kube-apiserver built from the pinned upstream
+One cluster for the whole test run (a session-scoped fixture): etcd + kube-apiserver built from the pinned upstream
 sources, kwok for fake GPU nodes; nothing is mocked. Tests anywhere under tests/ ask for
 ``k8s_cluster`` (and ``ns``, a fresh namespace) by name; no module imports them, since a
 fixture imported into a module is a second fixture there (a second cluster). tests/chart

@@ -20,6 +20,7 @@ from .. import attach, org, roles, validation
 from ..db import EventRow, SampleRow, WorkloadRow, add_event, bump_version
 from ..limits import limits_for
 from ..requests import parse_request, workload_name
+from ..training.db import TrainingRow, ensure_table
 from . import governance_api, roles_api, training_api, usage_api
 from .base import ApiHandler
 from .sharing import gpu_sharing
@@ -101,14 +102,17 @@ class ProjectsHandler(ApiHandler):
         with self.Session() as s:
             self.send({"items": org.list_projects(s, roles.visible_projects(self.who))})
 
-    def post(self):
+    async def post(self):
         data = self.body()
         dept = data.get("department")
         self.require("manage_project", department=dept if isinstance(dept, str) else "")
+        self.send(await self.off_loop(self._create, data), 201)
+
+    def _create(self, data: dict) -> dict:
         with self.Session() as s:
             p = org.create_project(s, data, actor=self.username)
             s.commit()
-        self.send(p, 201)
+        return p
 
 
 class ProjectHandler(ApiHandler):
@@ -117,15 +121,18 @@ class ProjectHandler(ApiHandler):
         with self.Session() as s:
             self.send(org.get_project(s, name))
 
-    def patch(self, name):
+    async def patch(self, name):
         data = self.body()
         self.require_project("manage_project", name)
         if isinstance(data.get("department"), str):  # moving it: the new department's admin too
             self.require("manage_project", department=data["department"])
+        self.send(await self.off_loop(self._update, name, data))
+
+    def _update(self, name: str, data: dict) -> dict:
         with self.Session() as s:
             p = org.update_project(s, name, data, actor=self.username)
             s.commit()
-        self.send(p)
+        return p
 
     def delete(self, name):
         self.require_project("manage_project", name)
@@ -217,7 +224,13 @@ class WorkloadHandler(ApiHandler):
             w = self._get(s, name)
             self.require("manage_workload", project=w.project, owner=w.owner)
             kind, owner, server, state = w.kind, w.owner, w.server, w.state
-            if kind != "workspace":
+            job = _training_job(self, s, name) if kind == "training" else None
+            if job is not None:  # the job runner's: it ends the job, as DELETE /trainings/NAME
+                job.request = "delete"
+                add_event(s, "stopped", f"{self.username} deleted training {name}", name, w.project,
+                          actor=self.username)
+                s.commit()
+            elif kind != "workspace":
                 if state in ("running", "releasing"):
                     w.state = "stopping"
                 else:
@@ -233,6 +246,14 @@ class WorkloadHandler(ApiHandler):
                 return
         self.set_status(204)
         self.finish()
+
+
+def _training_job(handler: ApiHandler, s, name: str):
+    """The trainings API's row of a job, if the job runner holds ``name``."""
+    if not handler.settings.get("gpupool_trainings_table"):
+        ensure_table(handler.Session)
+        handler.settings["gpupool_trainings_table"] = True
+    return s.get(TrainingRow, name)
 
 
 class NodesHandler(ApiHandler):

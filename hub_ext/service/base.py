@@ -7,6 +7,7 @@ scope -> 403, a method the path does not take -> 405 (with ``Allow``), a body ov
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from jupyterhub.services.auth import HubOAuthenticated
@@ -56,12 +57,13 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 
     def require(self, action: str, project: str | None = None, department: str | None = None,
                 owner: str | None = None) -> None:
-        """403 with the rule's reason unless hub_ext.roles allows ``action``; 400 when a
-        project or department taken from a body is no name."""
-        for key, value in (("project", project), ("department", department)):
-            if value is not None and not isinstance(value, str):
-                raise FieldError(key, f"must name a {key}, got {validation.show(value)}")
-        roles.check(self.who, action, project, department, owner)
+        """403 with the rule's reason unless hub_ext.roles allows ``action``. A project or
+        department straight from a body may be any JSON value: one that is not a string names
+        none (the request rules' 400 says so after this check)."""
+        def text(v):
+            return v if isinstance(v, str) or v is None else None
+
+        roles.check(self.who, action, text(project), text(department), text(owner))
 
     def require_project(self, action: str, project: str, owner: str | None = None) -> None:
         """404 when ``project`` does not exist (names are not secret, contents are), else
@@ -90,12 +92,18 @@ class ApiHandler(BaseHandler):
 
     _size = 0  # body bytes received
     _chunks: list[bytes] | None = None
+    # Whether prepare() went through: only then does tornado read the body (streamed). An
+    # answer before that (401, 403, 405 for a method tornado does not know) leaves the body
+    # unread, and tornado closes the connection after it: "Connection: close" tells the
+    # hub's proxy not to send another user's request down that connection (a 503).
+    _prepared = False
 
     def prepare(self):
         if self.current_user is None:
             raise web.HTTPError(401, "authenticate with a JupyterHub token (Authorization: token ...)")
         if not (self.scopes & set(roles.SCOPES)):
             raise web.HTTPError(403, f"this needs the {USE} scope")
+        self._prepared = True
 
     @property
     def max_body_size(self) -> int:
@@ -122,6 +130,11 @@ class ApiHandler(BaseHandler):
         if not raw:
             return {}
         return validation.json_body(raw, self.max_body_size)
+
+    async def off_loop(self, fn, *args):
+        """Run ``fn`` (database work that may be large: a project's member list) in a thread,
+        so other users' requests are answered meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
     def send(self, data, status: int = 200) -> None:
         self.set_status(status)
@@ -155,6 +168,8 @@ class ApiHandler(BaseHandler):
             message = exc[1].log_message or self._reason
         elif message is None and exc:  # tornado has logged the traceback (log_exception)
             message = "internal error; see the service log"
+        if not self._prepared:
+            self.set_header("Connection", "close")
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": {
             "status": status_code, "field": kwargs.get("field"), "message": message or self._reason,

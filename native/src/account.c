@@ -143,6 +143,8 @@ static void unlock_region(void) { pthread_mutex_unlock(&R->lock); }
 
 #ifdef GP_TEST_SEAMS
 /* test build only: hold the lock until killed, so a test can SIGKILL a holder */
+/* env GPUPOOL_TEST_STALL_LOCKED: test builds only (GP_TEST_SEAMS): a file path; the process
+ * creates it once it holds the account's lock and then waits there until killed. */
 static void test_stall_locked(void)
 {
     const char *f = getenv("GPUPOOL_TEST_STALL_LOCKED");

@@ -1,4 +1,5 @@
-/* Configuration from the environment the scheduler sets (documented in native/README.md).
+/* Configuration from the environment the scheduler sets. Each variable carries an
+ * "env NAME: meaning" comment: the docs' reference page is generated from them.
  * A bad value is reported once on stderr and turns the library to refusing allocations:
  * a typo must never mean "unlimited". */
 
@@ -99,6 +100,8 @@ static void load(void)
     c->reap_interval_ns = 1000ull * 1000 * 1000;
     snprintf(c->region_path, sizeof c->region_path, "%s", "/dev/shm/gpupool-account");
 
+    /* env GPUPOOL_LOG_LEVEL: `error`, `warn` (default), `info`, `debug` (or 0-3). `debug` traces
+     * every `cuGetProcAddress` look-up. Nothing is logged on the hot paths. */
     if ((v = getenv("GPUPOOL_LOG_LEVEL")) && *v) {
         static const char *const names[] = {"error", "warn", "info", "debug"};
         int lvl = -1;
@@ -111,6 +114,11 @@ static void load(void)
             c->log_level = lvl;
     }
     enum gp_mode mode = GP_MODE_OFF;
+    /* env GPUPOOL_MEMORY_LIMIT: memory cap in bytes per device, by CUDA ordinal (after
+     * `CUDA_VISIBLE_DEVICES`). One value applies to every device; a comma-separated list gives
+     * device 0, 1, ...; devices past the end of a list get no memory. Binary suffixes `K`,
+     * `M`, `G`, `T` (`16G`, `512MiB`) are accepted. Unset or empty: no memory limit, and
+     * every call passes through unchanged. */
     if ((v = getenv("GPUPOOL_MEMORY_LIMIT")) && *v) {
         /* one value for every device, or a comma-separated list by CUDA ordinal; devices
          * past the end of a list get no memory (fail closed) */
@@ -136,6 +144,10 @@ static void load(void)
                 c->limit[i] = n == 1 ? c->limit[0] : 0;
         }
     }
+    /* env GPUPOOL_COMPUTE_SHARE: percentage of SM time, 1-100 (100 or unset: off). Kernel
+     * launches (`cuLaunchKernel`, `cuLaunchKernelEx`, `cuLaunchCooperativeKernel`,
+     * `cuGraphLaunch` and their `_ptsz` variants) are admitted only during the first SHARE
+     * percent of each period. */
     if ((v = getenv("GPUPOOL_COMPUTE_SHARE")) && *v) {
         uint64_t pct;
         if (parse_uint(v, 1, 100, &pct) != 0)
@@ -143,6 +155,7 @@ static void load(void)
         else
             c->compute_share = (unsigned)pct;
     }
+    /* env GPUPOOL_COMPUTE_PERIOD_MS: period of the compute share in ms, 1-10000, default 100. */
     if ((v = getenv("GPUPOOL_COMPUTE_PERIOD_MS")) && *v) {
         uint64_t ms;
         if (parse_uint(v, 1, 10000, &ms) != 0)
@@ -150,6 +163,8 @@ static void load(void)
         else
             c->compute_period_ns = ms * 1000 * 1000;
     }
+    /* env GPUPOOL_REAP_INTERVAL_MS: how often (ms, 1-3600000, default 1000) an allocation also
+     * looks for dead processes whose memory to reclaim. */
     if ((v = getenv("GPUPOOL_REAP_INTERVAL_MS")) && *v) {
         uint64_t ms;
         if (parse_uint(v, 1, 3600 * 1000, &ms) != 0)
@@ -157,6 +172,10 @@ static void load(void)
         else
             c->reap_interval_ns = ms * 1000 * 1000;
     }
+    /* env GPUPOOL_SHARED_REGION: absolute path of the container's shared account, default
+     * `/dev/shm/gpupool-account`. All processes of one container must see the same file (one
+     * per container: `/dev/shm` is per container on Kubernetes; the embedded launcher passes a
+     * per-workload path). Created mode 0666 so that any user in the container can use it. */
     if ((v = getenv("GPUPOOL_SHARED_REGION")) && *v) {
         if (v[0] != '/' || strlen(v) >= sizeof c->region_path)
             bad("GPUPOOL_SHARED_REGION", v);

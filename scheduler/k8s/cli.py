@@ -18,32 +18,38 @@ from .adapter import AdapterConfig, GpupoolScheduler
 from .client import KubeClient
 from .lease import LeaderElector
 
-__all__ = ["main"]
+__all__ = ["main", "parser"]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="gpupool-scheduler", description=__doc__)
     ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
                     help="kubeconfig file; in-cluster configuration when unset")
     ap.add_argument("--scheduler-name", default="gpupool",
                     help="pods whose spec.schedulerName is this are ours (default gpupool)")
-    ap.add_argument("--lease-namespace", default="kube-system")
-    ap.add_argument("--lease-name", default="gpupool-scheduler")
+    ap.add_argument("--lease-namespace", default="kube-system", help="namespace of the Lease")
+    ap.add_argument("--lease-name", default="gpupool-scheduler",
+                    help="the Lease one active replica holds")
     ap.add_argument("--lease-duration", type=float, default=15.0, help="seconds")
     ap.add_argument("--lease-renew", type=float, default=5.0, help="seconds between renewals")
-    ap.add_argument("--identity", default=f"{socket.gethostname()}_{os.getpid()}")
-    ap.add_argument("--node-pool-label", default="gpupool.io/node-pool")
+    ap.add_argument("--identity", default=f"{socket.gethostname()}_{os.getpid()}",
+                    help="this replica's name in the Lease (default HOSTNAME_PID)")
+    ap.add_argument("--node-pool-label", default="gpupool.io/node-pool", help="node label naming its pool")
     ap.add_argument("--preload-path", default="/usr/local/lib/gpupool/libgpupool.so",
                     help="interception library written as LD_PRELOAD into fraction ConfigMaps")
-    ap.add_argument("--bind-concurrency", type=int, default=48)
+    ap.add_argument("--bind-concurrency", type=int, default=48, help="Bindings in flight at once")
     ap.add_argument("--policy", default="gpupool", help="placement policy of the core")
     ap.add_argument("--topology-key", default=None,
                     help="node label gangs prefer to share when they name none (e.g. gpupool.io/rack)")
     ap.add_argument("--metrics-port", type=int, default=0,
                     help="serve Prometheus metrics at :PORT/metrics (0: off); standbys serve too")
     ap.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics server listens on")
-    ap.add_argument("-v", "--verbose", action="count", default=0)
-    return ap.parse_args(argv)
+    ap.add_argument("-v", "--verbose", action="count", default=0, help="more log output (repeatable)")
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 async def _amain(args: argparse.Namespace) -> int:

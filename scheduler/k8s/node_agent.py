@@ -53,6 +53,7 @@ __all__ = [
     "inventory_from",
     "main",
     "node_patch",
+    "parser",
 ]
 
 log = logging.getLogger("gpupool.node_agent")
@@ -294,7 +295,7 @@ class NodeAgent:
 
 
 # ----------------------------------------------------------------------------------- CLI
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="gpupool-node-agent", description=__doc__.split("\n\n")[0])
     ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
                     help="kubeconfig file; in-cluster configuration when unset")
@@ -311,8 +312,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--host-lib-dir", default=DEFAULT_HOST_LIB_DIR,
                     help=f"host directory the library is copied to as {PRELOAD_NAME}")
     ap.add_argument("--once", action="store_true", help="publish once and exit")
-    ap.add_argument("-v", "--verbose", action="count", default=0)
-    return ap.parse_args(argv)
+    ap.add_argument("-v", "--verbose", action="count", default=0, help="more log output (repeatable)")
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 async def _amain(args: argparse.Namespace) -> int:

@@ -132,12 +132,16 @@ def add_demo(sub) -> None:
 SUBCOMMANDS: list[Callable] = [add_placement, add_demo, add_replay]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpupool-sim", description="gpupool scheduler simulations")
-    sub = parser.add_subparsers(dest="command", required=True)
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpupool-sim", description="gpupool scheduler simulations")
+    sub = p.add_subparsers(dest="command", required=True)
     for add in SUBCOMMANDS:
         add(sub)
-    args = parser.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         return args.func(args)
     except FileNotFoundError as e:

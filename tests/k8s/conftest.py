@@ -1,5 +1,5 @@
 """Fixtures of the tests against the local Kubernetes cluster. ``k8s_cluster`` (the one
-session cluster) and ``ns`` (a fresh namespace) live in tests/conftest.py; they are not
+cluster of the test run) and ``ns`` (a fresh namespace) live in tests/conftest.py; they are not
 imported here, so that ``from tests.k8s.conftest import ...`` never makes a second one."""
 
 from __future__ import annotations

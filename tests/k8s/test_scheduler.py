@@ -1,6 +1,6 @@
 """gpupool-scheduler against the local cluster: real API server, kwok nodes, no mocks.
 
-The session cluster's default pool has 4 nodes x 8 GPUs; every test makes its own
+The test run's cluster's default pool has 4 nodes x 8 GPUs; every test makes its own
 Department/Projects and namespace and leaves no pods behind. Waits are generous and no
 assertion is about time.
 """
@@ -32,7 +32,7 @@ from .helpers import (
     wait_until,
 )
 
-GPU_MEMORY_MIB = 81559  # the session cluster's nodes (scripts/test-cluster default)
+GPU_MEMORY_MIB = 81559  # the test run's cluster's nodes (scripts/test-cluster default)
 
 
 async def _create_all(kc, ns: str, pods: list[dict], concurrency: int = 32) -> None:

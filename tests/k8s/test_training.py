@@ -1,7 +1,7 @@
 """Training gangs on the local cluster: the manifests of ``hub_ext.training.k8s`` applied
 as they are (headless Service, then one pod per worker), placed by gpupool-scheduler.
 
-The session cluster has 4 nodes x 8 GPUs; each test makes its own Department/Project and
+The test run's cluster has 4 nodes x 8 GPUs; each test makes its own Department/Project and
 namespace (fixtures ``ns`` and ``sched`` from conftest) and leaves no pods behind.
 """
 

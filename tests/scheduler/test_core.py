@@ -280,6 +280,63 @@ def test_quota_reclaim_node_plan_passes_over_work_that_just_restarted():
     assert sorted(e.workload for e in d.evictions) == [f"b-n1-g{g}" for g in range(4)]
 
 
+def _nlp_borrows_a_gang(gang_pods: int = 2, gpus_per_pod: int = 1):
+    """The defect found on a live hub: nlp (quota 1) runs a 0.25 workspace in quota and a
+    gang over quota; vision (quota 2) uses 0.75 and asks for a 1-GPU workspace."""
+    ds, ps = org(("nlp", 1), ("vision", 2))
+    gang = make_workload("big").project("nlp").gpus(gpus_per_pod).pods(gang_pods).submitted(1)
+    gang = gang.running(*[("n1", tuple(range(2 + k * gpus_per_pod, 2 + (k + 1) * gpus_per_pod)), 1000)
+                          for k in range(gang_pods)]).obj()
+    gang.over_quota = True
+    running = [
+        make_workload("nlp-ws").project("nlp").kind(Kind.WORKSPACE).gpus(0.25).submitted(0).running(("n1", (0,), 250)).obj(),
+        make_workload("vision-ws").project("vision").kind(Kind.WORKSPACE).gpus(0.75).submitted(2).running(("n1", (1,), 750)).obj(),
+        gang,
+    ]
+    ask = make_workload("carol").project("vision").kind(Kind.WORKSPACE).gpus(1).submitted(10).obj()
+    return ds, ps, running + [ask]
+
+
+def test_quota_reclaim_takes_an_over_quota_gang_whole_though_its_project_drops_below_quota():
+    ds, ps, ws = _nlp_borrows_a_gang()
+    d = decide(snapshot([make_node("n1", gpus=4)], ds, ps, ws))
+    assert [e.workload for e in d.evictions] == ["big"]
+    assert "holds less than its quota" in d.evictions[0].reason
+    assert "reclaiming GPUs from 1 workload of project nlp" in d.reason("carol")
+
+
+def test_quota_reclaim_takes_a_single_multi_gpu_pod_over_quota():
+    ds, ps, ws = _nlp_borrows_a_gang(gang_pods=1, gpus_per_pod=2)
+    d = decide(snapshot([make_node("n1", gpus=4)], ds, ps, ws))
+    assert [e.workload for e in d.evictions] == ["big"]
+
+
+def test_reclaim_below_quota_spares_work_that_would_fit_back_inside_it():
+    # nlp (quota 1.5) holds 0.25 in quota and a 2-GPU gang plus a 1-GPU job over it. Taking
+    # the 1-GPU job would leave 1.25 + 1 > 1.5 whole... but taking both leaves 0.25, and the
+    # 1-GPU job would then fit back (0.25 + 1 <= 1.5): it would reclaim its way back (thrash).
+    ds, ps = org(("nlp", 1.5), ("vision", 2))
+    running = [
+        make_workload("nlp-ws").project("nlp").kind(Kind.WORKSPACE).gpus(0.25).running(("n1", (0,), 250)).obj(),
+        make_workload("gang").project("nlp").gpus(1).pods(2).submitted(1).running(("n1", (1,), 1000), ("n1", (2,), 1000)).obj(),
+        make_workload("one").project("nlp").gpus(1).submitted(2).running(("n1", (3,), 1000)).obj(),
+    ]
+    ask = make_workload("v").project("vision").gpus(2).pods(1).submitted(10).obj()
+    d = decide(snapshot([make_node("n1", gpus=4)], ds, ps, running + [ask]))
+    # Room for 2 whole GPUs: the gang alone (nlp keeps 1.25, and 1.25 + 2 > 1.5).
+    assert [e.workload for e in d.evictions] == ["gang"]
+
+
+def test_a_project_at_its_quota_loses_nothing_to_reclaim():
+    ds, ps = org(("nlp", 2), ("vision", 2))
+    running = [make_workload("gang").project("nlp").gpus(1).pods(2).running(("n1", (0,), 1000), ("n1", (1,), 1000)).obj(),
+               make_workload("vws").project("vision").kind(Kind.WORKSPACE).gpus(0.5).running(("n1", (2,), 500)).obj(),
+               make_workload("vws2").project("vision").kind(Kind.WORKSPACE).gpus(0.5).running(("n1", (3,), 500)).obj()]
+    ask = make_workload("v").project("vision").kind(Kind.WORKSPACE).gpus(1).submitted(10).obj()
+    d = decide(snapshot([make_node("n1", gpus=4)], ds, ps, running + [ask]))
+    assert d.evictions == []
+
+
 def test_reclaim_never_evicts_non_preemptible_work():
     ds, ps = org(("a", 4), ("b", 2))
     running = [make_workload(f"b{i}").project("b").kind(Kind.WORKSPACE).over_quota().gpus(1)
