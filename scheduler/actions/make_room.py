@@ -138,7 +138,7 @@ class MakeRoom:
                     return False if victims else "no victims"
                 victims = self._node_plan(w, pool, strategy, static)
                 if victims is None:
-                    if victims_.any_victim(w, pool, list(victims_.wide(w, pool, strategy))):
+                    if victims_.any_victim(w, pool, victims_.wide(w, pool, strategy)):
                         self.hopeless.add(group, pod_size(w))
                         return False
                     return "no victims"
@@ -194,15 +194,23 @@ class MakeRoom:
         "Where the goals stand"). Preemption inside a project keeps to the global order."""
         work = self.work
         gpu_work = w.demand.gpu_count > 0
-        per_node: dict[int, list] = defaultdict(list)
-        for v, floor in self.victims.wide(w, pool, strategy):
-            if gpu_work and not v.demand.gpu_count:
-                continue
-            for node in {c.node for c in work.choices_of(v)}:
-                per_node[node].append((v, floor))
+        # The candidates per node depend on ``w`` as the global ones do (``plan_candidates``):
+        # worked out once per group until a plan evicts.
+        memo = self.victims.plan_memo
+        key = ("per node", w.project, pool, strategy.key, strategy.group(self.cycle, w, pool), gpu_work)
+        per_node = memo.get(key)
+        if per_node is None:
+            per_node = memo[key] = defaultdict(list)
+            for v, floor in self.victims.wide(w, pool, strategy):
+                if gpu_work and not v.demand.gpu_count:
+                    continue
+                for node in {c.node for c in work.choices_of(v)}:
+                    per_node[node].append((v, floor))
         a, usage = work.arrays, work.usage
         best: list | None = None
         for node in sorted(per_node):
+            if best is not None and len(best) == 1:
+                break  # no node needs fewer evictions than one
             if not static[node]:
                 continue
             room = [a.gpu_free[node].tolist(), int(a.cpu_free[node]), int(a.mem_free[node])]

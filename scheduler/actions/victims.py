@@ -51,12 +51,18 @@ class Victims:
         it below its quota first, the smallest first, then the others in eviction order. A
         smaller piece taken before a crossing one would make ``may_take`` refuse the crossing
         one (the smaller piece could fit back): this order finds a set the rule allows where
-        the eviction order does not, with the fewest GPUs among single crossings."""
+        the eviction order does not, with the fewest GPUs among single crossings. Kept
+        until a plan evicts (it depends on usage and the evicted set only)."""
+        key = ("below quota", project, pool, quota)
+        kept = self.plan_memo.get(key)
+        if kept is not None:
+            return kept  # type: ignore[return-value]
         used, milli_of = self.work.usage[(project, pool)], self.work.milli_of
         pieces = [v for _, v, protected in itertools.islice(self.pool_victims(project, pool), self.wide_scan)
                   if not protected]
         crossing = sorted((v for v in pieces if used - milli_of(v) < quota), key=milli_of)
-        return crossing + [v for v in pieces if used - milli_of(v) >= quota]
+        order = self.plan_memo[key] = crossing + [v for v in pieces if used - milli_of(v) >= quota]
+        return order
 
     def pool_victims(self, project: str, pool: str) -> Iterator[tuple[int, Workload, bool]]:
         """``project``'s running preemptible work in ``pool`` not evicted this cycle, in
@@ -110,10 +116,14 @@ class Victims:
             candidates = self.plan_memo[key] = list(itertools.islice(self.candidates(w, pool, strategy), self.cfg.max_victim_scan))
         return key, candidates
 
-    def wide(self, w: Workload, pool: str, strategy: Eviction) -> Iterator[tuple[Workload, Floor | None]]:
+    def wide(self, w: Workload, pool: str, strategy: Eviction) -> list[tuple[Workload, Floor | None]]:
         """The candidates further down the eviction order than ``plan_candidates`` reads:
-        for the per-node plan."""
-        return itertools.islice(self.candidates(w, pool, strategy), self.wide_scan)
+        for the per-node plan. Kept per group as those are."""
+        key = ("wide", w.project, pool, strategy.key, strategy.group(self.cycle, w, pool))
+        kept = self.plan_memo.get(key)
+        if kept is None:
+            kept = self.plan_memo[key] = list(itertools.islice(self.candidates(w, pool, strategy), self.wide_scan))
+        return kept  # type: ignore[return-value]
 
     def admissible_after(self, w: Workload, pool: str, strategy: Eviction, candidates: list, key: tuple | None = None) -> bool:
         """Would ``w`` pass its quota rule if all ``candidates`` went? Only a strategy that
