@@ -27,12 +27,13 @@ import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 from sqlalchemy import func, select
 
+from . import validation
 from .db import EventRow, GpuSampleRow, NodeRow, SampleRow
-from .requests import FieldError
+from .validation import FieldError
 
 __all__ = ["GROUPS", "Allocation", "allocations", "close_open_allocations", "parse_range",
            "report", "to_csv", "usage"]
@@ -214,16 +215,8 @@ def close_open_allocations(session, message: str = "hub restarted") -> int:
 
 # -- request parameters and CSV ---------------------------------------------------------
 def _parse_time(field: str, text: str, end_of_day: bool) -> float:
-    text = text.strip()
-    try:
-        if len(text) == 10:  # a date: the start of that day, or the end for "to"
-            day = datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=timezone.utc)
-            return (day + timedelta(days=1) if end_of_day else day).timestamp()
-        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise FieldError(field, f"must be an ISO 8601 date or date-time such as 2026-11-29 or "
-                                f"2026-11-29T13:00:00Z, got {text!r}") from None
-    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
+    """A date (``end_of_day``: its end) or date-time, years 1970-9999 (validation.utc_time)."""
+    return validation.utc_time(text, field, end_of_day)
 
 
 def parse_range(args: dict[str, str], now: float | None = None) -> tuple[float, float, str]:
@@ -235,7 +228,7 @@ def parse_range(args: dict[str, str], now: float | None = None) -> tuple[float, 
     now = time.time() if now is None else now
     by = args.get("by") or "project"
     if by not in GROUPS:
-        raise FieldError("by", f"must be one of {', '.join(GROUPS)}, got {by!r}")
+        raise FieldError("by", f"must be one of {', '.join(GROUPS)}, got {validation.show(by)}")
     end = _parse_time("to", args["to"], True) if args.get("to") else now
     start = _parse_time("from", args["from"], False) if args.get("from") else end - DEFAULT_RANGE_DAYS * 86400
     if end <= start:

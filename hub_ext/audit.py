@@ -14,8 +14,9 @@ import time
 from sqlalchemy import JSON, Float, Integer, String, and_, func, or_, select
 from sqlalchemy.orm import Mapped, mapped_column
 
+from . import validation
 from .db import Base
-from .requests import FieldError
+from .validation import FieldError
 
 # The actions gpupool records, with what each means (the admin page and the API document
 # show this list; a test asserts an entry for each kind it exercises).
@@ -99,24 +100,11 @@ def entry_dict(r: AuditRow) -> dict:
 
 
 def _time(raw: str | None, key: str) -> float | None:
-    if raw in (None, ""):
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise FieldError(key, f"must be a UNIX time in seconds, got {raw!r}") from None
+    return None if raw in (None, "") else validation.unix_time(raw, key)
 
 
 def _int(raw: str | None, key: str, default: int, lo: int, hi: int) -> int:
-    if raw in (None, ""):
-        return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise FieldError(key, f"must be a whole number from {lo} to {hi}, got {raw!r}") from None
-    if not lo <= v <= hi:
-        raise FieldError(key, f"must be from {lo} to {hi}, got {v}")
-    return v
+    return validation.integer_arg(raw, key, default, lo, hi)
 
 
 def query(s, actor: str | None = None, action: str | None = None, project: str | None = None,
@@ -134,7 +122,7 @@ def query(s, actor: str | None = None, action: str | None = None, project: str |
     n, skip = _int(limit, "limit", 100, 1, MAX_PAGE), _int(offset, "offset", 0, 0, 10**9)
     if action and not action.endswith(".") and action not in ACTIONS:
         raise FieldError("action", f"must be one of {', '.join(ACTIONS)} or a prefix such as "
-                         f"'credential.', got {action!r}")
+                         f"'credential.', got {validation.show(action)}")
     conds = []
     if actor:
         conds.append(AuditRow.actor == actor)

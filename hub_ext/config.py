@@ -12,6 +12,8 @@ from pathlib import Path
 from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, default
 from traitlets.config import Configurable
 
+from .validation import MAX_BODY_BYTES
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -151,6 +153,13 @@ class Gpupool(Configurable):
 
     admin_page_size = Integer(
         200, help="Rows per table page in the admin panel (workloads, events)."
+    ).tag(config=True)
+
+    max_body_size = Integer(
+        MAX_BODY_BYTES, min=1024,
+        help="Largest request body (bytes) the gpupool service takes, as JupyterHub's and "
+        "Jupyter Server's max_body_size: a bigger one is refused with 413 before it is read. "
+        "The default holds a credential of 32 values of 64 KiB.",
     ).tag(config=True)
 
 

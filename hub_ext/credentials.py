@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from pathlib import Path
 
@@ -26,15 +25,12 @@ from cryptography.fernet import Fernet, InvalidToken
 from sqlalchemy import JSON, Float, ForeignKey, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from . import audit, project_items
+from . import audit, project_items, validation
 from .db import Base, ProjectRow
 from .org import Conflict, NotFound
-from .requests import FieldError
+from .validation import FieldError
 
 DELIVERIES = ("env", "files")
-NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,48}[a-z0-9])?$")  # leaves room for volume names
-ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-FILE_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 # Environment names gpupool or the runtime set themselves: a credential must not shadow them.
 RESERVED_ENV = {"PATH", "HOME", "USER", "SHELL", "PYTHONPATH", "PORT", "RANK", "WORLD_SIZE",
                 "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"}
@@ -110,44 +106,40 @@ def credential_dict(c: CredentialRow) -> dict:
 
 def check_key(key, delivery: str, field_name: str = "data") -> str:
     if delivery == "env":
-        if not isinstance(key, str) or not ENV_KEY_RE.match(key):
-            raise FieldError(field_name, f"key {key!r} must be an environment variable name "
+        if not validation.is_name(key, "env_key"):
+            raise FieldError(field_name, f"key {validation.show(key)} must be an environment variable name "
                              "(letters, digits, '_', not starting with a digit, at most 128)")
         if key in RESERVED_ENV or key.startswith(RESERVED_PREFIXES):
             raise FieldError(field_name, f"key {key!r} is set by gpupool itself; reserved: "
                              f"{', '.join(sorted(RESERVED_ENV))} and names starting with "
                              f"{', '.join(RESERVED_PREFIXES)}")
-    elif not isinstance(key, str) or not FILE_KEY_RE.match(key):
-        raise FieldError(field_name, f"key {key!r} must be a file name (letters, digits, '.', "
+    elif not validation.is_name(key, "file_key"):
+        raise FieldError(field_name, f"key {validation.show(key)} must be a file name (letters, digits, '.', "
                          "'_', '-', not starting with '.' or '-', at most 128)")
     return key
 
 
 def _check(project: str, data: dict) -> tuple[str, str, dict[str, str], str]:
-    if not isinstance(data, dict):
-        raise FieldError("body", "must be a JSON object")
-    for k in data:
-        if k not in FIELDS:
-            raise FieldError(k, f"unknown field; allowed: {', '.join(FIELDS)}")
-    name = data.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise FieldError("name", "must be 1-50 lowercase letters, digits or '-', starting and "
-                         f"ending with a letter or digit, got {name!r}")
+    validation.check_fields(data, FIELDS)
+    name = validation.name(data.get("name"), "name", "item")
     delivery = data.get("delivery", "env")
     if delivery not in DELIVERIES:
-        raise FieldError("delivery", f"must be one of {', '.join(DELIVERIES)}, got {delivery!r}")
+        raise FieldError("delivery", f"must be one of {', '.join(DELIVERIES)}, "
+                         f"got {validation.show(delivery)}")
     values = data.get("data")
     if not isinstance(values, dict) or not 1 <= len(values) <= MAX_KEYS:
         raise FieldError("data", f"must be an object of 1 to {MAX_KEYS} key: value strings")
     for k, v in values.items():
         check_key(k, delivery)
-        if not isinstance(v, str):  # the message names the key, never echoes the value
+        # the messages name the key, never echo the value
+        if not isinstance(v, str):
             raise FieldError("data", f"the value of {k!r} must be a string")
+        if validation.has_surrogate(v):  # a secret may hold any other character
+            raise FieldError("data", f"the value of {k!r} must not contain a lone surrogate")
         if len(v.encode()) > MAX_VALUE_BYTES:
             raise FieldError("data", f"the value of {k!r} must be at most {MAX_VALUE_BYTES} bytes")
-    description = data.get("description", "")
-    if not isinstance(description, str) or len(description) > 200:
-        raise FieldError("description", "must be a string of at most 200 characters")
+    description = validation.text(data.get("description", ""), "description",
+                                  validation.MAX_DESCRIPTION, multiline=True)
     return name, delivery, dict(values), description
 
 

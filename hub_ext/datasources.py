@@ -19,26 +19,24 @@ attaches are in ``rows_for``. Errors: ``FieldError`` (400) naming the field, ``N
 
 from __future__ import annotations
 
-import posixpath
 import re
 import time
 
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from . import audit, project_items
-from .credentials import NAME_RE
+from . import audit, project_items, validation
 from .db import Base, ProjectRow
 from .org import Conflict, NotFound
-from .requests import FieldError
+from .validation import FieldError
 
 KINDS = {"hostpath": ("path",), "nfs": ("server", "path"), "pvc": ("claim",)}
 FIELDS = ("name", "kind", "path", "server", "claim", "mount_path", "read_only", "description")
 # Where a data source may not be mounted (the system, and where gpupool puts its own files).
 RESERVED_MOUNTS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/run",
                    "/sbin", "/sys", "/usr", "/var/run/gpupool", "/usr/local/lib/gpupool")
-CLAIM_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-HOST_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)$")
+CLAIM_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+HOST_RE = re.compile(r"\[[0-9a-fA-F:.]{2,45}\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 
 
 class DataSourceRow(Base):
@@ -57,15 +55,8 @@ class DataSourceRow(Base):
 
 
 def check_path(raw, field_name: str) -> str:
-    """An absolute path with no '..' and no empty or '.' parts; returned normalised."""
-    if not isinstance(raw, str) or not raw.startswith("/"):
-        raise FieldError(field_name, f"must be an absolute path (starting with '/'), got {raw!r}")
-    if "\x00" in raw or len(raw) > 1024:
-        raise FieldError(field_name, "must be at most 1024 characters with no NUL byte")
-    parts = raw.split("/")[1:]
-    if ".." in parts:
-        raise FieldError(field_name, f"must not contain '..', got {raw!r}")
-    return posixpath.normpath(raw)
+    """An absolute path with no '..', returned normalised (validation.path)."""
+    return validation.path(raw, field_name)
 
 
 def _inside(a: str, b: str) -> bool:
@@ -84,18 +75,11 @@ def check_mount_path(raw, field_name: str = "mount_path") -> str:
 
 def check(data: dict) -> dict:
     """A data source from its JSON: the row's fields, or FieldError naming the field."""
-    if not isinstance(data, dict):
-        raise FieldError("body", "must be a JSON object")
-    for k in data:
-        if k not in FIELDS:
-            raise FieldError(k, f"unknown field; allowed: {', '.join(FIELDS)}")
-    name = data.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise FieldError("name", "must be 1-50 lowercase letters, digits or '-', starting and "
-                         f"ending with a letter or digit, got {name!r}")
+    validation.check_fields(data, FIELDS)
+    name = validation.name(data.get("name"), "name", "item")
     kind = data.get("kind")
-    if kind not in KINDS:
-        raise FieldError("kind", f"must be one of {', '.join(KINDS)}, got {kind!r}")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise FieldError("kind", f"must be one of {', '.join(KINDS)}, got {validation.show(kind)}")
     for k in FIELDS[2:5]:
         if k in data and k not in KINDS[kind]:
             raise FieldError(k, f"is not a field of a {kind} data source (it takes "
@@ -107,22 +91,21 @@ def check(data: dict) -> dict:
         spec["path"] = check_path(data["path"], "path")
     if kind == "nfs":
         server = data.get("server")
-        if not isinstance(server, str) or not HOST_RE.match(server):
-            raise FieldError("server", f"must be a host name or IP address, got {server!r}")
+        if not isinstance(server, str) or not HOST_RE.fullmatch(server):
+            raise FieldError("server", f"must be a host name or IP address, got {validation.show(server)}")
         spec["server"] = server
     if kind == "pvc":
         claim = data.get("claim")
-        if not isinstance(claim, str) or len(claim) > 253 or not CLAIM_RE.match(claim):
+        if not isinstance(claim, str) or len(claim) > 253 or not CLAIM_RE.fullmatch(claim):
             raise FieldError("claim", "must be a PersistentVolumeClaim name: lowercase letters, "
-                             f"digits, '-' and '.', at most 253, got {claim!r}")
+                             f"digits, '-' and '.', at most 253, got {validation.show(claim)}")
         spec["claim"] = claim
     mount = check_mount_path(data.get("mount_path", f"/data/{name}"))
     read_only = data.get("read_only", True)
     if not isinstance(read_only, bool):
-        raise FieldError("read_only", f"must be true or false, got {read_only!r}")
-    description = data.get("description", "")
-    if not isinstance(description, str) or len(description) > 200:
-        raise FieldError("description", "must be a string of at most 200 characters")
+        raise FieldError("read_only", f"must be true or false, got {validation.show(read_only)}")
+    description = validation.text(data.get("description", ""), "description",
+                                  validation.MAX_DESCRIPTION, multiline=True)
     return {"name": name, "kind": kind, "spec": spec, "mount_path": mount,
             "read_only": read_only, "description": description}
 

@@ -74,7 +74,8 @@ class WorkloadRow(Base):
     project: Mapped[str] = mapped_column(String(63), index=True)
     kind: Mapped[str] = mapped_column(String(16))
     spec: Mapped[dict] = mapped_column(JSON, default=dict)  # WorkloadRequest.to_dict()
-    # pending | running | releasing | stopping (asked to stop) | failed | succeeded
+    # submitted | pending | running | releasing | stopping (asked to stop) | backoff |
+    # suspended | failed | succeeded | stopped
     state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
     placement: Mapped[list] = mapped_column(JSON, default=list)  # [{node, gpu_indices, gpu_milli}]
     over_quota: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -84,6 +85,11 @@ class WorkloadRow(Base):
     start_time: Mapped[float | None] = mapped_column(Float, nullable=True)
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     server: Mapped[str] = mapped_column(String(255), default="")  # JupyterHub server name
+
+
+# A workload in any other state holds GPUs or may get them again (a suspended or
+# backing-off training, one asked to stop that has not exited yet).
+FINISHED = ("failed", "succeeded", "stopped")
 
 
 class EventRow(Base):
@@ -126,10 +132,16 @@ class MetaRow(Base):
     value: Mapped[str] = mapped_column(Text, default="")
 
 
+BUSY_TIMEOUT_S = 30
+
+
 def make_sessionmaker(url: str) -> sessionmaker:
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": 30} if url.startswith("sqlite") else {})
+    # The hub, its service and the scheduler loop write the same file: a writer waits up to
+    # BUSY_TIMEOUT_S for another's transaction (SQLite's busy timeout) instead of failing
+    # with "database is locked"; WAL lets readers go on meanwhile.
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S} if url.startswith("sqlite") else {})
     if url.startswith("sqlite"):
 
         @event.listens_for(engine, "connect")
@@ -204,6 +216,7 @@ __all__ = [
     "Base",
     "DepartmentRow",
     "EventRow",
+    "FINISHED",
     "GpuSampleRow",
     "MemberRow",
     "MetaRow",

@@ -7,18 +7,27 @@ below what it runs now is allowed: the scheduler reclaims over-quota work.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, insert, select
 
 from scheduler.model import DEFAULT_POOL, Department, Project, Quota
 
-from . import audit
-from .db import DepartmentRow, MemberRow, NodeRow, ProjectRow, WorkloadRow, add_event, bump_version
-from .requests import NAME_RE, FieldError
+from . import audit, validation
+from .db import (
+    FINISHED,
+    DepartmentRow,
+    MemberRow,
+    NodeRow,
+    ProjectRow,
+    WorkloadRow,
+    add_event,
+    bump_version,
+)
+from .validation import MAX_GPUS, FieldError
 
 
 class NotFound(LookupError):
@@ -33,22 +42,16 @@ class Conflict(ValueError):
 
 
 QUOTA_FIELDS = ("gpus", "over_quota_weight", "limit")
-USER_RE = r"^[A-Za-z0-9._@-]{1,255}$"
+# field -> the most it may be (scheduler.model.Quota refuses more)
+QUOTA_MAX = {"gpus": MAX_GPUS, "over_quota_weight": validation.MAX_WEIGHT, "limit": MAX_GPUS}
 
 
-def _num(data: dict, key: str, default, lo=0.0, allow_none=False):
+def _num(data: dict, key: str, default, allow_none=False):
     v = data.get(key, default)
     if v is None and allow_none:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise FieldError(key, f"must be a number >= {lo:g}{' or null' if allow_none else ''}, got {v!r}")
-    try:
-        f = float(v)
-    except ValueError:
-        raise FieldError(key, f"must be a number >= {lo:g}, got {v!r}") from None
-    if not math.isfinite(f) or f < lo:
-        raise FieldError(key, f"must be a number >= {lo:g}, got {v!r}")
-    return f
+    unit = (" GPUs" if key != "over_quota_weight" else "") + (", or null" if allow_none else "")
+    return validation.number(v, key, 0, QUOTA_MAX[key], unit=unit)
 
 
 def _quota_fields(data: dict, current=None) -> dict:
@@ -64,29 +67,30 @@ def _quota_fields(data: dict, current=None) -> dict:
 
 
 def _check_name(data: dict, what: str) -> str:
-    name = data.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise FieldError("name", f"{what} name must be 1-63 lowercase letters, digits or '-'")
-    return name
+    try:
+        return validation.name(data.get("name"), "name")
+    except FieldError as e:
+        raise FieldError("name", f"a {what} name {e.message}") from None
 
 
 def _check_unknown(data: dict, allowed: tuple[str, ...]) -> None:
-    if not isinstance(data, dict):
-        raise FieldError("body", "must be a JSON object")
-    for k in data:
-        if k not in allowed:
-            raise FieldError(k, f"unknown field; allowed: {', '.join(allowed)}")
+    validation.check_fields(data, allowed)
 
 
 def _members(data: dict) -> list[str] | None:
-    import re
-
     if "members" not in data:
         return None
     m = data["members"]
-    if not isinstance(m, list) or not all(isinstance(u, str) and re.match(USER_RE, u) for u in m):
-        raise FieldError("members", "must be a list of user names")
-    return sorted(set(m))
+    if not isinstance(m, list):
+        raise FieldError("members", f"must be a list of user names, got {validation.show(m)}")
+    return sorted(set(validation.names(m, "members", "user", validation.MAX_MEMBERS, unique=False)))
+
+
+def _department_name(dept) -> str:
+    """A department named in a body: FieldError unless it is a name (the caller checks it exists)."""
+    if not validation.is_name(dept):
+        raise FieldError("department", f"must name an existing department, got {validation.show(dept)}")
+    return dept
 
 
 # -- reads -------------------------------------------------------------------------------
@@ -240,9 +244,22 @@ def _check_dept_room(s, dept: str, gpus: float, skip: str | None = None) -> None
         )
 
 
-def _set_members(s, project: str, members: list[str]) -> None:
-    s.execute(delete(MemberRow).where(MemberRow.project == project))
-    s.add_all(MemberRow(project=project, user=u) for u in members)
+def _set_members(s, project: str, members: list[str], had: set[str] | None = None) -> None:
+    """Write only the difference, as bulk statements: ORM objects for 100,000 members took
+    20 s, and the write lock is held all that time."""
+    if had is None:
+        had = set(s.scalars(select(MemberRow.user).where(MemberRow.project == project)))
+    gone, new = had - set(members), set(members) - had
+    table = MemberRow.__table__
+    for batch in _batches(sorted(gone)):  # SQLite limits the variables of one statement
+        s.execute(delete(table).where(table.c.project == project, table.c.user.in_(batch)))
+    if new:
+        s.execute(insert(table), [{"project": project, "user": u} for u in sorted(new)])
+
+
+def _batches(items: list, size: int = 500):
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
 
 
 def create_project(s, data: dict, actor: str = audit.SYSTEM) -> dict:
@@ -250,9 +267,7 @@ def create_project(s, data: dict, actor: str = audit.SYSTEM) -> dict:
     name = _check_name(data, "project")
     if s.get(ProjectRow, name) is not None:
         raise Conflict("name", f"project {name!r} already exists")
-    dept = data.get("department")
-    if not isinstance(dept, str):
-        raise FieldError("department", "must name an existing department")
+    dept = _department_name(data.get("department"))
     q = _quota_fields(data)
     _check_dept_room(s, dept, q["gpus"])
     members = _members(data) or []
@@ -272,9 +287,7 @@ def update_project(s, name: str, data: dict, actor: str = audit.SYSTEM) -> dict:
     if p is None:
         raise NotFound(f"project {name!r} does not exist")
     q = _quota_fields(data, {"gpus": p.gpus, "over_quota_weight": p.over_quota_weight, "limit": p.limit})
-    dept = data.get("department", p.department)
-    if not isinstance(dept, str):
-        raise FieldError("department", "must name an existing department")
+    dept = _department_name(data.get("department", p.department))
     _check_dept_room(s, dept, q["gpus"], skip=name)
     old = p.gpus
     before = {"department": p.department, **{k: getattr(p, k) for k in QUOTA_FIELDS}}
@@ -290,7 +303,7 @@ def update_project(s, name: str, data: dict, actor: str = audit.SYSTEM) -> dict:
         if had != set(members):
             audit.record(s, actor, "project.members", name, {
                 "added": sorted(set(members) - had), "removed": sorted(had - set(members))}, name)
-        _set_members(s, name, members)
+        _set_members(s, name, members, had)
     if old != q["gpus"]:
         add_event(s, "quota", f"project {name} quota {old:g} -> {q['gpus']:g} GPUs", project=name)
     bump_version(s)
@@ -301,13 +314,18 @@ def update_project(s, name: str, data: dict, actor: str = audit.SYSTEM) -> dict:
 def delete_project(s, name: str, actor: str = audit.SYSTEM) -> None:
     if s.get(ProjectRow, name) is None:
         raise NotFound(f"project {name!r} does not exist")
-    active = s.scalar(
-        select(func.count()).select_from(WorkloadRow).where(
-            WorkloadRow.project == name, WorkloadRow.state.in_(("pending", "running", "releasing"))
-        )
-    )
+    # Refused while any of its work is unfinished: it may hold GPUs (a process still
+    # exiting) or get them again (a suspended training), and its project must outlive it.
+    active = s.execute(
+        select(WorkloadRow.name, WorkloadRow.state).where(
+            WorkloadRow.project == name, WorkloadRow.state.notin_(FINISHED)
+        ).order_by(WorkloadRow.name)
+    ).all()
     if active:
-        raise Conflict("name", f"project {name!r} has {active} active workloads; stop them first")
+        listed = ", ".join(f"{w} ({state})" for w, state in active[:5])
+        more = f" and {len(active) - 5} more" if len(active) > 5 else ""
+        raise Conflict("name", f"project {name!r} has {len(active)} unfinished workloads: "
+                       f"{listed}{more}; stop or delete them first")
     s.execute(delete(MemberRow).where(MemberRow.project == name))
     s.execute(delete(ProjectRow).where(ProjectRow.name == name))
     add_event(s, "org", f"project {name} deleted", project=name)
@@ -334,18 +352,20 @@ def model_projects(s) -> list[Project]:
 def load_starter(s, path: str | Path) -> dict:
     """Load the YAML organisation when the database has no department yet. Returns the
     file's content (the hub also takes its users and admins from it)."""
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = check_org_file(yaml.safe_load(Path(path).read_text()) or {})
     if s.scalar(select(func.count()).select_from(DepartmentRow)):
         return data
     from . import roles
 
-    for d in data.get("departments", []):
+    for i, d in enumerate(data.get("departments", [])):
         d = dict(d)
         projects = d.pop("projects", [])
         people = {roles.DEPARTMENT_ADMIN: d.pop("admins", []), roles.VIEWER: d.pop("viewers", [])}
-        create_department(s, d)
-        for p in projects:
-            create_project(s, {**p, "department": d["name"]})
+        with _where(f"departments[{i}]"):
+            create_department(s, d)
+        for j, p in enumerate(projects):
+            with _where(f"departments[{i}].projects[{j}]"):
+                create_project(s, {**p, "department": d["name"]})
         for role, users in people.items():
             for u in users:
                 roles.set_assignments(s, u, [(role, d["name"])], "org", only_departments={d["name"]})
@@ -353,6 +373,43 @@ def load_starter(s, path: str | Path) -> dict:
         roles.set_assignments(s, u, [(roles.VIEWER, roles.ALL_DEPARTMENTS)], "org",
                               only_departments={roles.ALL_DEPARTMENTS})
     s.commit()
+    return data
+
+
+@contextmanager
+def _where(prefix: str):
+    """FieldErrors inside name the org file's entry: ``departments[0].projects[1].gpus``."""
+    try:
+        yield
+    except FieldError as e:
+        raise FieldError(f"{prefix}.{e.field}", e.message) from None
+
+
+def _list_of(raw, field: str, kind: str = "") -> list:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise FieldError(field, f"must be a list, got {validation.show(raw)}")
+    if kind:
+        validation.names(raw, field, kind, most=validation.MAX_MEMBERS, unique=False)
+    return raw
+
+
+def check_org_file(data) -> dict:
+    """The org file's shape and every user name in it (the validation layer's rules);
+    departments and projects are checked as they are created. FieldError names the entry."""
+    validation.check_fields(data, ("admins", "users", "viewers", "departments"))
+    for key in ("admins", "users", "viewers"):
+        _list_of(data.get(key), key, "user")
+    for i, d in enumerate(_list_of(data.get("departments"), "departments")):
+        where = f"departments[{i}]"
+        with _where(where):
+            validation.check_fields(d, ("name", "admins", "viewers", "projects", *QUOTA_FIELDS))
+            for key in ("admins", "viewers"):
+                _list_of(d.get(key), key, "user")
+        for j, p in enumerate(_list_of(d.get("projects"), f"{where}.projects")):
+            with _where(f"{where}.projects[{j}]"):
+                validation.check_fields(p, ("name", "members", *QUOTA_FIELDS))
     return data
 
 

@@ -6,26 +6,18 @@ value raises ``FieldError`` naming the field and the allowed range.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import asdict, dataclass, field
 
 from scheduler.model import MILLI, Kind, PodDemand
 
+from . import validation
+from .validation import FieldError, check_fields
+
 KINDS = ("workspace", "training", "inference")
 WORKSPACE_KINDS = {"jupyterlab": "JupyterLab", "vscode": "VS Code"}
 GPU_MODES = ("fraction", "memory", "whole", "none")
 FRACTION_MIN, FRACTION_MAX, FRACTION_STEP = 0.05, 1.0, 0.05
-NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-
-
-class FieldError(ValueError):
-    """A bad value in a request; ``field`` names it, the message says what is allowed."""
-
-    def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -95,63 +87,27 @@ def _one(data: dict, key: str, default=None):
     if isinstance(v, list):
         v = v[0] if v else default
     if isinstance(v, bytes):
-        v = v.decode()
+        try:
+            v = v.decode()
+        except UnicodeDecodeError:
+            raise FieldError(key, "must be UTF-8 text") from None
     return v
-
-
-def check_fields(data, known: set[str]) -> None:
-    """A request body must be a JSON object naming only ``known`` fields."""
-    if not isinstance(data, dict):
-        raise FieldError("body", "must be a JSON object")
-    unknown = sorted(k for k in data if k not in known)
-    if unknown:
-        raise FieldError(unknown[0], f"unknown field; allowed: {', '.join(sorted(known))}")
 
 
 def check_name(name) -> str:
     """Workload and service names: DNS labels, so they work as pod and URL names too."""
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise FieldError("name", "must be 1-63 lowercase letters, digits or '-', starting and "
-                         f"ending with a letter or digit, got {name!r}")
-    return name
+    return validation.name(name, "name")
 
 
 def check_number(raw, key: str, lo: float, hi: float, integer: bool = False, unit: str = ""):
     """The one rule for numeric fields everywhere (forms, REST, CLI, trainings, inference
-    services): a finite number from ``lo`` to ``hi``, whole when ``integer``."""
-    rng = f"from {lo:g} to {hi:g}{unit}"
-    if isinstance(raw, bool) or raw is None:
-        raise FieldError(key, f"must be a number {rng}, got {raw!r}")
-    try:
-        v = float(raw)
-    except (TypeError, ValueError):
-        raise FieldError(key, f"must be a number {rng}, got {raw!r}") from None
-    if not math.isfinite(v) or v < lo - 1e-9 or v > hi + 1e-9:
-        raise FieldError(key, f"must be {rng}, got {raw!r}")
-    if integer:
-        if v != int(v):
-            raise FieldError(key, f"must be a whole number {rng}, got {raw!r}")
-        return int(v)
-    return v
+    services): validation.number."""
+    return validation.number(raw, key, lo, hi, integer, unit)
 
 
 def check_names(raw, key: str, most: int = 16) -> list[str]:
     """A list of names (credentials, data sources): JSON list, form list or 'a,b'."""
-    if raw in (None, ""):
-        return []
-    if isinstance(raw, str):
-        raw = [n.strip() for n in raw.split(",") if n.strip()]
-    if not isinstance(raw, (list, tuple)) or not all(isinstance(n, str) for n in raw):
-        raise FieldError(key, f"must be a list of names, got {raw!r}")
-    raw = [n.decode() if isinstance(n, bytes) else n for n in raw]
-    bad = [n for n in raw if not NAME_RE.match(n)]
-    if bad:
-        raise FieldError(key, f"{bad[0]!r} is not a name (lowercase letters, digits, '-')")
-    if len(set(raw)) != len(raw):
-        raise FieldError(key, "names a credential or data source twice")
-    if len(raw) > most:
-        raise FieldError(key, f"must name at most {most}, got {len(raw)}")
-    return list(raw)
+    return validation.names(raw, key, "name", most)
 
 
 def _number(data, key, default, lo, hi, integer=False, unit=""):
@@ -162,7 +118,7 @@ def _choice(data, key, default, allowed, what=""):
     v = _one(data, key, default)
     if v not in allowed:
         names = ", ".join(allowed) if allowed else "(none)"
-        raise FieldError(key, f"must be one of {names}{what}, got {v!r}")
+        raise FieldError(key, f"must be one of {names}{what}, got {validation.show(v)}")
     return v
 
 
@@ -180,12 +136,8 @@ def _bool(data, key, default=False):
 def parse_request(data: dict, limits: Limits) -> WorkloadRequest:
     """Check a request (form data or JSON) and return it typed; raise FieldError on the
     first bad field."""
-    if not isinstance(data, dict):
-        raise FieldError("body", "must be a JSON object")
     known = set(WorkloadRequest.__dataclass_fields__)
-    unknown = sorted(k for k in data if k not in known and not k.startswith("_"))
-    if unknown:
-        raise FieldError(unknown[0], f"unknown field; allowed: {', '.join(sorted(known))}")
+    check_fields(data, known | {k for k in data if isinstance(k, str) and k.startswith("_")})
     if not limits.projects:
         raise FieldError("project", "you are not a member of any project; ask an admin")
     project = _choice(data, "project", limits.projects[0], limits.projects, " (your projects)")
@@ -216,15 +168,8 @@ def parse_request(data: dict, limits: Limits) -> WorkloadRequest:
     if kind == "inference" and req.preemptible:
         raise FieldError("preemptible", "inference workloads are never preemptible")
     name = _one(data, "name", "") or ""
-    if name and not NAME_RE.match(str(name)):
-        raise FieldError("name", "must be 1-63 lowercase letters, digits or '-', "
-                         "starting and ending with a letter or digit")
-    req.name = str(name)
-    command = data.get("command", [])
-    if isinstance(command, str):
-        command = command.split()
-    if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
-        raise FieldError("command", "must be a list of strings")
+    req.name = validation.name(name, "name") if name else ""
+    command = validation.command(data.get("command", []), required=False)
     if kind != "workspace" and not command:
         raise FieldError("command", f"a {kind} needs a command to run")
     req.command = command

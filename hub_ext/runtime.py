@@ -145,10 +145,11 @@ class Runtime:
             proc = await asyncio.create_subprocess_exec(
                 *cmd, cwd=workdir, env=env, stdout=logf, stderr=logf, start_new_session=True
             )
-        except OSError as e:
+        except (OSError, ValueError, TypeError) as e:  # no such program, a NUL byte, no command
             logf.close()
             self.delivery.cleanup(w.name)
-            self.store.set_state(w.name, "failed", reason=f"could not start: {e}", placement=[])
+            self.store.set_state(w.name, "failed", reason=f"could not start: {e}", placement=[], pid=None)
+            self.store.event("failed", f"{w.name} could not start: {e}", w.name, w.project)
             self.scheduler.release(w.name, "failed to start")
             return None
         # With its placement in the same write: the cycle records its binds only after every

@@ -14,7 +14,7 @@ from . import org
 from .db import EventRow, NodeRow, WorkloadRow, add_event, bump_version, get_meta, set_meta, version
 from .requests import WorkloadRequest
 
-ACTIVE = ("pending", "running", "releasing")
+ACTIVE = ("pending", "running", "releasing")  # what the scheduler loop holds
 
 
 def to_workload(row: WorkloadRow) -> Workload:
@@ -56,16 +56,28 @@ class DbStore:
             return org.model_departments(s), org.model_projects(s)
 
     def load_workloads(self) -> list[Workload]:
+        """The active workloads. A row whose stored spec no longer makes a workload (an
+        older release, a hand edit) fails with the reason instead of stopping the loop."""
+        out = []
         with self.Session() as s:
-            rows = s.scalars(select(WorkloadRow).where(WorkloadRow.state.in_(ACTIVE))).all()
-            return [to_workload(r) for r in rows]
+            for r in s.scalars(select(WorkloadRow).where(WorkloadRow.state.in_(ACTIVE))).all():
+                try:
+                    out.append(to_workload(r))
+                except (TypeError, ValueError, KeyError, AttributeError) as e:
+                    r.state, r.placement, r.reason = "failed", [], f"its stored spec is invalid: {e}"
+                    add_event(s, "failed", f"{r.name} failed: {r.reason}", r.name, r.project)
+            s.commit()
+        return out
 
     def record(self, decisions, snapshot) -> None:
         with self.Session() as s:
             now = time.time()
             for b in decisions.binds:
+                if b.workload not in snapshot.workloads:  # its launch failed: released already
+                    continue
                 s.execute(
-                    update(WorkloadRow).where(WorkloadRow.name == b.workload).values(
+                    update(WorkloadRow).where(WorkloadRow.name == b.workload,
+                                              WorkloadRow.state.in_(("pending", "running"))).values(
                         state="running", placement=placement_json(b.pods), over_quota=b.over_quota,
                         reason="", queue_position=0, start_time=now,
                     )
@@ -100,6 +112,12 @@ class DbStore:
     def set_state(self, name: str, state: str, **fields) -> None:
         with self.Session() as s:
             s.execute(update(WorkloadRow).where(WorkloadRow.name == name).values(state=state, **fields))
+            s.commit()
+
+    def finish_stop(self, name: str) -> None:
+        with self.Session() as s:
+            s.execute(update(WorkloadRow).where(WorkloadRow.name == name, WorkloadRow.state == "stopping")
+                      .values(state="stopped", placement=[], pid=None, reason="stopped"))
             s.commit()
 
     def event(self, kind: str, message: str, workload: str = "", project: str = "") -> None:
@@ -147,6 +165,9 @@ class DbStore:
             s.execute(delete(WorkloadRow).where(WorkloadRow.kind == "workspace"))
             s.execute(update(WorkloadRow).where(WorkloadRow.state.in_(("running", "releasing")))
                       .values(state="pending", placement=[], pid=None))
+            # Asked to stop before the restart: nothing runs it now, so it has stopped.
+            s.execute(update(WorkloadRow).where(WorkloadRow.state == "stopping")
+                      .values(state="stopped", placement=[], pid=None, reason="stopped"))
             bump_version(s)
             s.commit()
 

@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 
-from hub_ext.cli_common import ApiCall, env_option
+from hub_ext.cli_common import ApiCall, env_option, name_arg
 
 OPTIONS = (("project", "project"), ("gpu", "gpu"), ("min_replicas", "min_replicas"),
            ("max_replicas", "max_replicas"), ("metric", "metric"), ("target", "target"),
@@ -98,7 +98,7 @@ def add_parser(sub, api: ApiCall) -> None:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     acts = inf.add_subparsers(dest="action", required=True)
     s = acts.add_parser("submit", help="create an inference service")
-    s.add_argument("name", help="the service's name (its URL)")
+    s.add_argument("name", type=name_arg(), help="the service's name (its URL)")
     s.add_argument("--project", "-p", help="the service's project (required)")
     s.add_argument("--gpu", "-g", type=float, help="GPU per replica: a fraction, or whole GPUs")
     s.add_argument("--min-replicas", type=int, help="replicas kept while idle (0: scale to zero)")
@@ -117,9 +117,9 @@ def add_parser(sub, api: ApiCall) -> None:
     ls.add_argument("--project", "-p", help="only this project's services")
     ls.set_defaults(fn=lambda a: _list(a, api))
     d = acts.add_parser("describe", help="one service, its replicas and why they wait")
-    d.add_argument("name", help="the service")
+    d.add_argument("name", type=name_arg(), help="the service")
     d.add_argument("--json", action="store_true", help="the REST API's JSON")
     d.set_defaults(fn=lambda a: _describe(a, api))
     rm = acts.add_parser("delete", help="delete a service")
-    rm.add_argument("name", help="the service")
+    rm.add_argument("name", type=name_arg(), help="the service")
     rm.set_defaults(fn=lambda a: _delete(a, api))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from hub_ext import validation
 from hub_ext.requests import FieldError, check_fields, check_name, check_names, check_number
 from scheduler.model import PodDemand
 
@@ -81,17 +82,15 @@ def parse_spec(data: dict, projects: tuple[str, ...] | None = None) -> ServiceSp
     check_fields(data, set(ServiceSpec.__dataclass_fields__))
     name = check_name(data.get("name"))
     project = data.get("project")
-    if not isinstance(project, str) or not project:
-        raise FieldError("project", "must name a project")
+    if not validation.is_name(project):
+        raise FieldError("project", f"must name a project ({validation.PATTERNS['name'][1]}), "
+                         f"got {validation.show(project)}")
     if projects is not None and project not in projects:
         mine = ", ".join(projects) or "(none)"
         raise FieldError("project", f"must be one of your projects ({mine}), got {project!r}")
-    command = data.get("command")
-    if isinstance(command, str):
-        command = command.split()
-    if (not isinstance(command, (list, tuple)) or not command
-            or not all(isinstance(c, str) and c for c in command)):
-        raise FieldError("command", "must be a non-empty list of strings (the model server)")
+    command = validation.command(data.get("command"))
+    if not all(command):
+        raise FieldError("command", "must be a non-empty list of non-empty strings (the model server)")
     nums = {k: _number(data, k) for k in _NUMBERS}
     if nums["gpu"] >= 1 and nums["gpu"] != int(nums["gpu"]):
         raise FieldError("gpu", f"from 1 up must be a whole number of GPUs, got {nums['gpu']:g}")
@@ -100,20 +99,18 @@ def parse_spec(data: dict, projects: tuple[str, ...] | None = None) -> ServiceSp
                          f"got {nums['min_replicas']}")
     metric = data.get("metric", "concurrency")
     if metric not in METRICS:
-        raise FieldError("metric", f"must be one of {', '.join(METRICS)}, got {metric!r}")
-    ready_path = data.get("ready_path", "/")
-    if not isinstance(ready_path, str) or not ready_path.startswith("/"):
-        raise FieldError("ready_path", f"must be a path starting with '/', got {ready_path!r}")
+        raise FieldError("metric", f"must be one of {', '.join(METRICS)}, got {validation.show(metric)}")
+    ready_path = validation.text(data.get("ready_path", "/"), "ready_path", validation.MAX_TEXT)
+    if not ready_path.startswith("/"):
+        raise FieldError("ready_path", f"must be a path starting with '/', got {validation.show(ready_path)}")
     public = data.get("public", False)
     if not isinstance(public, bool):
-        raise FieldError("public", f"must be true or false, got {public!r}")
-    env = data.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                            for k, v in env.items()):
-        raise FieldError("env", "must be an object of strings")
-    for key in ("owner", "image"):
-        if not isinstance(data.get(key, ""), str):
-            raise FieldError(key, "must be a string")
+        raise FieldError("public", f"must be true or false, got {validation.show(public)}")
+    env = validation.env(data.get("env", {}))
+    if data.get("owner", ""):
+        validation.name(data["owner"], "owner", "user")
+    validation.text(data.get("owner", ""), "owner", 255)
+    validation.text(data.get("image", ""), "image", validation.MAX_IMAGE_CHARS)
     attached = {k: tuple(check_names(data.get(k), k)) for k in ("credentials", "datasources")}
     return ServiceSpec(name=name, project=project, command=tuple(command), metric=metric,
                        ready_path=ready_path, public=public, env=dict(env), **attached,

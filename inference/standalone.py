@@ -53,6 +53,9 @@ class OrgStore:
     def set_state(self, name, state, **fields):
         pass
 
+    def finish_stop(self, name):
+        pass  # no rows: nothing to mark
+
     def event(self, kind, message, workload="", project=""):
         logging.getLogger("gpupool.inference").info("%s: %s", kind, message)
 

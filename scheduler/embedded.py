@@ -15,6 +15,7 @@ The store is a narrow protocol (``Store``) so tests can run the loop on a fake.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -53,6 +54,7 @@ class Store(Protocol):
     def record(self, decisions: Decisions, snapshot: Snapshot) -> None: ...
     def set_state(self, name: str, state: str, **fields) -> None: ...
     def event(self, kind: str, message: str, workload: str = "", project: str = "") -> None: ...
+    def finish_stop(self, name: str) -> None: ...  # asked to stop, nothing runs it: stopped
 
 
 # A launcher runs a bound workload and can be asked to stop it (eviction).
@@ -106,6 +108,9 @@ class EmbeddedScheduler:
         self.launch: Callable[[Workload, Bind], Awaitable[Evictor | None]] | None = None
         self.last: Decisions = Decisions()
         self._version = -1
+        # Queues left out of scheduling for a stored value the model refuses: name -> why.
+        self.isolated_departments: dict[str, str] = {}
+        self.isolated_projects: dict[str, str] = {}
         self._poke = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
@@ -168,6 +173,7 @@ class EmbeddedScheduler:
             keep_lag = self.snapshot.config.fair_share_over_time
             self.snapshot.over_quota_lag = self.ledger.lag_at(self.snapshot.now, keep_lag)
             decisions = decide(self.snapshot)
+            self._explain_isolated(decisions)
             self.last = decisions
             for b in decisions.binds:
                 await self._bind(b)
@@ -190,24 +196,15 @@ class EmbeddedScheduler:
             return
         self._version = v
         depts, projects = self.store.load_org()
-        for name in set(self.snapshot.projects) - {p.name for p in projects}:
-            self.snapshot.remove_project(name)
-        for d in depts:
-            self.snapshot.set_department(d)
-        for p in projects:
-            self.snapshot.set_project(p)
-        for name in set(self.snapshot.departments) - {d.name for d in depts}:
-            try:
-                self.snapshot.remove_department(name)
-            except ValidationError:
-                pass
+        self._sync_org(depts, projects)
         stored = {w.name: w for w in self.store.load_workloads()}
         for name in list(self.snapshot.workloads):
             if name in stored:
                 continue
             waiter = self.waiters.get(name)
-            if waiter is None:
+            if waiter is None:  # nothing of ours runs it: its GPUs are free now
                 self.snapshot.remove_workload(name)
+                self.store.finish_stop(name)
             elif waiter.evict is not None:  # asked to stop through the API: end it
                 evict, waiter.evict = waiter.evict, None
                 asyncio.ensure_future(evict(self.snapshot.workloads[name].grace_period_s))
@@ -218,6 +215,57 @@ class EmbeddedScheduler:
                 self.snapshot.upsert_workload(w)
             except ValidationError as e:
                 self.store.set_state(name, "failed", reason=str(e))
+
+    def _sync_org(self, depts: list[Department], projects: list[Project]) -> None:
+        """Put the organisation in the snapshot. A queue with a value the model refuses
+        (stored by an older release or by hand) is left out with the reason, and so are the
+        projects of such a department: the cycle goes on for everyone else, and the left-out
+        projects' pending work says why it waits (``_explain_isolated``)."""
+        bad_depts: dict[str, str] = {}
+        bad_projects: dict[str, str] = {}
+        for name in set(self.snapshot.projects) - {p.name for p in projects}:
+            self.snapshot.remove_project(name)
+        for d in depts:
+            try:
+                self.snapshot.set_department(d)
+            except ValidationError as e:
+                bad_depts[d.name] = f"department {d.name} is left out of scheduling: {e}"
+        for p in projects:
+            try:
+                if p.department in bad_depts:
+                    bad_projects[p.name] = bad_depts[p.department]
+                else:
+                    self.snapshot.set_project(p)
+                    continue
+            except ValidationError as e:
+                bad_projects[p.name] = f"project {p.name} is left out of scheduling: {e}"
+            self.snapshot.remove_project(p.name)
+        kept = {d.name for d in depts} - set(bad_depts)
+        for name in set(self.snapshot.departments) - kept:
+            try:
+                self.snapshot.remove_department(name)
+            except ValidationError:
+                pass
+        for kind, now, before in (("department", bad_depts, self.isolated_departments),
+                                  ("project", bad_projects, self.isolated_projects)):
+            for name, why in now.items():
+                if before.get(name) != why:
+                    log.warning("%s", why)
+                    self.store.event("isolated", why, project=name if kind == "project" else "")
+            for name in set(before) - set(now):
+                self.store.event("restored", f"{kind} {name} is scheduled again",
+                                 project=name if kind == "project" else "")
+        self.isolated_departments, self.isolated_projects = bad_depts, bad_projects
+
+    def _explain_isolated(self, decisions: Decisions) -> None:
+        """The pending work of a left-out project waits for the reason it was left out."""
+        if not self.isolated_projects:
+            return
+        for i, p in enumerate(decisions.pending):
+            w = self.snapshot.workloads.get(p.workload)
+            why = self.isolated_projects.get(w.project) if w is not None else None
+            if why is not None:
+                decisions.pending[i] = dataclasses.replace(p, reason=why)
 
     async def _bind(self, b: Bind) -> None:
         w = self.snapshot.workloads[b.workload]

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 
 MILLI = 1000
 DEFAULT_POOL = "default"
+# The most GPUs a quota or limit may name: far beyond any cluster, and small enough that
+# milli-GPU sums stay exact integers (1e307 GPUs would overflow to inf).
+MAX_GPUS = 1_000_000
 
 
 class ValidationError(ValueError):
@@ -96,10 +99,13 @@ class Quota:
     limit: float | None = None
 
     def validate(self, where: str) -> None:
-        if not (isinstance(self.gpus, (int, float)) and math.isfinite(self.gpus) and self.gpus >= 0):
-            raise ValidationError(f"{where}.gpus", f"quota must be a number >= 0, got {self.gpus!r}")
-        if not (math.isfinite(self.over_quota_weight) and self.over_quota_weight >= 0):
-            raise ValidationError(f"{where}.over_quota_weight", "must be a number >= 0")
+        for key in ("gpus", "over_quota_weight", "limit"):
+            v = getattr(self, key)
+            if key == "limit" and v is None:
+                continue
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if not ok or not 0 <= v <= MAX_GPUS:
+                raise ValidationError(f"{where}.{key}", f"must be a number from 0 to {MAX_GPUS}, got {v!r}")
         if self.limit is not None and not (self.limit >= self.gpus):
             raise ValidationError(
                 f"{where}.limit", f"must be >= the quota ({self.gpus}) or unset, got {self.limit}"

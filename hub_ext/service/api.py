@@ -16,10 +16,11 @@ from sqlalchemy import delete, select
 
 from inference import api as inference_api
 
-from .. import attach, org, roles
+from .. import attach, org, roles, validation
 from ..db import EventRow, SampleRow, WorkloadRow, add_event, bump_version
 from ..limits import limits_for
-from ..requests import FieldError, parse_request, workload_name
+from ..requests import parse_request, workload_name
+from ..training.db import TrainingRow, ensure_table
 from . import governance_api, roles_api, training_api, usage_api
 from .base import ApiHandler
 from .sharing import gpu_sharing
@@ -101,14 +102,17 @@ class ProjectsHandler(ApiHandler):
         with self.Session() as s:
             self.send({"items": org.list_projects(s, roles.visible_projects(self.who))})
 
-    def post(self):
+    async def post(self):
         data = self.body()
         dept = data.get("department")
         self.require("manage_project", department=dept if isinstance(dept, str) else "")
+        self.send(await self.off_loop(self._create, data), 201)
+
+    def _create(self, data: dict) -> dict:
         with self.Session() as s:
             p = org.create_project(s, data, actor=self.username)
             s.commit()
-        self.send(p, 201)
+        return p
 
 
 class ProjectHandler(ApiHandler):
@@ -117,15 +121,18 @@ class ProjectHandler(ApiHandler):
         with self.Session() as s:
             self.send(org.get_project(s, name))
 
-    def patch(self, name):
+    async def patch(self, name):
         data = self.body()
         self.require_project("manage_project", name)
         if isinstance(data.get("department"), str):  # moving it: the new department's admin too
             self.require("manage_project", department=data["department"])
+        self.send(await self.off_loop(self._update, name, data))
+
+    def _update(self, name: str, data: dict) -> dict:
         with self.Session() as s:
             p = org.update_project(s, name, data, actor=self.username)
             s.commit()
-        self.send(p)
+        return p
 
     def delete(self, name):
         self.require_project("manage_project", name)
@@ -153,7 +160,7 @@ class WorkloadsHandler(ApiHandler):
     async def post(self):
         data = self.body()
         server = data.pop("server_name", "") if data.get("kind", "workspace") == "workspace" else ""
-        owner = data.pop("owner", self.username)
+        owner = validation.name(data.pop("owner", self.username), "owner", "user")
         if owner != self.username:
             self.require("submit_for_others", project=data.get("project"))
         self.require_submit(data)
@@ -162,8 +169,7 @@ class WorkloadsHandler(ApiHandler):
             req = parse_request(data, limits_for(s, self.ctx.cfg, owner, projects=mine))
             attached = attach.check(s, req.project, req.credentials, req.datasources)
         if req.kind == "workspace":
-            if not isinstance(server, str) or (server and not server.replace("-", "").isalnum()):
-                raise FieldError("server_name", "must be letters, digits or '-'")
+            validation.name(server, "server_name", "server")
             code, body = await self.ctx.hub.start_server(owner, server, req.to_dict())
             if code >= 400:
                 self.send_error(code if code in (400, 403, 404, 409) else 502,
@@ -218,7 +224,13 @@ class WorkloadHandler(ApiHandler):
             w = self._get(s, name)
             self.require("manage_workload", project=w.project, owner=w.owner)
             kind, owner, server, state = w.kind, w.owner, w.server, w.state
-            if kind != "workspace":
+            job = _training_job(self, s, name) if kind == "training" else None
+            if job is not None:  # the job runner's: it ends the job, as DELETE /trainings/NAME
+                job.request = "delete"
+                add_event(s, "stopped", f"{self.username} deleted training {name}", name, w.project,
+                          actor=self.username)
+                s.commit()
+            elif kind != "workspace":
                 if state in ("running", "releasing"):
                     w.state = "stopping"
                 else:
@@ -234,6 +246,14 @@ class WorkloadHandler(ApiHandler):
                 return
         self.set_status(204)
         self.finish()
+
+
+def _training_job(handler: ApiHandler, s, name: str):
+    """The trainings API's row of a job, if the job runner holds ``name``."""
+    if not handler.settings.get("gpupool_trainings_table"):
+        ensure_table(handler.Session)
+        handler.settings["gpupool_trainings_table"] = True
+    return s.get(TrainingRow, name)
 
 
 class NodesHandler(ApiHandler):
@@ -255,12 +275,7 @@ class NodesHandler(ApiHandler):
 
 class EventsHandler(ApiHandler):
     def get(self):
-        try:
-            limit = int(self.get_argument("limit", "100"))
-        except ValueError:
-            raise FieldError("limit", "must be a whole number from 1 to 1000") from None
-        if not 1 <= limit <= 1000:
-            raise FieldError("limit", f"must be from 1 to 1000, got {limit}")
+        limit = validation.integer_arg(self.get_argument("limit", None), "limit", 100, 1, 1000)
         q = select(EventRow).order_by(EventRow.id.desc()).limit(limit)
         for key in ("kind", "project", "workload"):
             v = self.get_argument(key, None)
@@ -278,10 +293,8 @@ class EventsHandler(ApiHandler):
 class SamplesHandler(ApiHandler):
     def get(self):
         self.require("view_cluster")
-        try:
-            since = float(self.get_argument("since", str(time.time() - 86400)))
-        except ValueError:
-            raise FieldError("since", "must be a UNIX time in seconds") from None
+        since = self.get_argument("since", None)
+        since = time.time() - 86400 if since in (None, "") else validation.unix_time(since, "since")
         with self.Session() as s:
             rows = s.scalars(select(SampleRow).where(SampleRow.ts >= since).order_by(SampleRow.ts)).all()
         self.send({"items": [{"ts": r.ts, "capacity": r.capacity_milli / 1000,

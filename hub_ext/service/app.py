@@ -16,6 +16,7 @@ from tornado.httpserver import HTTPServer
 
 from ..config import Gpupool, load_config
 from ..db import make_sessionmaker
+from ..validation import BODY_DRAIN_FACTOR
 from . import api, culler, pages
 from .hubapi import HubAPI
 from .metrics import DATABASE, MetricsHandler
@@ -44,7 +45,7 @@ def make_app(cfg: Gpupool, prefix: str, session_factory=None, hub: HubAPI | None
     return web.Application(
         handlers, gpupool=ctx, prefix=prefix, cookie_secret=os.urandom(32),
         hub_prefix=os.environ.get("JUPYTERHUB_BASE_URL", "/") + "hub/",
-        user_for_tests=user_for_tests,
+        user_for_tests=user_for_tests, max_body_size=cfg.max_body_size,
     )
 
 
@@ -59,7 +60,11 @@ def main() -> None:
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        HTTPServer(app, xheaders=True).listen(url.port, url.hostname)
+        # The API holds at most max_body_size of a body and answers 413 past it (base.py);
+        # past BODY_DRAIN_FACTOR times that, tornado closes the connection unread.
+        hard = cfg.max_body_size * BODY_DRAIN_FACTOR
+        HTTPServer(app, xheaders=True, max_body_size=hard,
+                   max_buffer_size=hard).listen(url.port, url.hostname)
         log.info("listening on %s%s", url.geturl(), prefix)
         if cfg.cull_idle_s:
             asyncio.ensure_future(culler.run(app.settings["gpupool"]))

@@ -5,11 +5,8 @@ anywhere, department admins inside their departments."""
 
 from __future__ import annotations
 
-import re
-
-from .. import roles
-from ..org import USER_RE
-from ..requests import FieldError
+from .. import roles, validation
+from ..validation import FieldError
 from .base import ApiHandler
 
 ROLE_TABLE = [
@@ -54,15 +51,21 @@ class UserRolesHandler(ApiHandler):
             self.send({"user": user, "items": roles.assignments(s, user, departments=seen)})
 
     def put(self, user):
-        if not re.match(USER_RE, user):
-            raise FieldError("name", "must be a user name (letters, digits, '.', '_', '@', '-')")
+        validation.name(user, "name", "user")
         data = self.body()
+        validation.check_fields(data, {"roles"})
         wanted = data.get("roles")
-        if set(data) - {"roles"}:
-            raise FieldError(sorted(set(data) - {"roles"})[0], "unknown field; allowed: roles")
         if not isinstance(wanted, list) or not all(
                 isinstance(r, dict) and set(r) == {"role", "department"} for r in wanted):
             raise FieldError("roles", "must be a list of {role, department} objects")
+        if len(wanted) > validation.MAX_ROLES:
+            raise FieldError("roles", f"must hold at most {validation.MAX_ROLES} assignments, got {len(wanted)}")
+        for r in wanted:
+            if not isinstance(r["role"], str) or r["role"] not in roles.ASSIGNABLE:
+                raise FieldError("role", f"must be one of {', '.join(roles.ASSIGNABLE)}, "
+                                 f"got {validation.show(r['role'])}")
+            if r["department"] != roles.ALL_DEPARTMENTS:
+                validation.name(r["department"], "department")
         who = self.who
         reach = None if who.platform_admin else set(who.admin_of)
         if reach is not None:

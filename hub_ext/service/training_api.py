@@ -12,10 +12,9 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from .. import org, roles
+from .. import org, roles, validation
 from ..db import EventRow, WorkloadRow
 from ..limits import limits_for
-from ..requests import FieldError
 from ..training.db import (
     STATUSES,
     TrainingRow,
@@ -24,7 +23,8 @@ from ..training.db import (
     is_active,
     training_dict,
 )
-from ..training.spec import parse_training
+from ..training.spec import MAX_WORKERS, parse_training
+from ..validation import FieldError
 from .base import ApiHandler
 
 MAX_LOG_BYTES = 1 << 20
@@ -50,7 +50,7 @@ class TrainingsHandler(_Base):
         q = select(TrainingRow).order_by(TrainingRow.created)
         project, status = self.get_argument("project", None), self.get_argument("status", None)
         if status and status not in STATUSES:
-            raise FieldError("status", f"must be one of {', '.join(STATUSES)}, got {status!r}")
+            raise FieldError("status", f"must be one of {', '.join(STATUSES)}, got {validation.show(status)}")
         if project:
             q = q.where(TrainingRow.project == project)
         if status:
@@ -64,7 +64,7 @@ class TrainingsHandler(_Base):
 
     def post(self):
         data = self.body()
-        owner = data.pop("owner", self.username)
+        owner = validation.name(data.pop("owner", self.username), "owner", "user")
         if owner != self.username:
             self.require("submit_for_others", project=data.get("project"))
         self.require_submit(data)
@@ -85,19 +85,8 @@ def _workload_active(s, name: str) -> bool:
     return w is not None and w.state in ("submitted", "pending", "running", "releasing", "stopping")
 
 
-class TrainingHandler(_Base):
-    def get(self, name):
-        with self.Session() as s:
-            t = self._get(s, name)
-            out = training_dict(t, s.get(WorkloadRow, name))
-            events = s.scalars(select(EventRow).where(EventRow.workload == name).order_by(EventRow.id)).all()
-            out["events"] = [{"ts": e.ts, "kind": e.kind, "message": e.message} for e in events]
-        self.send(out)
-
-    def delete(self, name):
-        self._request(name, "delete")
-        self.set_status(202)
-        self.finish()
+class _Requests(_Base):
+    """Control requests (delete, suspend, resume) the job runner carries out."""
 
     def _request(self, name: str, what: str) -> dict:
         with self.Session() as s:
@@ -112,25 +101,37 @@ class TrainingHandler(_Base):
             return training_dict(t, s.get(WorkloadRow, name))
 
 
-class TrainingActionHandler(TrainingHandler):
+class TrainingHandler(_Requests):
+    def get(self, name):
+        with self.Session() as s:
+            t = self._get(s, name)
+            out = training_dict(t, s.get(WorkloadRow, name))
+            events = s.scalars(select(EventRow).where(EventRow.workload == name).order_by(EventRow.id)).all()
+            out["events"] = [{"ts": e.ts, "kind": e.kind, "message": e.message} for e in events]
+        self.send(out)
+
+    def delete(self, name):
+        self._request(name, "delete")
+        self.set_status(202)
+        self.finish()
+
+
+class TrainingActionHandler(_Requests):
+    """POST only: GET or DELETE on /suspend and /resume is 405."""
+
     def post(self, name, action):
         self.send(self._request(name, action), 202)
 
 
 class TrainingLogsHandler(_Base):
     def get(self, name):
-        try:
-            rank = int(self.get_argument("rank", "0"))
-            tail = int(self.get_argument("tail", "200"))
-        except ValueError:
-            raise FieldError("rank", "rank and tail must be whole numbers") from None
+        tail = validation.integer_arg(self.get_argument("tail", None), "tail", 200, 1, 10_000)
+        rank = validation.integer_arg(self.get_argument("rank", None), "rank", 0, 0, MAX_WORKERS - 1)
         with self.Session() as s:
             t = self._get(s, name)
             workers = int(t.spec.get("workers", 1))
         if not 0 <= rank < workers:
             raise FieldError("rank", f"must be from 0 to {workers - 1}, got {rank}")
-        if not 1 <= tail <= 10_000:
-            raise FieldError("tail", f"must be from 1 to 10000 lines, got {tail}")
         path = Path(self.ctx.cfg.state_dir) / "trainings" / name / f"worker-{rank}.log"
         text = ""
         if path.exists():

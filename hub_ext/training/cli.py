@@ -18,7 +18,7 @@ import json
 import sys
 import time
 
-from hub_ext.cli_common import ApiCall, env_option
+from hub_ext.cli_common import ApiCall, env_option, name_arg
 
 
 def _age(ts: float) -> str:
@@ -132,7 +132,7 @@ def add_parser(sub, api: ApiCall) -> None:
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     acts = tr.add_subparsers(dest="action", required=True, parser_class=_DashDashParser)
     s = acts.add_parser("submit", help="submit a training job")
-    s.add_argument("name", help="the job's name")
+    s.add_argument("name", type=name_arg(), help="the job's name")
     s.add_argument("--project", "-p", help="the job's project (default: your first)")
     s.add_argument("--gpu", "-g", type=float, help="GPUs per worker: a fraction (0.05 steps) or whole GPUs")
     s.add_argument("--gpu-memory", help="GPU memory per worker instead of --gpu, e.g. 20GiB")
@@ -155,11 +155,11 @@ def add_parser(sub, api: ApiCall) -> None:
     ls.add_argument("--status", help="only jobs in this status")
     ls.set_defaults(fn=lambda a: _list(a, api))
     d = acts.add_parser("describe", help="status, transitions and events of a job")
-    d.add_argument("name", help="the job")
+    d.add_argument("name", type=name_arg(), help="the job")
     d.add_argument("--json", action="store_true", help="the REST API's JSON")
     d.set_defaults(fn=lambda a: _describe(a, api))
     lg = acts.add_parser("logs", help="a worker's output")
-    lg.add_argument("name", help="the job")
+    lg.add_argument("name", type=name_arg(), help="the job")
     lg.add_argument("--rank", type=int, default=0, help="the worker")
     lg.add_argument("--tail", type=int, default=200, help="lines from the end")
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing new output")
@@ -167,5 +167,5 @@ def add_parser(sub, api: ApiCall) -> None:
     for action, what in (("delete", "delete a job"), ("suspend", "stop a job and free its GPUs"),
                          ("resume", "queue a suspended job again")):
         c = acts.add_parser(action, help=what)
-        c.add_argument("name", help="the job")
+        c.add_argument("name", type=name_arg(), help="the job")
         c.set_defaults(fn=lambda a: _control(a, api))

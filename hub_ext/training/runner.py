@@ -34,7 +34,6 @@ from scheduler.embedded import EmbeddedScheduler, gpu_env
 from scheduler.model import Bind, Kind, Node, State, ValidationError, Workload
 
 from ..db import WorkloadRow, add_event
-from ..requests import FieldError
 from ..store import placement_json
 from .db import SUBMITTED, TrainingRow, add_training, ensure_table, set_status
 from .gang import free_port, gang_env
@@ -202,7 +201,7 @@ class Job:
                         f"{'s' if spec.workers > 1 else ''} (attempt {attempt})", attempt=attempt)
         try:
             await self._start_gang(spec, bind, attempt, ckpt_dir, resumed, t.owner)
-        except (OSError, FieldError) as e:
+        except (OSError, ValueError, TypeError) as e:  # FieldError too; a NUL byte is a ValueError
             await self._terminate(0)
             self.sched.release(self.name, "failed to start")
             self.status("Failed", f"could not start the workers: {e}", "failed", workload_state="failed")
@@ -260,7 +259,10 @@ class Job:
         stop = self.stop
         reason = "suspended by a user" if stop == "suspend" else "stopped through the workloads API"
         if t.status != "Suspended":
-            self.status("Suspended", reason, "suspended", workload_state="suspended")
+            # Stopped through the workloads API, the workload is stopped (it holds nothing);
+            # the job stays Suspended, so the trainings API may still resume it.
+            self.status("Suspended", reason, "suspended",
+                        workload_state="suspended" if stop == "suspend" else "stopped")
         while self.stop in ("suspend", "stopped"):
             await self.kick.wait()
             self.kick.clear()

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 
 from scheduler.model import DEFAULT_PRIORITY, Kind, PodDemand
 
+from .. import validation
 from ..requests import (
-    NAME_RE,
     FieldError,
     Limits,
     WorkloadRequest,
@@ -26,7 +26,7 @@ RESTART_POLICIES = ("OnFailure", "Never")
 MAX_WORKERS = 64
 MAX_GRACE_S = 3600.0
 MAX_BACKOFF_LIMIT = 100
-_MEM_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(GiB|GB|G|MiB|MB|M)?\s*$", re.IGNORECASE)
+_MEM_RE = re.compile(r"\s*([0-9]{0,12}\.?[0-9]{1,12})\s*(GiB|GB|G|MiB|MB|M)?\s*", re.IGNORECASE)
 
 
 @dataclass
@@ -89,8 +89,8 @@ def parse_gpu_memory(raw) -> float:
     if isinstance(raw, bool):
         raise FieldError("gpu_memory", f"must be a size like 20GiB or 512MiB, got {raw!r}")
     if isinstance(raw, (int, float)):
-        return float(raw)
-    m = _MEM_RE.match(str(raw))
+        return validation.number(raw, "gpu_memory", 0, validation.MAX_GPU_MEMORY_GIB, unit=" GiB")
+    m = _MEM_RE.fullmatch(validation.text(raw, "gpu_memory", 32))
     if not m:
         raise FieldError("gpu_memory", f"must be a size like 20GiB or 512MiB, got {raw!r}")
     value, unit = float(m.group(1)), (m.group(2) or "GiB").lower()
@@ -108,7 +108,7 @@ def _bool(data: dict, key: str, default: bool) -> bool:
         return v
     if isinstance(v, str) and v.lower() in ("true", "false", "1", "0", "yes", "no"):
         return v.lower() in ("true", "1", "yes")
-    raise FieldError(key, f"must be true or false, got {v!r}")
+    raise FieldError(key, f"must be true or false, got {validation.show(v)}")
 
 
 def parse_training(data: dict, limits: Limits) -> TrainingSpec:
@@ -120,12 +120,8 @@ def parse_training(data: dict, limits: Limits) -> TrainingSpec:
     project = data.get("project", limits.projects[0])
     if project not in limits.projects:
         raise FieldError("project", f"must be one of {', '.join(limits.projects)} (your projects), "
-                         f"got {project!r}")
-    command = data.get("command")
-    if isinstance(command, str):
-        command = command.split()
-    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
-        raise FieldError("command", "must be a non-empty list of strings (the program and its arguments)")
+                         f"got {validation.show(project)}")
+    command = validation.command(data.get("command"))
     spec = TrainingSpec(name=name, project=project, command=command)
     if "gpu_memory" in data and "gpu_memory_gib" in data:
         raise FieldError("gpu_memory", "give gpu_memory or gpu_memory_gib, not both")
@@ -153,25 +149,15 @@ def parse_training(data: dict, limits: Limits) -> TrainingSpec:
     spec.workers = _number(data, "workers", 1, 1, MAX_WORKERS, integer=True)
     spec.preemptible = _bool(data, "preemptible", True)
     pool = data.get("node_pool")
-    if pool is not None and (not isinstance(pool, str) or not NAME_RE.match(pool)):
-        raise FieldError("node_pool", f"must be a node pool name (lowercase letters, digits, '-'), got {pool!r}")
-    spec.node_pool = pool
+    spec.node_pool = None if pool is None else validation.name(pool, "node_pool")
     ckpt = data.get("checkpoint_dir", "")
-    if not isinstance(ckpt, str) or (ckpt and not ckpt.startswith("/")):
-        raise FieldError("checkpoint_dir", f"must be an absolute path or empty, got {ckpt!r}")
-    spec.checkpoint_dir = ckpt
-    image = data.get("image", "")
-    if not isinstance(image, str):
-        raise FieldError("image", f"must be a container image name, got {image!r}")
-    spec.image = image
-    env = data.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)
-                                            for k, v in env.items()):
-        raise FieldError("env", "must be an object of NAME: string value pairs")
-    spec.env = dict(env)
+    spec.checkpoint_dir = validation.path(ckpt, "checkpoint_dir") if ckpt != "" else ""
+    spec.image = validation.text(data.get("image", ""), "image", validation.MAX_IMAGE_CHARS)
+    spec.env = validation.env(data.get("env", {}))
     policy = data.get("restart_policy", "OnFailure")
     if policy not in RESTART_POLICIES:
-        raise FieldError("restart_policy", f"must be one of {', '.join(RESTART_POLICIES)}, got {policy!r}")
+        raise FieldError("restart_policy", f"must be one of {', '.join(RESTART_POLICIES)}, "
+                         f"got {validation.show(policy)}")
     spec.restart_policy = policy
     spec.backoff_limit = _number(data, "backoff_limit", 3, 0, MAX_BACKOFF_LIMIT, integer=True)
     spec.backoff_s = _number(data, "backoff_s", 10.0, 0, 300, unit=" s")

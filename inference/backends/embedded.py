@@ -132,7 +132,7 @@ class EmbeddedBackend:
             try:
                 h.proc = await asyncio.create_subprocess_exec(
                     *cmd, env=env, stdout=log, stderr=log, start_new_session=True)
-            except OSError as e:
+            except (OSError, ValueError) as e:  # no such program; a NUL byte stored by an older release
                 return self._gone(svc, r, f"could not start {cmd[0]!r}: {e}")
         if self.rows is not None:
             self.rows.set_state(r.name, "running", pid=h.proc.pid)

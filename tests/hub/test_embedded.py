@@ -4,6 +4,8 @@ GPUs at once, a quota shrink reclaims over-quota work through the evictor."""
 import asyncio
 import dataclasses
 
+import pytest
+
 from scheduler.embedded import EmbeddedScheduler, gpu_env
 from scheduler.model import (
     DEFAULT_POOL,
@@ -15,6 +17,7 @@ from scheduler.model import (
     PodPlacement,
     Project,
     Quota,
+    State,
     Workload,
 )
 
@@ -41,6 +44,9 @@ class FakeStore:
 
     def set_state(self, name, state, **fields):
         self.states[name] = state
+
+    def finish_stop(self, name):
+        self.states[name] = "stopped"
 
     def event(self, kind, message, workload="", project=""):
         self.events.append((kind, workload))
@@ -174,3 +180,80 @@ def test_gpu_env_for_a_fraction():
     assert env["GPUPOOL_MEMORY_LIMIT"] == f"{81920 // 4}M"
     assert env["GPUPOOL_COMPUTE_SHARE"] == "25"
     assert "LD_PRELOAD" not in env
+
+
+class StoredBadValueStore(FakeStore):
+    """An organisation as an older release or a hand edit may have stored it: one bad
+    value per queue kind; ``fixed`` puts the good values back."""
+
+    def __init__(self, bad):
+        super().__init__()
+        self.bad, self.fixed = bad, False
+        self.reasons = {}
+
+    def load_org(self):
+        d, q = Quota(4), Quota(2)
+        if not self.fixed:
+            d, q = self.bad.get("d", d), self.bad.get("q", q)
+        return ([Department("d", {DEFAULT_POOL: d}), Department("e", {DEFAULT_POOL: Quota(2)})],
+                [Project("p", "e", {DEFAULT_POOL: Quota(2)}), Project("q", "d", {DEFAULT_POOL: q})])
+
+    def record(self, decisions, snapshot):
+        self.reasons.update({p.workload: p.reason for p in decisions.pending})
+
+
+@pytest.mark.parametrize("bad, isolated", [
+    ({"q": Quota(1, 1, 1e307)}, "project q"),  # the limit that overflowed the milli-GPU sums
+    ({"q": Quota(float("nan"))}, "project q"),
+    ({"q": Quota(-2)}, "project q"),
+    ({"q": Quota(1, "heavy")}, "project q"),  # SQLite keeps any type in a REAL column
+    ({"q": Quota(1, None)}, "project q"),
+    ({"d": Quota(float("inf"))}, "department d"),
+], ids=["limit-1e307", "nan-quota", "negative-quota", "text-weight", "null-weight", "infinite-department"])
+def test_a_stored_bad_value_isolates_its_queue_and_the_cycle_goes_on(bad, isolated):
+    async def run():
+        store = StoredBadValueStore(bad)
+        sched = EmbeddedScheduler(store, [NODE], period_s=0.05)
+        a = sched.submit(Workload("a", "p", Kind.WORKSPACE, PodDemand(gpus=1)))
+        b = sched.submit(Workload("b", "q", Kind.WORKSPACE, PodDemand(gpus=1)))
+        await sched.cycle()
+        assert a.bound.done() and not b.bound.done()
+        why = store.reasons["b"]
+        store.fixed, store.v = True, store.v + 1
+        await sched.cycle()
+        assert b.bound.done()
+        return store, why
+
+    store, why = asyncio.run(run())
+    assert why.startswith(f"{isolated} is left out of scheduling: ")
+    assert ("isolated", "") in store.events and ("restored", "") in store.events
+
+
+class LeftoverStore(FakeStore):
+    """A workload stored as running that nothing of this process runs (a row an older
+    release left), then asked to stop (the row leaves the active states)."""
+
+    def __init__(self):
+        super().__init__()
+        w = ws("left", 0.5)
+        w.state, w.placement = State.RUNNING, (PodPlacement("n", (0,), 500),)
+        self.rows = [w]
+
+    def load_workloads(self):
+        return self.rows
+
+
+def test_a_stop_of_work_nothing_runs_ends_stopped_and_frees_its_gpus_at_once():
+    async def run():
+        store = LeftoverStore()
+        sched = EmbeddedScheduler(store, [NODE], period_s=0.05)
+        await sched.cycle()
+        held = sched.snapshot.usage[("p", DEFAULT_POOL)]
+        store.rows, store.v = [], store.v + 1
+        await sched.cycle()
+        return sched, store, held
+
+    sched, store, held = asyncio.run(run())
+    assert held == 500
+    assert "left" not in sched.snapshot.workloads and sched.snapshot.usage[("p", DEFAULT_POOL)] == 0
+    assert store.states["left"] == "stopped"

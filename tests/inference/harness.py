@@ -45,6 +45,9 @@ class FakeStore:
     def set_state(self, name, state, **fields):
         pass
 
+    def finish_stop(self, name):
+        pass
+
     def event(self, kind, message, workload="", project=""):
         self.events.append((kind, workload))
 
