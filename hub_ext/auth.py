@@ -26,7 +26,8 @@ from tornado import web
 
 from . import audit, roles
 from .config import Gpupool
-from .db import DepartmentRow, MemberRow, ProjectRow, add_event, bump_version
+from .db import DepartmentRow, MemberRow, ProjectRow, bump_version
+from .events import add_event
 
 DISCOVERY = "/.well-known/openid-configuration"
 

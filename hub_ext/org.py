@@ -16,7 +16,7 @@ from sqlalchemy import delete, func, insert, select
 
 from scheduler.model import DEFAULT_POOL, Department, Project, Quota
 
-from . import audit, validation
+from . import audit, roles, validation
 from .db import (
     FINISHED,
     DepartmentRow,
@@ -24,9 +24,9 @@ from .db import (
     NodeRow,
     ProjectRow,
     WorkloadRow,
-    add_event,
     bump_version,
 )
+from .events import add_event
 from .validation import MAX_GPUS, FieldError
 
 
@@ -355,8 +355,6 @@ def load_starter(s, path: str | Path) -> dict:
     data = check_org_file(yaml.safe_load(Path(path).read_text()) or {})
     if s.scalar(select(func.count()).select_from(DepartmentRow)):
         return data
-    from . import roles
-
     for i, d in enumerate(data.get("departments", [])):
         d = dict(d)
         projects = d.pop("projects", [])

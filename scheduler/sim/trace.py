@@ -10,10 +10,20 @@ a replay with departures can use the times; ``TracePod.demand`` is the ``PodDema
 from __future__ import annotations
 
 import csv
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..model import GPU, MILLI, Node, PodDemand, ValidationError
+
+
+def default_trace_dir() -> Path:
+    """``$GPUPOOL_TRACES``, else the copy in the repository's ``data/openb-2023``."""
+    env = os.environ.get("GPUPOOL_TRACES")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "data" / "openb-2023"
+
 
 # MiB per GPU by model name (the FGD simulator's table); others get DEFAULT_GPU_MEMORY_MIB.
 GPU_MEMORY_MIB = {

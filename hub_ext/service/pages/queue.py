@@ -7,7 +7,7 @@ from tornado import web
 
 from ... import roles
 from ...db import WorkloadRow
-from . import PageHandler
+from .base import PageHandler
 
 
 class QueuePage(PageHandler):
