@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 from sqlalchemy import delete, func, insert, select
 
+from gpupool.errors import GpupoolError
 from scheduler.model import DEFAULT_POOL, Department, Project, Quota
 
 from . import audit, roles, validation
@@ -30,11 +31,11 @@ from .events import add_event
 from .validation import MAX_GPUS, FieldError
 
 
-class NotFound(LookupError):
+class NotFound(GpupoolError, LookupError):
     pass
 
 
-class Conflict(ValueError):
+class Conflict(GpupoolError, ValueError):
     def __init__(self, field_name: str, message: str):
         super().__init__(f"{field_name}: {message}")
         self.field = field_name

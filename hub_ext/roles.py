@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from sqlalchemy import String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
+from gpupool.errors import GpupoolError
+
 from . import audit
 from .db import Base, DepartmentRow, MemberRow, ProjectRow, get_meta
 from .validation import FieldError
@@ -147,7 +149,7 @@ class Decision:
         return f"Decision({self.ok}, {self.reason!r})"
 
 
-class Forbidden(PermissionError):
+class Forbidden(GpupoolError, PermissionError):
     """Raised by ``check``; the service answers 403 with ``reason``."""
 
     def __init__(self, reason: str):

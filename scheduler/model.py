@@ -14,6 +14,8 @@ import functools
 import math
 from dataclasses import dataclass, field
 
+from gpupool.errors import GpupoolError
+
 MILLI = 1000
 DEFAULT_POOL = "default"
 # The most GPUs a quota or limit may name: far beyond any cluster, and small enough that
@@ -21,7 +23,7 @@ DEFAULT_POOL = "default"
 MAX_GPUS = 1_000_000
 
 
-class ValidationError(ValueError):
+class ValidationError(GpupoolError, ValueError):
     """Bad input to the scheduler; ``field`` names what was wrong."""
 
     def __init__(self, field_name: str, message: str):

@@ -23,12 +23,14 @@ from urllib.parse import urlencode
 import aiohttp
 import yaml
 
+from gpupool.errors import GpupoolError
+
 __all__ = ["ApiError", "KubeClient"]
 
 JSON = dict[str, Any]
 
 
-class ApiError(Exception):
+class ApiError(GpupoolError):
     """The API server answered with an error status."""
 
     def __init__(self, status: int, message: str, body: JSON | None = None):
