@@ -7,7 +7,7 @@ derived columns (``full_free``) stay true.
 Every ``take``/``give`` also stamps the node it changed with a number from a clock shared by
 an array set and all its copies (``Lineage``), so a stamp names one node state exactly:
 placement policies key per-node caches on ``stamp`` and recompute only the rows whose stamp
-moved (see ``scheduler/policies.py``).
+moved (see ``scheduler/placement/score_cache.py``).
 """
 
 from __future__ import annotations

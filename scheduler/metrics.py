@@ -36,7 +36,7 @@ PREEMPTIONS = Counter(
 BINDS = Counter("gpupool_binds_total", "Workloads placed by the scheduler, by project", ["project"])
 LEADER = Gauge("gpupool_scheduler_leader", "1 while this process is the active scheduler")
 
-# The core writes pending reasons as sentences (scheduler/core.py, scheduler/quota.py);
+# The core writes pending reasons as sentences (scheduler/actions/, scheduler/quota.py);
 # a label needs a small fixed set. First match wins; the order matters ("at its limit"
 # sentences may also mention the quota).
 REASON_KINDS = (

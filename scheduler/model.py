@@ -295,11 +295,21 @@ class Bind:
     over_quota: bool
 
 
+class EvictionCause(str, enum.Enum):
+    """Which way of making room chose a victim (``scheduler.actions.evictions``)."""
+
+    RECLAIM = "reclaim"  # for a project below its quota
+    FAIR_SHARE = "fair share"  # for a project below its fair share of the idle GPUs
+    CATCH_UP = "catch up"  # for a project behind its fair share over time
+    PREEMPT = "preempt"  # for higher-priority work of the victim's own project
+
+
 @dataclass(frozen=True)
 class Evict:
     workload: str
-    reason: str
+    reason: str  # the sentence users read
     grace_period_s: float
+    cause: EvictionCause
 
 
 @dataclass(frozen=True)

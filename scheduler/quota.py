@@ -97,7 +97,8 @@ class Verdict:
     reason: str = ""
     # In quota only because the project's borrowed GPUs do not count (``counted_usage``);
     # counting all of them it would be over: such work goes after work in quota by both
-    # counts and reclaims from no other project (core._in_quota, core._plan_for).
+    # counts and reclaims from no other project (actions.allocate.InQuota,
+    # actions.evictions.QuotaReclaim).
     guaranteed_only: bool = False
 
 
@@ -164,8 +165,9 @@ def counted_usage(project_used: int, project_fixed: int, quota_milli: int, dept_
     quota" rule counts only non-preemptible GPUs. The project's preemptible, over-quota-able
     GPUs give way to it: it starts in idle GPUs at once, or preempts them inside the
     project (it reclaims from other projects only while the project's whole usage leaves
-    room in its quota: core._plan_for). Otherwise a team whose training borrowed idle GPUs
-    could not start a guaranteed inference service while the cluster sat idle."""
+    room in its quota: actions.evictions.QuotaReclaim). Otherwise a team whose training
+    borrowed idle GPUs could not start a guaranteed inference service while the cluster
+    sat idle."""
     return project_fixed, dept_in_quota - min(project_used, quota_milli) + min(project_fixed, quota_milli)
 
 

@@ -2,6 +2,8 @@
 
 Each change is logged with what it did; ``rollback(cp)`` undoes back to a checkpoint, so
 a gang that half fits, or an eviction plan that does not make room, leaves no trace.
+``with work.trial() as t:`` does the same for a block: its changes are undone when it ends
+unless ``t.keep()`` was called.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ class Working:
     def checkpoint(self) -> int:
         return len(self._log)
 
+    def trial(self) -> Trial:
+        return Trial(self)
+
     def rollback(self, cp: int) -> None:
         while len(self._log) > cp:
             took, w, choices = self._log.pop()
@@ -109,3 +114,28 @@ class Working:
                 fixed[key] += after - before
         if not take:
             self.epoch += 1
+
+
+class Trial:
+    """Changes to a ``Working`` made inside ``with work.trial() as t:``: undone when the
+    block ends (by an exception too) unless ``t.keep()`` was called; ``t.undo()`` undoes
+    them at once and the trial goes on from its start."""
+
+    __slots__ = ("work", "cp", "kept")
+
+    def __init__(self, work: Working):
+        self.work, self.cp, self.kept = work, -1, False
+
+    def __enter__(self) -> Trial:
+        self.cp = self.work.checkpoint()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.kept:
+            self.work.rollback(self.cp)
+
+    def keep(self) -> None:
+        self.kept = True
+
+    def undo(self) -> None:
+        self.work.rollback(self.cp)

@@ -10,7 +10,11 @@ import scheduler.cluster as cluster_module
 from scheduler.cluster import ClusterArrays
 from scheduler.model import GPU, MILLI, Node, PodDemand
 from scheduler.placement import POLICIES, Choice, get_policy
-from scheduler.policies import NEG, FragPolicy, HoleWaste, Mix, Shape, _Bound, _GpupoolBound
+from scheduler.placement.choice import NEG
+from scheduler.placement.frag_policy import FragPolicy
+from scheduler.placement.gpupool import HoleWaste
+from scheduler.placement.mix import Mix, Shape
+from scheduler.placement.views import FgdView, GpupoolView
 
 MIX = Mix(
     [
@@ -67,7 +71,7 @@ DEMANDS = [
 @pytest.mark.parametrize("demand", DEMANDS)
 def test_frag_delta_matches_definition(demand):
     arrays = random_cluster(1)
-    bound = _Bound(MIX, arrays.models, arrays.gpu_free.shape[1])
+    bound = FgdView(MIX, arrays.models, arrays.gpu_free.shape[1])
     rows = np.arange(len(arrays.names))
     delta = bound.deltas(arrays, rows, demand, arrays.need_milli(demand))
     for n in rows:
@@ -116,8 +120,8 @@ def cap_frag_by_definition(left: list[int], cpu: int, model: str | None) -> floa
 def test_gpupool_delta_is_worse_of_fgd_and_capacity_deltas(demand):
     arrays = random_cluster(5)
     rows = np.arange(len(arrays.names))
-    fgd = _Bound(MIX, arrays.models, arrays.gpu_free.shape[1]).deltas(arrays, rows, demand, arrays.need_milli(demand))
-    mixed = _GpupoolBound(MIX, arrays.models, arrays.gpu_free.shape[1]).deltas(arrays, rows, demand, arrays.need_milli(demand))
+    fgd = FgdView(MIX, arrays.models, arrays.gpu_free.shape[1]).deltas(arrays, rows, demand, arrays.need_milli(demand))
+    mixed = GpupoolView(MIX, arrays.models, arrays.gpu_free.shape[1]).deltas(arrays, rows, demand, arrays.need_milli(demand))
     for n in rows:
         left = [int(x) for x in arrays.gpu_free[n] if x >= 0]
         cpu = int(arrays.cpu_free[n])
@@ -189,13 +193,13 @@ def test_scores_ignore_float_summation_noise(name, monkeypatch):
     clean.mix = MIX
     demands = [PodDemand(gpus=1, cpu_milli=1000), PodDemand(gpu_fraction=0.3, cpu_milli=2000), PodDemand(cpu_milli=800)]
     want = [clean.node_scores(arrays, d, None)[0].copy() for d in demands]
-    real = type(clean).bound_class.deltas
+    real = type(clean).view_class.deltas
 
     def noisy(self, *args, **kwargs):
         out = real(self, *args, **kwargs)
         return np.where(out > NEG / 2, out - 3e-12, out)  # an exact 0 comes out a hair below
 
-    monkeypatch.setattr(type(clean).bound_class, "deltas", noisy)
+    monkeypatch.setattr(type(clean).view_class, "deltas", noisy)
     for d, w in zip(demands, want):
         fresh = get_policy(name)
         fresh.mix = MIX
@@ -257,8 +261,8 @@ def test_gpupool_counts_a_loss_only_one_view_sees():
     arrays.take(1, (0, 1), MILLI, 4000, 0)
     d = PodDemand(cpu_milli=4000)
     rows = np.arange(2)
-    fgd = _Bound(mix, arrays.models, 8).deltas(arrays, rows, d, arrays.need_milli(d))[:, 0]
-    ours = _GpupoolBound(mix, arrays.models, 8).deltas(arrays, rows, d, arrays.need_milli(d))[:, 0]
+    fgd = FgdView(mix, arrays.models, 8).deltas(arrays, rows, d, arrays.need_milli(d))[:, 0]
+    ours = GpupoolView(mix, arrays.models, 8).deltas(arrays, rows, d, arrays.need_milli(d))[:, 0]
     assert fgd.tolist() == pytest.approx([-800, 0]) and ours.tolist() == pytest.approx([-800, -900])
     policy = get_policy("gpupool")
     policy.mix = mix

@@ -96,6 +96,16 @@ def test_a_team_back_to_its_quota_gets_its_gpus_after_one_grace_period():
     assert s.metrics["all_wait_p99_s"] > 4000  # busy's pods beyond its 4 GPUs wait in the silo
 
 
+def test_every_eviction_cause_is_counted_under_a_known_key():
+    # The replay counts evictions by their cause, never by their text; fair share over
+    # time counts with fair share, the keys the JSON has always had.
+    from scheduler.model import EvictionCause
+    from scheduler.sim.replay import REASON_KEYS
+
+    assert set(REASON_KEYS) == set(EvictionCause)
+    assert set(REASON_KEYS.values()) == {"reclaim", "fair share", "preempt"}
+
+
 def test_lost_work_and_restart():
     scn = scenario(checkpoint_interval_s=300)
     busy = [p for p in (pod(i, 0, 5000) for i in range(400)) if scn.project_of(p.name) == "busy"][:16]
@@ -413,8 +423,8 @@ def test_replay_reports_unserved_quota_for_every_policy():
 
 def _decisions_of(monkeypatch, memo: bool, skip_quiet: bool, run):
     """Every cycle's decisions (binds, evictions, pending reasons) of ``run()``, with the
-    core's make-room memo on or off, and how often ``_candidates`` was asked."""
-    from scheduler import core
+    core's make-room memo on or off, and how often ``Victims.candidates`` was asked."""
+    from scheduler.actions.victims import Victims
     from scheduler.sim import replay as replay_mod
 
     class NoMemo(dict):
@@ -422,10 +432,10 @@ def _decisions_of(monkeypatch, memo: bool, skip_quiet: bool, run):
             pass
 
     log, asked = [], [0]
-    init, candidates, real = core._Cycle.__init__, core._Cycle._candidates, core.decide
+    init, candidates, real = Victims.__init__, Victims.candidates, replay_mod.decide
 
-    def patched_init(self, snap):
-        init(self, snap)
+    def patched_init(self, cycle):
+        init(self, cycle)
         if not memo:
             self.plan_memo = NoMemo()
 
@@ -438,8 +448,8 @@ def _decisions_of(monkeypatch, memo: bool, skip_quiet: bool, run):
         log.append((snap.now, d.binds, d.evictions, d.pending))
         return d
 
-    monkeypatch.setattr(core._Cycle, "__init__", patched_init)
-    monkeypatch.setattr(core._Cycle, "_candidates", counting)
+    monkeypatch.setattr(Victims, "__init__", patched_init)
+    monkeypatch.setattr(Victims, "candidates", counting)
     monkeypatch.setattr(replay_mod, "decide", recording)
     metrics = {k: v for k, v in run(skip_quiet).metrics.items() if k not in TIMING | {"cycles_skipped_quiet"}}
     monkeypatch.undo()

@@ -45,6 +45,7 @@ from ..model import (
     MILLI,
     Department,
     Evict,
+    EvictionCause,
     Kind,
     Node,
     Project,
@@ -325,9 +326,18 @@ def _pct(xs: list[float], q: float) -> float | None:
 # -- the replay -------------------------------------------------------------------------
 _FINISH, _RELEASED, _ARRIVE = 0, 1, 2  # at one instant: frees first, then arrivals
 
+# The keys of ``preemptions_by_reason`` and ``thrash_by_reason`` per eviction cause; fair
+# share over time (catch up) counts with fair share, as the JSON has always had it.
+REASON_KEYS = {
+    EvictionCause.RECLAIM: "reclaim",
+    EvictionCause.FAIR_SHARE: "fair share",
+    EvictionCause.CATCH_UP: "fair share",
+    EvictionCause.PREEMPT: "preempt",
+}
+
 
 def queue_key(w: Workload) -> tuple:
-    """The core's queue order (``core.queue_order``): priority, resumed first, submit time."""
+    """The core's queue order (``cycle.queue_order``): priority, resumed first, submit time."""
     return (-w.queue_priority, w.submit_time, w.name)
 
 
@@ -578,7 +588,7 @@ class _Replay:
         saved = math.floor(ran / self.ckpt) * self.ckpt
         job.remaining -= saved
         self.lost_gpu_s += (ran - saved) * job.milli / MILLI
-        why = "preempt" if e.reason.startswith("preempted") else "fair share" if "fair share" in e.reason else "reclaim"
+        why = REASON_KEYS[e.cause]
         if job.preemptions and ran < self.scn.time.thrash_window_s:
             self.thrash += 1
             self.thrash_by_reason[why] = self.thrash_by_reason.get(why, 0) + 1

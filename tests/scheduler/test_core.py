@@ -11,6 +11,7 @@ from scheduler.core import decide
 from scheduler.model import (
     MILLI,
     Department,
+    EvictionCause,
     Kind,
     PodDemand,
     Project,
@@ -150,6 +151,7 @@ def test_guaranteed_work_preempts_its_own_borrowed_gpus_not_another_projects():
     d = decide(snapshot([n], ds, ps, running + [inf]))
     assert [e.workload for e in d.evictions] == ["t3"]  # a's lowest priority, most recent
     assert d.evictions[0].reason.startswith("preempted by higher-priority workload inf")
+    assert d.evictions[0].cause == EvictionCause.PREEMPT
 
 
 def test_department_quota_counts_a_projects_guaranteed_work_only_for_its_guaranteed_work():
@@ -222,7 +224,24 @@ def test_reclaim_evicts_over_quota_work_of_project_furthest_above_fair_share():
     assert sorted(e.workload for e in d.evictions) == ["b3", "b4"]  # most recent first
     assert all(e.grace_period_s == 60 for e in d.evictions)
     assert "below its quota" in d.evictions[0].reason
+    assert all(e.cause == EvictionCause.RECLAIM for e in d.evictions)
     assert "reclaiming GPUs from 2 workloads of project b" in d.reason("a1")
+
+
+def test_every_action_and_every_way_of_making_room_is_timed():
+    from scheduler.actions import ACTIONS
+    from scheduler.actions.evictions import EVICTIONS
+
+    ds, ps = org(("a", 4), ("b", 2))
+    running = [make_workload(f"b{i}").project("b").gpus(1).submitted(i).running(("n1", (i,), 1000)).obj() for i in range(8)]
+    pending = [make_workload("a1").project("a").gpus(2).submitted(100).obj()]
+    d = decide(snapshot([make_node("n1", gpus=8)], ds, ps, running + pending))
+    assert [e.cause for e in d.evictions] == [EvictionCause.RECLAIM] * 2
+    actions = {f"{a.name}_s" for a in ACTIONS}
+    ways = {f"make_room.{e.name}_s" for e in EVICTIONS}
+    assert len(actions) == len(ACTIONS) and len(ways) == len(EVICTIONS)  # one name each
+    assert set(d.timings) == {"snapshot_s", "actions_s"} | actions | ways
+    assert d.timings["make_room.quota_reclaim_s"] > 0  # the reclaim that evicted was timed
 
 
 def _spread_b(nodes: int = 4, gpus: int = 4):
@@ -242,6 +261,7 @@ def test_fair_share_reclaim_clears_one_node_when_the_eviction_order_is_spread_ov
     d = decide(snapshot(nodes, ds, ps, _spread_b() + pending, max_victim_scan=4))
     assert sorted(e.workload for e in d.evictions) == [f"b-n0-g{g}" for g in range(4)]
     assert all("below its fair share" in e.reason for e in d.evictions)
+    assert all(e.cause == EvictionCause.FAIR_SHARE for e in d.evictions)
     assert "reclaiming GPUs from 4 workloads of project b" in d.reason("a1")
 
 
@@ -478,6 +498,38 @@ def test_rolled_back_checkpoint_equals_original():
     assert work.fixed_usage[("a", "default")] == 1000
     work.rollback(cp)
     assert work.fixed_usage[("a", "default")] == 0
+
+
+def test_a_trial_is_undone_unless_kept():
+    ds, ps = org(("a", 4))
+    work = Working(snapshot([make_node("n1", gpus=4)], ds, ps))
+    from scheduler.placement import Choice
+
+    def state():
+        a = work.arrays
+        return (a.gpu_free.tolist(), a.full_free.tolist(), a.cpu_free.tolist(), {k: v for k, v in work.usage.items() if v})
+
+    w = make_workload("w").project("a").gpus(1).obj()
+    before = state()
+    with work.trial():
+        work.take(w, [Choice(0, (0,), 1000)])
+        assert state() != before
+    assert state() == before
+    with pytest.raises(RuntimeError), work.trial():  # an exception undoes it too
+        work.take(w, [Choice(0, (0,), 1000)])
+        raise RuntimeError
+    assert state() == before
+    with work.trial() as t:
+        work.take(w, [Choice(0, (1,), 1000)])
+        kept = state()
+        with work.trial() as inner:
+            work.take(w, [Choice(0, (2,), 1000)])
+            inner.undo()  # back to where the inner trial began, and on
+            assert state() == kept
+            work.take(w, [Choice(0, (3,), 1000)])
+        assert state() == kept  # the inner trial was not kept
+        t.keep()
+    assert state() == kept != before
 
 
 # -- 6. fractions --------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from scheduler.core import decide
-from scheduler.model import MILLI, State
+from scheduler.model import MILLI, EvictionCause, State
 from scheduler.quota import OverQuotaLedger
 
 from .builders import make_node, make_workload, org, snapshot
@@ -77,6 +77,7 @@ def test_a_project_behind_over_time_reclaims_from_one_ahead_even_below_one_pod_o
     d = decide(snap)
     assert [e.workload for e in d.evictions] == ["b-over"]  # never b's in-quota work
     assert "fair share over time" in d.evictions[0].reason
+    assert d.evictions[0].cause == EvictionCause.CATCH_UP
     assert "reclaiming GPUs from 1 workload of project b" in d.reason("a-over")
 
 

@@ -1,0 +1,205 @@
+"""Who the make-room action may evict, and what room that frees, asked without changing
+anything. Kept per cycle: the victims read so far per project and pool, and (until a plan
+evicts) each candidate group's candidates and the room they free."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..cycle import Cycle
+from ..model import MILLI, State, Workload
+from ..placement import Choice
+from .evictions import Eviction, Floor, may_take
+
+
+class Victims:
+    def __init__(self, cycle: Cycle):
+        self.cycle = cycle
+        self.snap, self.cfg, self.work = cycle.snap, cycle.cfg, cycle.work
+        self.wide_scan = 8 * self.cfg.max_victim_scan  # how far past ``max_victim_scan`` some plans look
+        # Per candidate group (see ``plan_candidates``) its candidates, and what they free
+        # (``room_with_all_gone``); valid until a plan evicts (``evicted_for``).
+        self.plan_memo: dict[tuple, object] = {}
+        # Per (project, pool): its victims as far as read (see ``pool_victims``), kept for
+        # the whole cycle: what filters them does not change within one, evictions aside.
+        self.victim_lists: dict[tuple[str, str], tuple[list, Iterator]] = {}
+        self.pool_of_workload: dict[str, str | None] = {}
+        self.evicted: set[str] = set()
+
+    def evicted_for(self, victims: list[Workload]) -> None:
+        """A plan evicted ``victims``: they are no candidates any more, and what the memo
+        kept (candidates, the room they free) changed with them."""
+        self.plan_memo.clear()
+        for v in victims:
+            self.evicted.add(v.name)
+
+    def candidates(self, w: Workload, pool: str, strategy: Eviction) -> Iterator[tuple[Workload, Floor | None]]:
+        """Possible victims in eviction order (``strategy.projects``, then
+        ``strategy.victims_in``), each with the floor its project must keep
+        (``strategy.floor``)."""
+        for p in strategy.projects(self.cycle, w, pool):
+            floor = strategy.floor(self.cycle, p, pool)
+            for v in strategy.victims_in(self, w, p, pool, floor):
+                yield v, floor
+
+    def below_quota_order(self, project: str, pool: str, quota: int) -> list[Workload]:
+        """Quota reclaim's second pass takes ``project``'s pieces that each alone would take
+        it below its quota first, the smallest first, then the others in eviction order. A
+        smaller piece taken before a crossing one would make ``may_take`` refuse the crossing
+        one (the smaller piece could fit back): this order finds a set the rule allows where
+        the eviction order does not, with the fewest GPUs among single crossings."""
+        used, milli_of = self.work.usage[(project, pool)], self.work.milli_of
+        pieces = [v for _, v, protected in itertools.islice(self.pool_victims(project, pool), self.wide_scan)
+                  if not protected]
+        crossing = sorted((v for v in pieces if used - milli_of(v) < quota), key=milli_of)
+        return crossing + [v for v in pieces if used - milli_of(v) >= quota]
+
+    def pool_victims(self, project: str, pool: str) -> Iterator[tuple[int, Workload, bool]]:
+        """``project``'s running preemptible work in ``pool`` not evicted this cycle, in
+        eviction order, each with its priority and whether it is protected. Filtered only
+        as far as a caller reads (a plan reads the first few of thousands), once a cycle:
+        state, pool and protection do not change within one, and the evicted are skipped
+        as they are read."""
+        key = (project, pool)
+        entry = self.victim_lists.get(key)
+        if entry is None:
+            entry = self.victim_lists[key] = ([], iter(self.snap.victims.get(project, ())))
+        out, source = entry
+        evicted = self.evicted
+        i = 0
+        while True:
+            if i < len(out):
+                item = out[i]
+                i += 1
+                if item[1].name not in evicted:
+                    yield item
+                continue
+            for prio, _, name in source:
+                v = self.snap.workloads[name]
+                if v.state == State.RUNNING and self._in_pool(v, pool):
+                    out.append((prio, v, self._protected(v)))
+                    break
+            else:
+                return
+
+    def _protected(self, v: Workload) -> bool:
+        """Just restarted after a preemption: evicting it again would be thrash."""
+        now, since = self.snap.now, v.started_at
+        return v.resumed and now is not None and since is not None and now - since < self.cfg.resume_protection_s
+
+    def _in_pool(self, v: Workload, pool: str) -> bool:
+        where = self.pool_of_workload.get(v.name, "")
+        if where == "":
+            node = self.snap.nodes.get(v.placement[0].node) if v.placement else None
+            where = self.pool_of_workload[v.name] = None if node is None else node.pool
+        return where == pool
+
+    def plan_candidates(self, w: Workload, pool: str, strategy: Eviction) -> tuple[tuple, list]:
+        """The first ``max_victim_scan`` candidates and the key of their group. They depend
+        on ``w`` only through its project (and ``strategy.group``: its priority, for
+        preemption; its GPUs, for catch up), and on usage and the evicted set, which in
+        make-room change only when a plan evicts (that clears ``plan_memo``): so they are
+        worked out once per group."""
+        key = (w.project, pool, strategy.key, strategy.group(self.cycle, w, pool))
+        candidates = self.plan_memo.get(key)
+        if candidates is None:
+            candidates = self.plan_memo[key] = list(itertools.islice(self.candidates(w, pool, strategy), self.cfg.max_victim_scan))
+        return key, candidates
+
+    def wide(self, w: Workload, pool: str, strategy: Eviction) -> Iterator[tuple[Workload, Floor | None]]:
+        """The candidates further down the eviction order than ``plan_candidates`` reads:
+        for the per-node plan."""
+        return itertools.islice(self.candidates(w, pool, strategy), self.wide_scan)
+
+    def admissible_after(self, w: Workload, pool: str, strategy: Eviction, candidates: list, key: tuple | None = None) -> bool:
+        """Would ``w`` pass its quota rule if all ``candidates`` went? Only a strategy that
+        takes from ``w``'s own project frees room in its quota; the others free other
+        projects', so the verdict stands. ``key``: the candidates' group in ``plan_memo``
+        (their sum is kept there)."""
+        if not strategy.own_project:
+            return strategy.admits(self.cycle, w, pool)
+        freed = self.plan_memo.get(("milli", key)) if key else None
+        if freed is None:
+            freed = sum(self.work.milli_of(v) for v, _ in candidates)
+            if key:
+                self.plan_memo[("milli", key)] = freed
+        return self.cycle.verdict(w, pool, freed).allowed
+
+    def victims_of(self, w: Workload, pool: str, candidates: list) -> Iterator[tuple[Workload, list[Choice], int]]:
+        """The candidates the trial loop of ``MakeRoom.evict_to_fit`` would evict if nothing
+        fit on the way, with their placements and milli (without changing anything)."""
+        gpu_work = w.demand.gpu_count > 0
+        usage = self.work.usage
+        gone: dict[str, int] = defaultdict(int)  # milli the loop would have freed, per project
+        smallest: dict[str, int] = {}  # the smallest piece it would have taken, per project
+        for v, floor in candidates:
+            if gpu_work and not v.demand.gpu_count:
+                continue
+            choices = self.work.choices_of(v)
+            milli = self.work.milli_of(v)
+            least = min(milli, smallest.get(v.project, milli))
+            if not may_take(floor, usage[(v.project, pool)] - gone[v.project] - milli, least):
+                continue
+            gone[v.project] += milli
+            smallest[v.project] = least
+            yield v, choices, milli
+
+    def any_victim(self, w: Workload, pool: str, candidates: list) -> bool:
+        return next(self.victims_of(w, pool, candidates), None) is not None
+
+    def room_with_all_gone(
+        self, w: Workload, pool: str, candidates: list, static: np.ndarray, key: tuple | None = None
+    ) -> bool:
+        """Would one pod of ``w`` have room on a node that a victim frees room on, with every
+        victim the trial loop may take gone? Room only grows as victims go, so when this is
+        False that loop cannot place ``w`` (it tries only such nodes): it is skipped.
+        ``key``: the candidates' group in ``plan_memo``; the room per node depends on ``w``
+        only through whether it asks for GPUs, and is kept there."""
+        gpu_work = w.demand.gpu_count > 0
+        freed = self.plan_memo.get(("freed", key, gpu_work)) if key else None
+        if freed is None:
+            a = self.work.arrays
+            freed = {}  # node -> [GPU free per slot, CPU free, memory free]
+            for v, choices, _ in self.victims_of(w, pool, candidates):
+                for c in choices:
+                    room = freed.get(c.node)
+                    if room is None:
+                        room = freed[c.node] = [a.gpu_free[c.node].tolist(), int(a.cpu_free[c.node]), int(a.mem_free[c.node])]
+                    for j in c.gpus:
+                        room[0][j] += c.milli
+                    room[1] += v.demand.cpu_milli
+                    room[2] += v.demand.memory_mib
+            if key:
+                self.plan_memo[("freed", key, gpu_work)] = freed
+        return any(static[node] and self.fits_room(w, node, *room) for node, room in freed.items())
+
+    def fits_room(self, w: Workload, node: int, gpus: list[int], cpu: int, mem: int) -> bool:
+        """Would one pod of ``w`` fit on ``node`` with this much room (GPU per slot, CPU,
+        memory)? Pool, model and GPU count are the caller's to check."""
+        d = w.demand
+        if cpu < d.cpu_milli or mem < d.memory_mib:
+            return False
+        if d.gpus:
+            return sum(1 for x in gpus if x == MILLI) >= d.gpus
+        if d.is_fractional:
+            need = self.work.arrays.need_milli(d)
+            nd = [need] * len(gpus) if np.isscalar(need) else need[node].tolist()
+            return any(x >= n for x, n in zip(gpus, nd))
+        return True
+
+    def room_on(self, node: int, w: Workload, static: np.ndarray) -> bool:
+        """Could one pod of ``w`` fit on ``node`` now? (A cheap test before a full placement.)"""
+        a, d = self.work.arrays, w.demand
+        if not static[node] or a.cpu_free[node] < d.cpu_milli or a.mem_free[node] < d.memory_mib:
+            return False
+        if d.gpus:
+            return a.full_free[node] >= d.gpus
+        if d.is_fractional:
+            need = a.need_milli(d)
+            need = need[node] if not np.isscalar(need) else need
+            return bool((a.gpu_free[node] >= need).any())
+        return True
