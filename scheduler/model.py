@@ -34,8 +34,8 @@ class ValidationError(GpupoolError, ValueError):
 
 def check_seconds(field_name: str, value: object, positive: bool = False) -> None:
     """A duration setting: a finite number of seconds, >= 0 (> 0 with ``positive``)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (positive and value == 0):
+    if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+            or value < 0 or (positive and value == 0)):
         bound = "> 0" if positive else ">= 0"
         raise ValidationError(field_name, f"must be a finite number {bound} (seconds), got {value!r}")
 

@@ -16,6 +16,8 @@ from .cluster import ClusterArrays
 from .model import (
     Department,
     Node,
+    PodDemand,
+    PodPlacement,
     Project,
     State,
     ValidationError,
@@ -88,7 +90,8 @@ class Snapshot:
         self.victims: dict[str, list[tuple[int, float, str]]] = defaultdict(list)
         # What each workload was filed under when it came, so that removing it undoes exactly
         # that even if the adapter changed the object in place since.
-        self._filed: dict[str, tuple[str, tuple[int, float, str] | None]] = {}
+        self._filed: dict[str, tuple[tuple[PodDemand, tuple[str, ...], int, str, tuple[PodPlacement, ...]],
+                                     tuple[int, float, str] | None]] = {}
         self.releasing: dict[str, Workload] = {}  # evicted, still holding GPUs until they exit
         # (project, pool) -> over-quota lag in milli-GPU-seconds, from the adapter's
         # quota.OverQuotaLedger; empty (everyone even) where an adapter keeps none.
