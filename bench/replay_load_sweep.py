@@ -42,6 +42,8 @@ def main() -> int:
     ap.add_argument("--compressions", default="35,50,70,100", help="comma list of arrival compressions, each > 0")
     args = ap.parse_args()
     base = sweeplib.base_scenario(args, prog)
+    if base.calendar is not None:  # its arrivals follow calendar.days, not a compression
+        raise SystemExit(f"{prog}: --scenario {base.name} spreads its arrivals over calendar.days (generator: timezones); change those instead")
     compressions = sweeplib.numbers(args.compressions, lambda c: 0 < c < float("inf"), "numbers > 0", prog, "--compressions")
     nodes, pods = sweeplib.load_trace(base, prog)
     rows = []

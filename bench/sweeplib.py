@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scheduler.model import Node, ValidationError  # noqa: E402
 from scheduler.sim import scenario as scenarios  # noqa: E402
 from scheduler.sim.cli import default_trace_dir  # noqa: E402
-from scheduler.sim.replay import GOAL_KEYS, replay_all  # noqa: E402
+from scheduler.sim.replay import replay_all  # noqa: E402
 from scheduler.sim.replay_cli import with_window  # noqa: E402
 from scheduler.sim.trace import TracePod, load_nodes, load_pods  # noqa: E402
 
@@ -84,7 +84,7 @@ def point(nodes: list[Node], pods: list[TracePod], scn: scenarios.Scenario) -> d
         "jain": g["fairness_jain"],
         "preemptions": g["preemptions"],
         "lost_gpu_hours": g["lost_gpu_hours"],
-        "goals_met": sorted(k for k in GOAL_KEYS if doc["goals"].get(k) is True),
+        "goals_met": sorted(k for k in doc["goals"]["goal_keys"] if doc["goals"][k] is True),
     }
 
 

@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from hub_ext.inference import cli as inference_cli
+from inference import cli as inference_cli
 
 from .cli_common import name_arg
 from .config import ROOT, Gpupool
@@ -154,11 +154,11 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("options", help="print every option").set_defaults(fn=cmd_options)
     pr = sub.add_parser("project", help="your projects")
     pr.add_argument("action", choices=["list", "show"], help="list your projects, or show one")
-    pr.add_argument("name", type=name_arg(), nargs="?", help="the project (show)")
+    pr.add_argument("name", nargs="?", type=name_arg(), help="the project (show)")
     pr.set_defaults(fn=cmd_project)
     ws = sub.add_parser("workspace", help="your workspaces")
     ws.add_argument("action", choices=["list", "start", "stop"], help="what to do")
-    ws.add_argument("name", type=name_arg("server"), nargs="?", default="",
+    ws.add_argument("name", nargs="?", default="", type=name_arg("server"),
                     help="server name (start) or workload name (stop)")
     ws.add_argument("--project", help="the workspace's project (default: your first)")
     ws.add_argument("--kind", default="jupyterlab", choices=["jupyterlab", "vscode"], help="the editor")
@@ -169,7 +169,7 @@ def parser() -> argparse.ArgumentParser:
     ws.set_defaults(fn=cmd_workspace)
     ro = sub.add_parser("roles", help="department admins and viewers (hub_ext/roles.py)")
     ro.add_argument("action", choices=["list", "set"], help="list assignments, or replace a user's")
-    ro.add_argument("user", type=name_arg("user", "USER"), nargs="?", default="", help="the user (set)")
+    ro.add_argument("user", nargs="?", default="", type=name_arg("user", "USER"), help="the user (set)")
     ro.add_argument("rules", nargs="*", help="ROLE:DEPARTMENT, e.g. department-admin:research, viewer:*")
     ro.set_defaults(fn=cmd_roles)
     training_cli.add_parser(sub, _api)

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import delete, func, insert, inspect, select
 
 from gpupool.errors import GpupoolError
 from scheduler.model import DEFAULT_POOL, Department, Project, Quota
@@ -327,11 +327,24 @@ def delete_project(s, name: str, actor: str = audit.SYSTEM) -> None:
         more = f" and {len(active) - 5} more" if len(active) > 5 else ""
         raise Conflict("name", f"project {name!r} has {len(active)} unfinished workloads: "
                        f"{listed}{more}; stop or delete them first")
+    services = _inference_services(s, name)
+    if services:  # scaled to zero they run nothing, but a request would start one
+        raise Conflict("name", f"project {name!r} has {len(services)} inference services: "
+                       f"{', '.join(services[:5])}; delete them first")
     s.execute(delete(MemberRow).where(MemberRow.project == name))
     s.execute(delete(ProjectRow).where(ProjectRow.name == name))
     add_event(s, "org", f"project {name} deleted", project=name)
     audit.record(s, actor, "project.deleted", name, project=name)
     bump_version(s)
+
+
+def _inference_services(s, project: str) -> list[str]:
+    from inference.db import InferenceRow  # beside the hub; its table exists once it is used
+
+    if not inspect(s.get_bind()).has_table(InferenceRow.__tablename__):
+        return []
+    return list(s.scalars(select(InferenceRow.name).where(InferenceRow.project == project)
+                          .order_by(InferenceRow.name)))
 
 
 # -- scheduler model ---------------------------------------------------------------------

@@ -61,8 +61,13 @@ class ClusterArrays:
         # Nodes changed through this object, in order (a copy starts a log of its own): lets
         # a cache that saw the log up to some point find the rows changed since.
         self.changed: list[int] = []
-        # eligible()'s masks, kept in step with ``changed``: key -> [mask, log, seen, static].
+        # eligible()'s masks, kept in step with ``changed``: key -> [mask, log, seen, static,
+        # rows]: ``mask`` is a read-only view of ``rows``, which only ``_eligible`` writes (so
+        # an update costs no flag toggling, ~1 us each, asked thousands of times a cycle).
         self._masks: dict[tuple, list] = {}
+        # The same entries by id() of their mask, for kept_in_step (asked once per placement).
+        # Only masks held in _masks are here, so an id cannot name an array since freed.
+        self._kept: dict[int, list] = {}
         if self.stamp is None:
             self.stamp = np.zeros(len(self.names), dtype=np.int64)
         if self.lineage is None:
@@ -167,12 +172,10 @@ class ClusterArrays:
         """Whether ``mask`` is a kept ``eligible_view`` mask, up to date with ``changed``:
         from here on it changes only at nodes appended to ``changed``, and only when it is
         asked for again (a mask rebuilt is a new array)."""
-        if mask.flags.writeable:  # kept masks are read-only: only ``_eligible`` writes them
+        entry = self._kept.get(id(mask))
+        if entry is None or entry[0] is not mask:
             return False
-        for entry in self._masks.values():
-            if entry[0] is mask:
-                return entry[1] is self.changed and entry[2] == len(self.changed)
-        return False
+        return entry[1] is self.changed and entry[2] == len(self.changed)
 
     def any_eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> bool:
         """Whether any node's pool, GPU model, CPU and memory allow one pod of ``demand``."""
@@ -186,24 +189,26 @@ class ClusterArrays:
         log = self.changed
         if entry is None or entry[1] is not log or len(log) - entry[2] > MASK_ROWS_BY_HAND:
             static = self._static(pool, models, demand.gpu_count)
-            mask = static & (self.cpu_free >= cpu) & (self.mem_free >= mem)
-            mask.flags.writeable = False  # changed only here, in step with the log
+            rows = static & (self.cpu_free >= cpu) & (self.mem_free >= mem)
+            mask = rows.view()
+            mask.flags.writeable = False  # changed only here, through ``rows``, in step with the log
             if len(self._masks) >= MASKS_KEPT:  # a long-lived array set asked many questions
                 self._masks.clear()
-            self._masks[key] = [mask, log, len(log), static]
+                self._kept.clear()
+            elif entry is not None:
+                del self._kept[id(entry[0])]
+            self._masks[key] = self._kept[id(mask)] = [mask, log, len(log), static, rows]
             return mask
-        mask, _, seen, static = entry
+        mask, _, seen, static, rows = entry
         if seen < len(log):
             cpu_free, mem_free = self.cpu_free, self.mem_free
-            rows = set(log[seen:])  # a node changed twice is looked at once
-            mask.flags.writeable = True
-            if len(rows) > MASK_ROWS_IN_PYTHON:
-                idx = np.fromiter(rows, dtype=np.int64, count=len(rows))
-                mask[idx] = static[idx] & (cpu_free[idx] >= cpu) & (mem_free[idx] >= mem)
+            changed = set(log[seen:])  # a node changed twice is looked at once
+            if len(changed) > MASK_ROWS_IN_PYTHON:
+                idx = np.fromiter(changed, dtype=np.int64, count=len(changed))
+                rows[idx] = static[idx] & (cpu_free[idx] >= cpu) & (mem_free[idx] >= mem)
             else:
-                for node in rows:
-                    mask[node] = static[node] and cpu_free[node] >= cpu and mem_free[node] >= mem
-            mask.flags.writeable = False
+                for node in changed:
+                    rows[node] = static[node] and cpu_free[node] >= cpu and mem_free[node] >= mem
             entry[2] = len(log)
         return mask
 

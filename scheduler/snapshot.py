@@ -4,11 +4,17 @@ Adapters feed it events (a node came, a workload was bound, a project's quota ch
 it keeps the aggregates a cycle needs (free capacity per GPU, usage per project and pool)
 so that a ``decide`` cycle costs what the pending work costs, not what the running work
 does. Only node changes rebuild the capacity arrays.
+
+What it files per workload is made of strings and numbers only (``_filed``): CPython stops
+tracking such tuples, so the cyclic garbage collector's full passes, whose pause grows with
+every container object alive, do not walk the snapshot's own bookkeeping, and filing an
+event leaves no container behind to bring the next full pass closer.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -16,8 +22,6 @@ from .cluster import ClusterArrays
 from .model import (
     Department,
     Node,
-    PodDemand,
-    PodPlacement,
     Project,
     State,
     ValidationError,
@@ -83,15 +87,15 @@ class Snapshot:
         # Of it, what work that cannot give way holds (Workload.gives_way): the in-quota test of
         # work that may not go over quota counts only this (quota.counted_usage).
         self.fixed_usage: dict[tuple[str, str], int] = defaultdict(int)
-        # workload -> (counted in fixed_usage, [(pool, milli)])
-        self._held: dict[str, tuple[bool, list[tuple[str, int]]]] = {}
         # Per project, its running preemptible work in eviction order (lowest priority, then
         # most recent first), kept sorted as work comes and goes.
         self.victims: dict[str, list[tuple[int, float, str]]] = defaultdict(list)
         # What each workload was filed under when it came, so that removing it undoes exactly
-        # that even if the adapter changed the object in place since.
-        self._filed: dict[str, tuple[tuple[PodDemand, tuple[str, ...], int, str, tuple[PodPlacement, ...]],
-                                     tuple[int, float, str] | None]] = {}
+        # that even if the adapter changed the object in place since: (shape id, pods, project,
+        # victim key or None, counted in fixed_usage, ((pool, milli held), ...), ((node, GPU
+        # indices, milli per GPU), ...), CPU milli per pod, memory MiB per pod). Strings and
+        # numbers only: see the module's docstring.
+        self._filed: dict[str, tuple] = {}
         self.releasing: dict[str, Workload] = {}  # evicted, still holding GPUs until they exit
         # (project, pool) -> over-quota lag in milli-GPU-seconds, from the adapter's
         # quota.OverQuotaLedger; empty (everyone even) where an adapter keeps none.
@@ -99,6 +103,10 @@ class Snapshot:
         # Pods per (demand, GPU models) over all known work: the workload mix placement
         # policies measure fragmentation against, kept without a pass over every pod.
         self.shape_counts: dict[tuple, int] = defaultdict(int)
+        # Each key of shape_counts by a number, so that a filed record names it in an int.
+        self._shape_ids: dict[tuple, int] = {}
+        self._shape_keys: dict[int, tuple] = {}
+        self._next_shape_id = itertools.count()
         self._arrays: ClusterArrays | None = None
         self._total_gpus = 0
         self._policy: tuple[str, PlacementPolicy] | None = None
@@ -143,8 +151,8 @@ class Snapshot:
         if self._arrays is None:
             arrays = ClusterArrays.from_nodes(list(self.nodes.values()))
             for by_name in self.holding.values():
-                for w in by_name.values():
-                    self._apply(arrays, w.placement, w.demand, take=True)
+                for name in by_name:
+                    self._apply(arrays, self._filed[name], take=True)
             self._arrays = arrays
         return self._arrays
 
@@ -192,47 +200,59 @@ class Snapshot:
                 f"workload[{w.name}].pods",
                 f"the gang needs {need} GPUs and the whole cluster has {total}",
             )
-        name, state = w.name, w.state
+        name, state, project = w.name, w.state, w.project
+        if state != State.PENDING:
+            for p in w.placement:
+                if p.node not in self.nodes:
+                    raise ValidationError(f"workload[{w.name}].placement", f"unknown node {p.node!r}")
         if name in self.workloads:
             self.remove_workload(name)
         self.workloads[name] = w
-        self.shape_counts[(w.demand, w.gpu_models)] += w.pods
-        victim = victim_key(w) if state == State.RUNNING and w.is_preemptible else None
-        self._filed[name] = ((w.demand, w.gpu_models, w.pods, w.project, w.placement), victim)
+        shape = (w.demand, w.gpu_models)
+        shape_id = self._shape_ids.get(shape)
+        if shape_id is None:
+            shape_id = self._shape_ids[shape] = next(self._next_shape_id)
+            self._shape_keys[shape_id] = shape
+        self.shape_counts[shape] += w.pods
         if state == State.PENDING:
+            self._filed[name] = (shape_id, w.pods, project, None, False, (), (), 0, 0)
             self.pending[name] = w
             return
-        for p in w.placement:
-            if p.node not in self.nodes:
-                raise ValidationError(f"workload[{w.name}].placement", f"unknown node {p.node!r}")
-        self.holding[w.project][w.name] = w
-        held = [(self.nodes[p.node].pool, p.gpu_milli * len(p.gpu_indices)) for p in w.placement]
+        victim = victim_key(w) if state == State.RUNNING and w.is_preemptible else None
         fixed = not w.gives_way
-        self._held[name] = (fixed, held)
+        nodes = self.nodes
+        held = tuple((nodes[p.node].pool, p.gpu_milli * len(p.gpu_indices)) for p in w.placement)
+        pods_at = tuple((p.node, p.gpu_indices, p.gpu_milli) for p in w.placement)
+        filed = (shape_id, w.pods, project, victim, fixed, held, pods_at, w.demand.cpu_milli, w.demand.memory_mib)
+        self._filed[name] = filed
+        self.holding[project][name] = w
         for pool, milli in held:
-            self.usage[(w.project, pool)] += milli
+            self.usage[(project, pool)] += milli
             if fixed:
-                self.fixed_usage[(w.project, pool)] += milli
+                self.fixed_usage[(project, pool)] += milli
         if victim is not None:
-            bisect.insort(self.victims[w.project], victim)
-        if w.state == State.RELEASING:
-            self.releasing[w.name] = w
+            bisect.insort(self.victims[project], victim)
+        if state == State.RELEASING:
+            self.releasing[name] = w
         if self._arrays is not None:
-            self._apply(self._arrays, w.placement, w.demand, take=True)
+            self._apply(self._arrays, filed, take=True)
 
     def remove_workload(self, name: str) -> None:
         w = self.workloads.pop(name, None)
         if w is None:
             return
-        (demand, models, pods, project, placement), victim = self._filed.pop(name)
-        self.shape_counts[(demand, models)] -= pods
-        if not self.shape_counts[(demand, models)]:
-            del self.shape_counts[(demand, models)]
+        filed = self._filed.pop(name)
+        shape_id, pods, project, victim, fixed, held = filed[:6]
+        shape = self._shape_keys[shape_id]
+        left = self.shape_counts[shape] - pods
+        if left:
+            self.shape_counts[shape] = left
+        else:
+            del self.shape_counts[shape], self._shape_ids[shape], self._shape_keys[shape_id]
         if self.pending.pop(name, None) is not None:
             return
         self.holding[project].pop(name, None)
         self.releasing.pop(name, None)
-        fixed, held = self._held.pop(name)
         for pool, milli in held:
             self.usage[(project, pool)] -= milli
             if fixed:
@@ -241,14 +261,16 @@ class Snapshot:
             keys = self.victims[project]
             del keys[bisect.bisect_left(keys, victim)]
         if self._arrays is not None:
-            self._apply(self._arrays, placement, demand, take=False)
+            self._apply(self._arrays, filed, take=False)
 
-    def _apply(self, arrays: ClusterArrays, placement, demand, take: bool) -> None:
+    @staticmethod
+    def _apply(arrays: ClusterArrays, filed: tuple, take: bool) -> None:
         op = arrays.take if take else arrays.give
-        for p in placement:
-            i = arrays.index.get(p.node)
+        pods_at, cpu, mem = filed[6:]
+        for node, gpus, milli in pods_at:
+            i = arrays.index.get(node)
             if i is not None:
-                op(i, p.gpu_indices, p.gpu_milli, demand.cpu_milli, demand.memory_mib)
+                op(i, gpus, milli, cpu, mem)
 
 
 def victim_key(w: Workload) -> tuple[int, float, str]:

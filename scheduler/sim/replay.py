@@ -127,15 +127,16 @@ class Job:
         "start", "first_start", "finish", "gen", "preemptions", "in_quota", "opt_in", "over_ok",
     )  # fmt: skip
 
-    def __init__(self, pod: TracePod, project: str, kind: Kind, submit: float, opt_in: bool = False):
+    def __init__(
+        self, pod: TracePod, project: str, kind: Kind, submit: float, opt_in: bool = False, service: float | None = None
+    ):
         self.pod = pod
         self.name = pod.name
         self.project = project
         self.kind = kind
         self.milli = pod.gpu_request_milli
         self.submit = submit
-        assert pod.deletion_time is not None and pod.scheduled_time is not None  # replayed pods ran
-        self.service = float(pod.deletion_time - pod.scheduled_time)
+        self.service = pod.ran_s if service is None else service
         self.remaining = self.service
         self.start: float | None = None
         self.first_start: float | None = None
@@ -148,16 +149,12 @@ class Job:
 
 
 def make_jobs(pods: list[TracePod], scn: Scenario) -> list[Job]:
-    """The scenario's pods as jobs, submit times compressed from the first creation time."""
+    """The scenario's pods as jobs, submitted at the scenario's arrival times for them."""
     chosen = scn.select(pods)
-    if not chosen:
-        return []
-    t0 = chosen[0].creation_time
-    k = scn.time.arrival_compression
     jobs = []
-    for p in chosen:
-        submit = (p.creation_time - t0) / k
-        jobs.append(Job(p, scn.project_of(p.name, submit), scn.kind_of(p), submit, scn.opts_over_quota(p.name)))
+    for p, submit in zip(chosen, scn.arrival_times(chosen)):
+        project = scn.project_of(p.name, submit)
+        jobs.append(Job(p, project, scn.kind_of(p), submit, scn.opts_over_quota(p.name), scn.service_s(p, project, submit)))
     return jobs
 
 
@@ -713,28 +710,34 @@ def offered_load(nodes: list[Node], pods: list[TracePod], scn: Scenario) -> dict
     }
 
 
-# The issue's goals among the keys of ``goals`` (the others are the figures beside them).
+# The goals on every scenario, among the keys of ``goals`` (the others are the figures beside
+# them); on the idle-silo class (``Scenario.idle_silos``) also ``IDLE_SILO_GOAL_KEYS``.
 GOAL_KEYS = (
     "allocation_ge_85_pct",
-    "allocation_ge_2x_static",
+    "quota_unserved_le_static",
     "in_quota_p99_within_static_plus_period_and_grace",
     "thrash_zero",
     "jain_ge_0_9",
 )
+IDLE_SILO_GOAL_KEYS = ("allocation_ge_2x_static",)
+IDLE_SILO_STATIC_MAX_PCT = 40  # the class's premise: silos allocate at most this while work waits
 
 
 def goals(results: dict[str, dict], scn: Scenario) -> dict:
-    """The issue's goals (``GOAL_KEYS``), each with its figures, for gpupool against static.
-    A goal whose figure is undefined is None, not a miss: allocation is counted only while
-    work waits, so where nothing ever waited under a policy it has none (a light load, say),
-    and Jain's index has none where no two projects ever wanted over-quota GPUs at once."""
+    """The goals (``GOAL_KEYS``, and on the idle-silo class ``IDLE_SILO_GOAL_KEYS``), each
+    with its figures, for gpupool against static. A goal whose figure is undefined is None,
+    not a miss: allocation is counted only while work waits, so where nothing ever waited
+    under a policy it has none (a light load, say), and Jain's index has none where no two
+    projects ever wanted over-quota GPUs at once. ``goal_keys`` lists the goals that apply,
+    ``goals_missed`` and ``goals_undefined`` those that are False and None."""
     g, s = results.get("gpupool"), results.get("static")
     if not g or not s:
         return {}
     bound = (s["in_quota_wait_p99_s"] or 0) + scn.time.scheduling_period_s + scn.time.eviction_grace_s
     alloc, static, jain_ = g["gpu_allocation_mean_pct"], s["gpu_allocation_mean_pct"], g["fairness_jain"]
     both = alloc is not None and static is not None
-    return {
+    unserved, unserved_static = g.get("quota_unserved_mean_gpus"), s.get("quota_unserved_mean_gpus")
+    out = {
         "allocation_ge_85_pct": None if alloc is None else alloc >= 85,
         "allocation_ge_2x_static": alloc >= 2 * static if both else None,
         "allocation_x_static": round(alloc / static, 2) if both and static else None,
@@ -742,11 +745,23 @@ def goals(results: dict[str, dict], scn: Scenario) -> dict:
         "allocation_x_static_ceiling": round(100 / static, 2) if static else None,
         "allocation_2x_static_attainable": None if static is None else 2 * static <= 100,
         "work_waited": {"gpupool": alloc is not None, "static": static is not None},
+        "quota_unserved_le_static": (
+            None if unserved is None or unserved_static is None else unserved <= unserved_static
+        ),
+        "quota_unserved_gpus": {"gpupool": unserved, "static": unserved_static},
         "in_quota_p99_within_static_plus_period_and_grace": (g["in_quota_wait_p99_s"] or 0) <= bound,
         "in_quota_p99_bound_s": bound,
         "thrash_zero": g["thrash_count"] == 0,
         "jain_ge_0_9": None if jain_ is None else jain_ >= 0.9,
+        "idle_silos": scn.idle_silos,
     }
+    if scn.idle_silos:  # the class's premise, reported beside its goals (not a goal of gpupool)
+        out["static_allocation_le_40_pct"] = None if static is None else static <= IDLE_SILO_STATIC_MAX_PCT
+    keys = GOAL_KEYS + (IDLE_SILO_GOAL_KEYS if scn.idle_silos else ())
+    out["goal_keys"] = list(keys)
+    out["goals_missed"] = [k for k in keys if out[k] is False]
+    out["goals_undefined"] = [k for k in keys if out[k] is None]
+    return out
 
 
 def replay_all(

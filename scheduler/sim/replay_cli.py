@@ -66,7 +66,7 @@ def with_window(pods: scenarios.PodSpec, arg: str, prog: str) -> scenarios.PodSp
 def cmd_replay(args: argparse.Namespace) -> int:
     d = default_trace_dir()
     try:
-        scn = scenarios.load(args.scenario)
+        scn = scenarios.load(args.scenario, seed=args.seed)
     except ValidationError as e:
         raise SystemExit(f"gpupool-sim replay: {e}") from None
     if args.window:
@@ -105,7 +105,11 @@ def add_replay(sub) -> None:
     p.add_argument("--nodes", default="", help="node list CSV (default: the openb trace's GPU nodes)")
     p.add_argument("--pods", default="", help="pod list CSV (default: openb_pod_list_default.csv)")
     p.add_argument(
-        "--scenario", default="balanced", help="scenario YAML, or the name of one in scheduler/sim/scenarios"
+        "--scenario", default="balanced", help="a scenario YAML file (any path), or the name of one in scheduler/sim/scenarios"
+    )
+    p.add_argument(
+        "--seed", type=int, default=None,
+        help="replace the scenario's seed: another draw of a generated scenario (timezones), another pod hash",
     )
     p.add_argument("--policy", default="all", help=f"one of {', '.join(POLICY_NAMES)}; a comma list; or all")
     p.add_argument(

@@ -46,6 +46,11 @@ only). The same pods opt in under every policy; only gpupool lets work go over q
 scenario describes, used by all three replayed policies alike (``--placement`` overrides it);
 ``gpupool`` unless set.
 
+``generator: timezones``: instead of ``departments`` the file has a ``calendar`` from which
+the teams, their time zones and deadline bursts are drawn (``seed``) or read, and the arrival
+times follow the teams' working hours rather than ``time.arrival_compression`` (see
+``timezones``).
+
 Errors: a bad file raises ``ValidationError`` naming the field.
 """
 
@@ -56,10 +61,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from ..model import DEFAULT_POOL, MILLI, Department, Kind, Node, Project, Quota, ValidationError
 from ..placement import POLICIES
+from .timezones import Calendar, calendar
 from .trace import TracePod
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
@@ -111,6 +118,7 @@ class Scenario:
     path: str = ""
     workspace_over_quota: float = 0.0
     placement: str = "gpupool"
+    calendar: Calendar | None = None  # generator: timezones (arrivals and teams by the clock)
 
     # -- the cluster -----------------------------------------------------------------
     def select_nodes(self, nodes: list[Node]) -> list[Node]:
@@ -136,18 +144,47 @@ class Scenario:
         ``at`` is None."""
         h = hashlib.blake2b(f"{self.seed}:{pod_name}".encode(), digest_size=8).digest()
         u = int.from_bytes(h, "big") / 2**64
-        teams = self.teams
+        teams, shares = self.teams, [t.pod_share for t in self.teams]
         period = self.time.activity_period_s
-        if at is not None and period > 0:
+        if at is not None and self.calendar is not None:
+            shares = self.calendar.rates(at)
+        elif at is not None and period > 0:
             phase = (at % period) / period
             teams = [t for t in self.teams if t.active_at(phase)] or self.teams
+            shares = [t.pod_share for t in teams]
         acc = 0.0
-        total = sum(t.pod_share for t in teams)
-        for t in teams:
-            acc += t.pod_share / total
+        total = sum(shares)
+        for t, share in zip(teams, shares):
+            acc += share / total
             if u < acc:
                 return t.name
         return teams[-1].name
+
+    def arrival_times(self, pods: list[TracePod]) -> list[float]:
+        """Replay times of ``pods`` (in creation order): their creation times from the first
+        divided by ``time.arrival_compression``, or with a calendar spread over its days by
+        the teams' working hours."""
+        if not pods:
+            return []
+        t0 = pods[0].creation_time
+        if self.calendar is None:
+            return [(p.creation_time - t0) / self.time.arrival_compression for p in pods]
+        span = (pods[-1].creation_time - t0) or 1
+        return self.calendar.arrival_times(np.array([(p.creation_time - t0) / span for p in pods])).tolist()
+
+    def service_s(self, pod: TracePod, project: str, submit: float) -> float:
+        """How long ``pod`` runs once started: the trace's time, or with a calendar, for a
+        workspace, at most until the idle culler stops it after its owner's working day."""
+        service = pod.ran_s
+        if self.calendar is not None and self.kind_of(pod) == Kind.WORKSPACE:
+            service = min(service, self.calendar.workspace_lifetime(project, submit))
+        return service
+
+    @property
+    def idle_silos(self) -> bool:
+        """Whether the scenario is of the idle-silo class (``generator: timezones``), where
+        the replay's goals include twice static's allocation."""
+        return self.calendar is not None
 
     def kind_of(self, pod: TracePod) -> Kind:
         return self.kinds.get(pod.qos, Kind.TRAINING)
@@ -211,6 +248,7 @@ class Scenario:
             "workspace_over_quota": self.workspace_over_quota,
             "placement": self.placement,
             "projects": [t.__dict__ for t in self.teams],
+            **({"calendar": self.calendar.to_json()} if self.calendar else {}),
         }
 
 
@@ -236,37 +274,38 @@ def _windows(v, where: str) -> tuple[tuple[float, float], ...]:
     return tuple(out)
 
 
-def parse(data: dict, path: str = "") -> Scenario:
-    if not isinstance(data, dict):
-        raise ValidationError("scenario", "must be a mapping")
-    name = str(data.get("name") or Path(path).stem or "scenario")
-    t = data.get("time") or {}
-    time = TimeSpec(
-        arrival_compression=_num(t, "arrival_compression", "time", 1.0, strict=True),
-        scheduling_period_s=_num(t, "scheduling_period_s", "time", 10.0, strict=True),
-        eviction_grace_s=_num(t, "eviction_grace_s", "time", 30.0),
-        checkpoint_interval_s=_num(t, "checkpoint_interval_s", "time", 600.0, strict=True),
-        thrash_window_s=_num(t, "thrash_window_s", "time", 600.0),
-        queue_depth=int(_num(t, "queue_depth", "time", 16, lo=1)),
-        activity_period_s=_num(t, "activity_period_s", "time", 0.0),
-    )
-    p = data.get("pods") or {}
-    window = tuple(p.get("window", (0.0, 1.0)))
-    if len(window) != 2 or not (0 <= window[0] < window[1] <= 1):
-        raise ValidationError("pods.window", f"must be [lo, hi] with 0 <= lo < hi <= 1, got {window!r}")
-    pods = PodSpec(bool(p.get("skip_never_scheduled", True)), bool(p.get("skip_cpu_only", True)), window)
-    kinds = {}
-    for qos, kind in (data.get("kinds") or {}).items():
-        try:
-            kinds[str(qos)] = Kind(kind)
-        except ValueError:
-            raise ValidationError(f"kinds.{qos}", f"must be one of {[k.value for k in Kind]}, got {kind!r}") from None
+# The keys a scenario file may have (a misspelt one is an error, not silently a default).
+KEYS = (
+    "name", "description", "seed", "generator", "cluster", "time", "pods", "kinds",
+    "workspace_over_quota", "placement", "departments", "calendar",
+)  # fmt: skip
+GENERATORS = ("timezones",)
+
+
+def _mapping(data: dict, key: str) -> dict:
+    v = data.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ValidationError(key, f"must be a mapping, got {v!r}")
+    return v
+
+
+def _departments(data: dict) -> list[TeamSpec]:
+    depts = data.get("departments") or []
+    if not isinstance(depts, list):
+        raise ValidationError("departments", f"must be a list of departments, got {depts!r}")
     teams = []
-    for i, d in enumerate(data.get("departments") or []):
+    for i, d in enumerate(depts):
+        if not isinstance(d, dict):
+            raise ValidationError(f"departments[{i}]", f"must be a mapping with name and projects, got {d!r}")
         dname = d.get("name") or f"dept-{i}"
-        for j, pr in enumerate(d.get("projects") or []):
+        projects = d.get("projects") or []
+        if not isinstance(projects, list):
+            raise ValidationError(f"departments[{i}].projects", f"must be a list of projects, got {projects!r}")
+        for j, pr in enumerate(projects):
             where = f"departments[{i}].projects[{j}]"
-            if not pr.get("name"):
+            if not isinstance(pr, dict) or not pr.get("name"):
                 raise ValidationError(f"{where}.name", "must not be empty")
             teams.append(
                 TeamSpec(
@@ -278,6 +317,60 @@ def parse(data: dict, path: str = "") -> Scenario:
                     active=_windows(pr.get("active"), f"{where}.active"),
                 )
             )
+    return teams
+
+
+def parse(data: dict, path: str = "") -> Scenario:
+    if not isinstance(data, dict):
+        raise ValidationError("scenario", f"must be a mapping of {', '.join(KEYS)}, got {type(data).__name__}")
+    unknown = sorted(str(k) for k in data if k not in KEYS)
+    if unknown:
+        raise ValidationError(unknown[0], f"is not a scenario key; the keys are {', '.join(KEYS)}")
+    name = str(data.get("name") or Path(path).stem or "scenario")
+    seed = data.get("seed", 1)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValidationError("seed", f"must be a whole number, got {seed!r}")
+    generator = data.get("generator")
+    if generator is not None and generator not in GENERATORS:
+        raise ValidationError("generator", f"must be one of {', '.join(GENERATORS)} or left out, got {generator!r}")
+    t = _mapping(data, "time")
+    if generator:  # the calendar sets the arrival times and the teams' turns
+        for key in ("arrival_compression", "activity_period_s"):
+            if key in t:
+                raise ValidationError(f"time.{key}", f"is not used with generator: {generator} (calendar.days spreads the arrivals)")
+    time = TimeSpec(
+        arrival_compression=_num(t, "arrival_compression", "time", 1.0, strict=True),
+        scheduling_period_s=_num(t, "scheduling_period_s", "time", 10.0, strict=True),
+        eviction_grace_s=_num(t, "eviction_grace_s", "time", 30.0),
+        checkpoint_interval_s=_num(t, "checkpoint_interval_s", "time", 600.0, strict=True),
+        thrash_window_s=_num(t, "thrash_window_s", "time", 600.0),
+        queue_depth=int(_num(t, "queue_depth", "time", 16, lo=1)),
+        activity_period_s=_num(t, "activity_period_s", "time", 0.0),
+    )
+    p = _mapping(data, "pods")
+    window = p.get("window", [0.0, 1.0])
+    ok = isinstance(window, (list, tuple)) and len(window) == 2
+    if not ok or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in window) or not 0 <= window[0] < window[1] <= 1:
+        raise ValidationError("pods.window", f"must be [lo, hi] with 0 <= lo < hi <= 1, got {window!r}")
+    pods = PodSpec(bool(p.get("skip_never_scheduled", True)), bool(p.get("skip_cpu_only", True)), tuple(window))
+    kinds = {}
+    for qos, kind in _mapping(data, "kinds").items():
+        try:
+            kinds[str(qos)] = Kind(kind)
+        except ValueError:
+            raise ValidationError(f"kinds.{qos}", f"must be one of {[k.value for k in Kind]}, got {kind!r}") from None
+    cal = None
+    if generator:
+        if "departments" in data:
+            raise ValidationError("departments", f"must be left out with generator: {generator} (calendar draws the teams)")
+        if "calendar" not in data:
+            raise ValidationError("calendar", f"is needed with generator: {generator}")
+        cal = calendar(data["calendar"], seed)
+        teams = [TeamSpec(tm.name, tm.zone, cal.peak(tm), 1.0, tm.size) for tm in cal.teams]
+    else:
+        if "calendar" in data:
+            raise ValidationError("calendar", "needs generator: timezones")
+        teams = _departments(data)
     if not teams:
         raise ValidationError("departments", "need at least one project")
     if any(tm.active for tm in teams) and time.activity_period_s <= 0:
@@ -294,7 +387,7 @@ def parse(data: dict, path: str = "") -> Scenario:
     placement = data.get("placement", "gpupool")
     if placement not in POLICIES:
         raise ValidationError("placement", f"must be one of {', '.join(POLICIES)}, got {placement!r}")
-    c = data.get("cluster") or {}
+    c = _mapping(data, "cluster")
     node_fraction = _num(c, "node_fraction", "cluster", 1.0, strict=True)
     if node_fraction > 1:
         raise ValidationError("cluster.node_fraction", f"must be <= 1, got {node_fraction}")
@@ -305,21 +398,37 @@ def parse(data: dict, path: str = "") -> Scenario:
         time=time,
         pods=pods,
         kinds=kinds,
-        seed=int(data.get("seed", 1)),
+        seed=seed,
         description=str(data.get("description", "")).strip(),
         path=str(path),
         workspace_over_quota=float(woq),
         placement=placement,
+        calendar=cal,
     )
 
 
-def load(path: str | Path) -> Scenario:
-    """A scenario from a YAML file, or by name from ``scheduler/sim/scenarios``."""
+def load(path: str | Path, seed: int | None = None) -> Scenario:
+    """A scenario from a YAML file (any path), or by name from ``scheduler/sim/scenarios``;
+    ``seed`` replaces the file's (another draw of a generated scenario, another pod hash).
+    A bad file raises ``ValidationError`` naming the field, or the file and what is wrong
+    with it."""
     p = Path(path)
     if not p.exists() and (SCENARIO_DIR / f"{path}.yaml").exists():
         p = SCENARIO_DIR / f"{path}.yaml"
     if not p.is_file():
         shipped = ", ".join(sorted(x.stem for x in SCENARIO_DIR.glob("*.yaml")))
+        if p.is_dir():
+            raise ValidationError("scenario", f"{str(path)!r} is a directory, not a scenario file")
         raise ValidationError("scenario", f"no file {str(path)!r} and no shipped scenario of that name ({shipped})")
-    with open(p) as f:
-        return parse(yaml.safe_load(f), str(p))
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValidationError("scenario", f"cannot read {str(p)!r}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ValidationError("scenario", f"{str(p)!r} is not valid YAML: {' '.join(str(e).split())}") from None
+    if seed is not None and isinstance(data, dict):
+        data = {**data, "seed": seed}
+    try:
+        return parse(data, str(p))
+    except ValidationError as e:
+        raise ValidationError(e.field, f"{e.message} (in {p})") from None

@@ -64,6 +64,13 @@ class TracePod:
     def gpu_request_milli(self) -> int:
         return self.num_gpu * self.gpu_milli
 
+    @property
+    def ran_s(self) -> float:
+        """How long the pod ran in the trace (a replay takes only pods that ran)."""
+        if self.deletion_time is None or self.scheduled_time is None:
+            raise ValidationError(f"pod[{self.name}]", "has no scheduled or deletion time: it never ran")
+        return float(self.deletion_time - self.scheduled_time)
+
 
 def _int(row: dict, key: str, where: str) -> int:
     try:

@@ -257,3 +257,24 @@ def test_a_stop_of_work_nothing_runs_ends_stopped_and_frees_its_gpus_at_once():
     assert held == 500
     assert "left" not in sched.snapshot.workloads and sched.snapshot.usage[("p", DEFAULT_POOL)] == 0
     assert store.states["left"] == "stopped"
+
+
+def test_running_work_of_a_queue_left_out_keeps_its_gpus_and_others_are_placed():
+    async def run():
+        store = StoredBadValueStore({"q": Quota(1, 1, 1e307)})
+        store.fixed = True
+        sched = EmbeddedScheduler(store, [NODE], period_s=0.05)
+        b = sched.submit(Workload("b", "q", Kind.WORKSPACE, PodDemand(gpus=1)))
+        await sched.cycle()
+        assert b.bound.done()
+        store.fixed, store.v = False, store.v + 1  # the bad value arrives while b runs
+        a = sched.submit(Workload("a", "p", Kind.WORKSPACE, PodDemand(gpus=1)))
+        c = sched.submit(Workload("c", "q", Kind.WORKSPACE, PodDemand(gpus=1)))
+        for _ in range(3):
+            await sched.cycle()
+        return sched, store, a, c
+
+    sched, store, a, c = asyncio.run(run())
+    assert a.bound.done() and not c.bound.done()
+    assert sched.snapshot.usage[("q", DEFAULT_POOL)] == 1000  # b still holds its GPU
+    assert store.reasons["c"].startswith("project q is left out of scheduling: ")

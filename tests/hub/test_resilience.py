@@ -179,6 +179,12 @@ def test_deleting_a_project_is_refused_while_its_work_runs(hhub):
     assert status == 409, body
     assert "in-doomed (running)" in body["error"]["message"], body
     stop(hhub, "in-doomed")
+    # An inference service scaled to zero runs nothing, but a request would start it.
+    api(hhub, "alice", "POST", "/inferences", {"name": "doomed-svc", "project": "doomed", "gpu": 0.25,
+                                                "command": SLEEP}, expect=201)
+    status, body = call(hhub.url, hhub.tokens["admin"], "DELETE", "/projects/doomed")
+    assert status == 409 and "doomed-svc" in body["error"]["message"], body
+    api(hhub, "alice", "DELETE", "/inferences/doomed-svc", expect=204)
     api(hhub, "admin", "DELETE", "/projects/doomed", expect=204)
     api(hhub, "admin", "DELETE", "/departments/temp", expect=204)
     assert workload(hhub, "in-doomed")["gpu_allocated"] == 0
