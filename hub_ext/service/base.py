@@ -57,13 +57,12 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 
     def require(self, action: str, project: str | None = None, department: str | None = None,
                 owner: str | None = None) -> None:
-        """403 with the rule's reason unless hub_ext.roles allows ``action``. A project or
-        department straight from a body may be any JSON value: one that is not a string names
-        none (the request rules' 400 says so after this check)."""
-        def text(v):
-            return v if isinstance(v, str) or v is None else None
-
-        roles.check(self.who, action, text(project), text(department), text(owner))
+        """403 with the rule's reason unless hub_ext.roles allows ``action``; 400 when a
+        project or department taken from a body is no name."""
+        for key, value in (("project", project), ("department", department)):
+            if value is not None and not isinstance(value, str):
+                raise FieldError(key, f"must name a {key}, got {validation.show(value)}")
+        roles.check(self.who, action, project, department, owner)
 
     def require_project(self, action: str, project: str, owner: str | None = None) -> None:
         """404 when ``project`` does not exist (names are not secret, contents are), else

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from tornado import web
 
-from ... import roles
+from ... import roles, validation
 from ...db import WorkloadRow
 from .base import PageHandler
 
@@ -15,9 +15,9 @@ class QueuePage(PageHandler):
     def get(self):
         size = self.ctx.cfg.admin_page_size
         try:
-            page = max(0, int(self.get_argument("page", "0")))
-        except ValueError:
-            page = 0
+            page = validation.integer_arg(self.get_argument("page", None), "page", 0, 0, 1_000_000)
+        except validation.FieldError as e:
+            raise web.HTTPError(400, str(e)) from None
         with self.Session() as s:
             base = select(WorkloadRow)
             mine = roles.visible_projects(self.who)
