@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
-from sqlalchemy import delete, func, insert, inspect, select
+from sqlalchemy import delete, func, insert, select
 
 from gpupool.errors import GpupoolError
 from scheduler.model import DEFAULT_POOL, Department, Project, Quota
@@ -28,6 +28,7 @@ from .db import (
     bump_version,
 )
 from .events import add_event
+from .inference.db import InferenceRow
 from .validation import MAX_GPUS, FieldError
 
 
@@ -339,10 +340,6 @@ def delete_project(s, name: str, actor: str = audit.SYSTEM) -> None:
 
 
 def _inference_services(s, project: str) -> list[str]:
-    from inference.db import InferenceRow  # beside the hub; its table exists once it is used
-
-    if not inspect(s.get_bind()).has_table(InferenceRow.__tablename__):
-        return []
     return list(s.scalars(select(InferenceRow.name).where(InferenceRow.project == project)
                           .order_by(InferenceRow.name)))
 
