@@ -78,7 +78,7 @@ MAX_DESCRIPTION = 200
 MAX_MEMBERS = 5_000  # per project, in one request
 MAX_ROLES = 256  # role assignments of one user, in one request
 MAX_COMMAND_ARGS, MAX_ARG_CHARS, MAX_COMMAND_CHARS = 1024, 32_768, 131_072
-MAX_ENV, MAX_ENV_VALUE_CHARS = 256, 32_768
+MAX_ENV, MAX_ENV_VALUE_CHARS, MAX_ENV_CHARS = 256, 32_768, 131_072
 MIN_YEAR, MAX_YEAR = 1970, 9999
 MAX_UNIX_TIME = 253_402_300_799.0  # 9999-12-31T23:59:59Z
 
@@ -258,17 +258,20 @@ def command(raw, field: str = "command", required: bool = True) -> list[str]:
 
 def env(raw, field: str = "env") -> dict[str, str]:
     """Environment variables: at most MAX_ENV ``NAME: value`` pairs, values of at most
-    MAX_ENV_VALUE_CHARS characters."""
+    MAX_ENV_VALUE_CHARS characters, MAX_ENV_CHARS in all (a spec stays small to store and list)."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise FieldError(field, f"must be an object of NAME: string value pairs, got {show(raw)}")
     if len(raw) > MAX_ENV:
         raise FieldError(field, f"must have at most {MAX_ENV} variables, got {len(raw)}")
+    total = 0
     for k, v in raw.items():
         if not is_name(k, "env_key"):
             raise FieldError(field, f"key {show(k)} must be {PATTERNS['env_key'][1]}")
-        text(v, f"{field}.{k}", MAX_ENV_VALUE_CHARS, multiline=True)
+        total += len(k) + len(text(v, f"{field}.{k}", MAX_ENV_VALUE_CHARS, multiline=True))
+    if total > MAX_ENV_CHARS:
+        raise FieldError(field, f"must be at most {MAX_ENV_CHARS} characters in all, got {total}")
     return dict(raw)
 
 

@@ -188,6 +188,7 @@ def test_member_and_role_user_ending_in_newline_are_refused(hub):
     (_training(command=["x"] * 1025), "command"),
     (_training(command=["x" * 40_000]), "command[0]"),
     (_training(env={f"V{i}": "x" for i in range(257)}), "env"),
+    (_training(env={f"V{i}": "x" * 30_000 for i in range(100)}), "env"),  # 3 MB in all
 ])
 def test_training_spec_bad_strings_are_refused(hub, body, field):
     refused(hub, "alice", "POST", "/trainings", body, field)

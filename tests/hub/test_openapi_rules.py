@@ -62,6 +62,9 @@ def test_nested_rules_match_the_code():
     assert schema("Command")["items"]["maxLength"] == v.MAX_ARG_CHARS
     assert schema("Env")["propertyNames"]["pattern"] == anchored("env_key")
     assert schema("Env")["additionalProperties"]["maxLength"] == v.MAX_ENV_VALUE_CHARS
+    # totals JSON Schema cannot state are in the descriptions
+    assert f"at most {v.MAX_ENV_CHARS} characters in all" in schema("Env")["description"]
+    assert f"at most {v.MAX_COMMAND_CHARS} characters in all" in schema("Command")["description"]
     assert schema("CredentialCreate")["properties"]["data"]["additionalProperties"]["maxLength"] \
         == MAX_VALUE_BYTES
     assert prop("Quota", "limit")["maximum"] == v.MAX_GPUS

@@ -126,6 +126,7 @@ def test_command_and_env_limits():
     assert validation.env({"A": "1\n2"}) == {"A": "1\n2"}
     refused(validation.env, {f"V{i}": "" for i in range(257)}, field="env", limit=256)
     refused(validation.env, {"A": "x" * 32_769}, field="env.A", limit=32768)
+    refused(validation.env, {f"V{i}": "x" * 30_000 for i in range(5)}, field="env", limit=131072)
     refused(validation.env, {"1A": "x"}, field="env")
     refused(validation.env, {"A": 1}, field="env.A")
     refused(validation.env, ["A=1"], field="env")

@@ -85,6 +85,11 @@ def test_good_department_and_project_are_accepted_with_status(k8s_cluster: Clust
         ("negative-weight", {"gpus": 1, "overQuotaWeight": -0.5}, "overQuotaWeight"),
         ("gpus-not-a-number", {"gpus": "four"}, "spec.quotas.default.gpus"),
         ("gpus-missing", {"limit": 3}, "gpus: Required value"),
+        # The hub's and the scheduler's bound (scheduler.model.MAX_GPUS): a limit of 1e307
+        # once stopped every scheduling cycle.
+        ("limit-huge", {"gpus": 1, "limit": 1e307}, "spec.quotas.default.limit"),
+        ("gpus-huge", {"gpus": 2e6}, "spec.quotas.default.gpus"),
+        ("weight-huge", {"gpus": 1, "overQuotaWeight": 1e300}, "overQuotaWeight"),
     ],
 )
 def test_api_server_rejects_bad_project(k8s_cluster: ClusterInfo, case, quota, expect):
