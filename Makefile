@@ -36,6 +36,7 @@ dex:
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy scheduler
 
 test: setup system native lint k8s dex
 	$(VENV)/bin/pytest -q tests

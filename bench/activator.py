@@ -2,7 +2,7 @@
 cold start from zero against the model server's own start.
 
 Three processes: the model server (tests/inference/model_server.py), the activator
-(``python -m inference``: embedded scheduler + controller + activator) and this one, the
+(``python -m hub_ext.inference``: embedded scheduler + controller + activator) and this one, the
 load generator (a bare keep-alive HTTP/1.1 client per simulated user, so the client's own
 cost stays small and equal on both paths). At each concurrency every user keeps one
 connection per way (direct to the replica, through the activator) for the whole
@@ -30,7 +30,7 @@ its own pod), so the added latency is the activator's own and not the CPU it tak
 replica. Other work on the machine still runs on all cores.
 
 Before/after in one run: ``--baseline-rev REV`` also starts the activator of git revision
-REV (its ``inference`` package unpacked to a temporary folder, with a replica of its own)
+REV (its activator package unpacked to a temporary folder, with a replica of its own)
 and measures it as a third way in the same rounds (``baseline_*`` keys).
 
 Cold start: a service at zero replicas gets one request; the time to its response minus
@@ -221,14 +221,18 @@ async def measure(out: dict, prefix: str, c: int, args, ways: list[Way], rpid: i
             round(diffs[len(diffs) // 4], 3), round(diffs[(3 * len(diffs)) // 4], 3)]
 
 
-def baseline_tree(rev: str) -> Path:
-    """Another revision's ``inference`` package, unpacked where ``python -m inference``
-    run from that folder finds it before this checkout's."""
+def baseline_tree(rev: str) -> tuple[Path, str]:
+    """Another revision's activator package, unpacked where ``python -m PACKAGE`` run from
+    that folder finds it before this checkout's, and the package's name (``inference`` before
+    it moved under ``hub_ext``, whose whole tree then comes along)."""
     where = Path(tempfile.mkdtemp(prefix="activator-baseline-"))
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "inference"],
+    moved = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{rev}:hub_ext/inference"],
+                           capture_output=True).returncode == 0
+    tree, package = ("hub_ext", "hub_ext.inference") if moved else ("inference", "inference")
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, tree],
                              check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
-    return where
+    return where, package
 
 
 async def main_async(args) -> dict:
@@ -252,14 +256,15 @@ async def main_async(args) -> dict:
     (spec_dir / "services.json").write_text(json.dumps(services))
     (spec_dir / "warm.json").write_text(json.dumps([warm]))
     aport = free_port()
-    act = start([sys.executable, "-m", "inference", "--port", str(aport), "--services",
+    act = start([sys.executable, "-m", "hub_ext.inference", "--port", str(aport), "--services",
                  str(spec_dir / "services.json"), "--gpus", "4", "--quota", "4", "--loop", args.loop])
     base = bport = None
     if args.baseline_rev:  # the same activator at another revision, with a replica of its own
         bport = free_port()
-        base = start([sys.executable, "-m", "inference", "--port", str(bport), "--services",
+        tree, package = baseline_tree(args.baseline_rev)
+        base = start([sys.executable, "-m", package, "--port", str(bport), "--services",
                       str(spec_dir / "warm.json"), "--loop", args.loop],
-                     cwd=baseline_tree(args.baseline_rev), env={**os.environ, "PYTHONPATH": str(ROOT)})
+                     cwd=tree, env={**os.environ, "PYTHONPATH": str(ROOT)})
     out: dict = {}
     try:
         await wait_http(aport, "/_status")

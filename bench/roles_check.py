@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hub_ext import org, roles  # noqa: E402
-from hub_ext.db import DepartmentRow, MemberRow, ProjectRow, make_sessionmaker  # noqa: E402
+from hub_ext.db import DepartmentRow, MemberRow, ProjectRow  # noqa: E402
+from hub_ext.schema import make_sessionmaker  # noqa: E402
 
 
 def populate(Session) -> None:

@@ -173,7 +173,7 @@ def admin_bench(workdir: Path) -> dict:
     from tornado.httpserver import HTTPServer
 
     from hub_ext.config import Gpupool
-    from hub_ext.db import make_sessionmaker
+    from hub_ext.schema import make_sessionmaker
     from hub_ext.service.app import make_app
 
     cfg = Gpupool(state_dir=str(workdir / "admin"))

@@ -46,6 +46,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .errors import GpupoolError
+
 __all__ = ["Checkpointer", "CheckpointError", "latest_step", "PREEMPTED_EXIT_CODE"]
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, what a shell reports for a TERM-ed process
@@ -53,7 +55,7 @@ _FILE_RE = re.compile(r"^ckpt-(\d+)\.pkl$")
 LATEST = "latest.json"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(GpupoolError, RuntimeError):
     """Something that cannot be saved or restored."""
 
 

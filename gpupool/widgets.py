@@ -20,12 +20,14 @@ from collections.abc import Callable
 
 import ipywidgets as w
 
+from .errors import GpupoolError
+
 __all__ = ["JobLauncher", "ApiError"]
 
 Client = Callable[[str, str, "dict | None"], dict]
 
 
-class ApiError(RuntimeError):
+class ApiError(GpupoolError, RuntimeError):
     """The API refused a request; ``field`` names the bad input when there is one."""
 
     def __init__(self, status: int, message: str, field: str | None = None):

@@ -44,7 +44,7 @@ ACTIONS = {
 SYSTEM = "system"  # actor of changes nobody asked for through the API (starter org, scheduler)
 MAX_PAGE = 1000
 
-# The workload events of the event log (db.add_event) that are audited, and as what.
+# The workload events of the event log (events.add_event) that are audited, and as what.
 EVENT_ACTIONS = {
     "placed": "workload.start",
     "preempted": "workload.preempt",

@@ -24,14 +24,17 @@ from oauthenticator.generic import GenericOAuthenticator
 from sqlalchemy import delete, select
 from tornado import web
 
+from gpupool.errors import GpupoolError
+
 from . import audit, roles
 from .config import Gpupool
-from .db import DepartmentRow, MemberRow, ProjectRow, add_event, bump_version
+from .db import DepartmentRow, MemberRow, ProjectRow, bump_version
+from .events import add_event
 
 DISCOVERY = "/.well-known/openid-configuration"
 
 
-class MappingError(ValueError):
+class MappingError(GpupoolError, ValueError):
     """A mapping rule that names an unknown role; says which option and what is allowed."""
 
 

@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from inference import cli as inference_cli
+from hub_ext.inference import cli as inference_cli
 
 from .cli_common import name_arg
 from .config import ROOT, Gpupool

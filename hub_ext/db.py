@@ -25,7 +25,7 @@ from sqlalchemy import (
     inspect,
     select,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
 class Base(DeclarativeBase):
@@ -135,7 +135,7 @@ class MetaRow(Base):
 BUSY_TIMEOUT_S = 30
 
 
-def make_sessionmaker(url: str) -> sessionmaker:
+def make_engine(url: str):
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     # The hub, its service and the scheduler loop write the same file: a writer waits up to
@@ -152,14 +152,10 @@ def make_sessionmaker(url: str) -> sessionmaker:
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
 
-    from . import attach  # noqa: F401  (registers the audit, credential and data source tables)
-
-    Base.metadata.create_all(engine)
-    _add_new_columns(engine)
-    return sessionmaker(engine, expire_on_commit=False)
+    return engine
 
 
-def _add_new_columns(engine) -> None:
+def add_new_columns(engine) -> None:
     """create_all makes missing tables only: add the nullable columns that later versions
     added to existing tables (a database from before keeps all its rows)."""
     have = inspect(engine)
@@ -197,21 +193,6 @@ def version(session) -> int:
     return int(get_meta(session, "version", "0"))
 
 
-def add_event(session, kind: str, message: str, workload: str = "", project: str = "",
-              **fields) -> None:
-    """Append an event; ``user`` (the workload's owner) and ``department`` (the project's)
-    are filled in from the tables unless given, so every writer records them the same way."""
-    if "user" not in fields and workload:
-        fields["user"] = session.scalar(select(WorkloadRow.owner).where(WorkloadRow.name == workload))
-    if "department" not in fields and project:
-        fields["department"] = session.scalar(select(ProjectRow.department).where(ProjectRow.name == project))
-    actor = fields.pop("actor", "")  # who asked (audit log); the event row does not keep it
-    session.add(EventRow(kind=kind, message=message, workload=workload, project=project, **fields))
-    from .audit import record_event  # workload start / stop / preempt are audited too
-
-    record_event(session, kind, workload, project, message, actor)
-
-
 __all__ = [
     "Base",
     "DepartmentRow",
@@ -224,10 +205,10 @@ __all__ = [
     "ProjectRow",
     "SampleRow",
     "WorkloadRow",
-    "add_event",
     "bump_version",
     "get_meta",
-    "make_sessionmaker",
+    "add_new_columns",
+    "make_engine",
     "select",
     "set_meta",
     "version",

@@ -91,7 +91,7 @@ def configure(c) -> Runtime:
             "oauth_client_allowed_scopes": list(SCOPES),
         }
     ]
-    from inference import hub as inference_hub  # scale-to-zero inference services
+    from hub_ext.inference import hub as inference_hub  # scale-to-zero inference services
 
     inference_hub.configure(c, cfg, rt)
     return rt

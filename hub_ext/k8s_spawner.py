@@ -45,6 +45,8 @@ from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
 from traitlets import Dict, Unicode, default
 
+from gpupool.errors import GpupoolError
+
 from . import attach
 from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest
 from .spawner import GpupoolSpawnerMixin
@@ -62,7 +64,7 @@ FATAL_WAITING = frozenset({
 })
 
 
-class PodFailed(RuntimeError):
+class PodFailed(GpupoolError, RuntimeError):
     """The workspace pod cannot start; the message says why (shown to the user)."""
 
 

@@ -12,11 +12,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
-from sqlalchemy import delete, func, insert, inspect, select
+from sqlalchemy import delete, func, insert, select
 
+from gpupool.errors import GpupoolError
 from scheduler.model import DEFAULT_POOL, Department, Project, Quota
 
-from . import audit, validation
+from . import audit, roles, validation
 from .db import (
     FINISHED,
     DepartmentRow,
@@ -24,17 +25,18 @@ from .db import (
     NodeRow,
     ProjectRow,
     WorkloadRow,
-    add_event,
     bump_version,
 )
+from .events import add_event
+from .inference.db import InferenceRow
 from .validation import MAX_GPUS, FieldError
 
 
-class NotFound(LookupError):
+class NotFound(GpupoolError, LookupError):
     pass
 
 
-class Conflict(ValueError):
+class Conflict(GpupoolError, ValueError):
     def __init__(self, field_name: str, message: str):
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
@@ -338,10 +340,6 @@ def delete_project(s, name: str, actor: str = audit.SYSTEM) -> None:
 
 
 def _inference_services(s, project: str) -> list[str]:
-    from inference.db import InferenceRow  # beside the hub; its table exists once it is used
-
-    if not inspect(s.get_bind()).has_table(InferenceRow.__tablename__):
-        return []
     return list(s.scalars(select(InferenceRow.name).where(InferenceRow.project == project)
                           .order_by(InferenceRow.name)))
 
@@ -368,8 +366,6 @@ def load_starter(s, path: str | Path) -> dict:
     data = check_org_file(yaml.safe_load(Path(path).read_text()) or {})
     if s.scalar(select(func.count()).select_from(DepartmentRow)):
         return data
-    from . import roles
-
     for i, d in enumerate(data.get("departments", [])):
         d = dict(d)
         projects = d.pop("projects", [])

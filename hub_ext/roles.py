@@ -33,7 +33,11 @@ from dataclasses import dataclass, field
 from sqlalchemy import String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from .db import Base, MemberRow, ProjectRow, get_meta
+from gpupool.errors import GpupoolError
+
+from . import audit
+from .db import Base, DepartmentRow, MemberRow, ProjectRow, get_meta
+from .validation import FieldError
 
 ADMIN_SCOPE = "custom:gpupool:admin"
 DEPT_ADMIN_SCOPE = "custom:gpupool:department-admin"
@@ -145,7 +149,7 @@ class Decision:
         return f"Decision({self.ok}, {self.reason!r})"
 
 
-class Forbidden(PermissionError):
+class Forbidden(GpupoolError, PermissionError):
     """Raised by ``check``; the service answers 403 with ``reason``."""
 
     def __init__(self, reason: str):
@@ -280,8 +284,6 @@ def visible_departments(who: Who) -> set[str] | None:
 
 # -- assignments (org file, REST, OIDC group mapping) -------------------------------------
 def _check_assignment(role: str, department: str) -> None:
-    from .requests import FieldError
-
     if role not in ASSIGNABLE:
         raise FieldError("role", f"must be one of {', '.join(ASSIGNABLE)} (platform admins come from "
                          "the org file's admins or an OIDC group; members from a project's members)")
@@ -308,10 +310,6 @@ def set_assignments(s, user: str, wanted: list[tuple[str, str]], source: str,
     ``replace_all``: drop the user's assignments from every source first (the REST API).
     Each change is audited (role.granted / role.revoked) as ``actor``: the admin who asked;
     default: the user at an OIDC login, "system" for the org file."""
-    from . import audit
-    from .db import DepartmentRow
-    from .requests import FieldError
-
     ensure_table(s)
     for role, dept in wanted:
         _check_assignment(role, dept)

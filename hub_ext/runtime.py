@@ -17,10 +17,11 @@ from scheduler.model import MILLI, Bind, Workload
 
 from . import accounting, attach, credentials, datasources, org, roles
 from .config import Gpupool
-from .db import GpuSampleRow, SampleRow, WorkloadRow, make_sessionmaker
+from .db import GpuSampleRow, SampleRow, WorkloadRow
 from .inventory import discover, gpu_utilization
 from .limits import limits_for
 from .requests import FieldError, Limits
+from .schema import make_sessionmaker
 from .store import DbStore, placement_json
 from .training.runner import JobRunner
 

@@ -11,7 +11,8 @@ from sqlalchemy import delete, func, select, update
 from scheduler.model import MILLI, Kind, PodPlacement, State, Workload
 
 from . import org
-from .db import EventRow, NodeRow, WorkloadRow, add_event, bump_version, get_meta, set_meta, version
+from .db import EventRow, NodeRow, WorkloadRow, bump_version, get_meta, set_meta, version
+from .events import add_event
 from .requests import WorkloadRequest
 
 ACTIVE = ("pending", "running", "releasing")  # what the scheduler loop holds

@@ -23,6 +23,7 @@ import posixpath
 import re
 from datetime import datetime, timezone
 
+from gpupool.errors import GpupoolError
 from scheduler.model import MAX_GPUS
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 
-class FieldError(ValueError):
+class FieldError(GpupoolError, ValueError):
     """A bad value in a request; ``field`` names it, the message says what is allowed."""
 
     def __init__(self, field_name: str, message: str):

@@ -54,7 +54,7 @@ class ClusterArrays:
     mem_free: np.ndarray  # (N,) int64 MiB
     # (N,) int64: clock value of the node's last take/give (0: as built); equal stamps within
     # one lineage mean equal node state.
-    stamp: np.ndarray = field(default=None)  # type: ignore[assignment]
+    stamp: np.ndarray = field(default=None)  # type: ignore[arg-type]
     lineage: Lineage = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 
 from .model import Bind, Decisions, PodPlacement, Project, Quota, Workload
 from .placement import Choice
-from .quota import IN_QUOTA, admit, department_quota, fair_shares, in_quota
+from .quota import IN_QUOTA, Verdict, admit, department_quota, fair_shares, in_quota
 from .snapshot import Snapshot
 from .working import Working
 
@@ -163,7 +163,7 @@ class Cycle:
             self.dept_quotas[key] = department_quota(self.snap.departments[dept], self.dept_projects[dept], pool)
         return self.dept_quotas[key]
 
-    def verdict(self, w: Workload, pool: str, freed: int = 0):
+    def verdict(self, w: Workload, pool: str, freed: int = 0) -> Verdict:
         """The quota rule's answer for ``w``, as things are or with ``freed`` milli-GPU of
         its own project's work gone."""
         rule = self.quota_rules.get((w.project, pool))
@@ -267,10 +267,10 @@ class Cycle:
         self.decisions.binds.append(Bind(w.name, pods, over_quota))
         self.placed.add(w.name)
 
-    def try_place(self, w: Workload, allow: Callable[[str, object], bool]) -> bool:
+    def try_place(self, w: Workload, allow: Callable[[str, Verdict], bool]) -> bool:
         """Place ``w`` in the first pool whose verdict ``allow`` accepts and that has room;
         otherwise remember why it failed in its first pool."""
-        why = None
+        why: str | tuple[str, str] | None = None
         for pool in self.pools_for(w):
             v = self.verdict(w, pool)
             if not allow(pool, v):

@@ -14,6 +14,8 @@ import functools
 import math
 from dataclasses import dataclass, field
 
+from gpupool.errors import GpupoolError
+
 MILLI = 1000
 DEFAULT_POOL = "default"
 # The most GPUs a quota or limit may name: far beyond any cluster, and small enough that
@@ -21,7 +23,7 @@ DEFAULT_POOL = "default"
 MAX_GPUS = 1_000_000
 
 
-class ValidationError(ValueError):
+class ValidationError(GpupoolError, ValueError):
     """Bad input to the scheduler; ``field`` names what was wrong."""
 
     def __init__(self, field_name: str, message: str):
@@ -32,8 +34,8 @@ class ValidationError(ValueError):
 
 def check_seconds(field_name: str, value: object, positive: bool = False) -> None:
     """A duration setting: a finite number of seconds, >= 0 (> 0 with ``positive``)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (positive and value == 0):
+    if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+            or value < 0 or (positive and value == 0)):
         bound = "> 0" if positive else ">= 0"
         raise ValidationError(field_name, f"must be a finite number {bound} (seconds), got {value!r}")
 

@@ -9,6 +9,7 @@ divided among its projects the same way.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .model import DEFAULT_POOL, MILLI, NO_QUOTA, Department, Kind, Project, Quota, check_seconds
@@ -258,7 +259,8 @@ class OverQuotaLedger:
         return dict(self.lag)
 
     def observe(
-        self, projects: dict[str, Project], held: dict[tuple[str, str], float], pending_over: dict[tuple[str, str], float]
+        self, projects: dict[str, Project], held: Mapping[tuple[str, str], float],
+        pending_over: Mapping[tuple[str, str], float],
     ) -> None:
         """Usage (milli per (project, pool)) and the pending work that may go over quota,
         from now on until the next observation."""

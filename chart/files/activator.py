@@ -1,5 +1,5 @@
-"""The chart's inference activator: inference.activator's HTTP front, with replicas as pods
-that gpupool-scheduler places (inference.backends.k8s.K8sBackend) in $GPUPOOL_NAMESPACE.
+"""The chart's inference activator: hub_ext.inference.activator's HTTP front, with replicas as pods
+that gpupool-scheduler places (hub_ext.inference.backends.k8s.K8sBackend) in $GPUPOOL_NAMESPACE.
 The services are the chart's values (activator.services), mounted as services.json.
 
     python activator.py --services services.json [--port 9000] [--host 0.0.0.0]
@@ -14,11 +14,11 @@ import os
 import signal
 import sys
 
+from hub_ext.inference import activator
+from hub_ext.inference.backends.k8s import K8sBackend
+from hub_ext.inference.controller import Controller
+from hub_ext.inference.spec import parse_spec
 from hub_ext.requests import FieldError
-from inference import activator
-from inference.backends.k8s import K8sBackend
-from inference.controller import Controller
-from inference.spec import parse_spec
 from scheduler.k8s.client import KubeClient
 
 

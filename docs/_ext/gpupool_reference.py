@@ -162,9 +162,9 @@ def rest_md() -> str:
 
 # ---------------------------------------------------------------------------------- CLI
 def parsers() -> list[argparse.ArgumentParser]:
-    """Every console command's parser (pyproject's [project.scripts] and ``python -m inference``)."""
+    """Every console command's parser (pyproject's [project.scripts] and ``python -m hub_ext.inference``)."""
     from hub_ext import cli as hub_cli
-    from inference import standalone
+    from hub_ext.inference import standalone
     from scheduler.k8s import cli as k8s_cli
     from scheduler.k8s import node_agent
     from scheduler.sim import cli as sim_cli
@@ -283,7 +283,7 @@ def helm_md() -> str:
 METRIC_TYPES = {"Counter": "counter", "Gauge": "gauge", "Histogram": "histogram", "Summary": "summary",
                 "CounterMetricFamily": "counter", "GaugeMetricFamily": "gauge",
                 "HistogramMetricFamily": "histogram"}
-METRIC_PACKAGES = ("scheduler", "hub_ext", "inference")
+METRIC_PACKAGES = ("scheduler", "hub_ext")
 
 
 def metrics() -> list[tuple[str, str, str, list[str], str]]:

@@ -14,10 +14,11 @@ from pathlib import Path
 import yaml
 from sqlalchemy import delete, select
 
-from inference import api as inference_api
+from hub_ext.inference import api as inference_api
 
 from .. import attach, org, roles, validation
-from ..db import EventRow, SampleRow, WorkloadRow, add_event, bump_version
+from ..db import EventRow, SampleRow, WorkloadRow, bump_version
+from ..events import add_event
 from ..limits import limits_for
 from ..requests import parse_request, workload_name
 from ..training.db import TrainingRow, ensure_table

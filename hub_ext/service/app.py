@@ -15,7 +15,7 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 
 from ..config import Gpupool, load_config
-from ..db import make_sessionmaker
+from ..schema import make_sessionmaker
 from ..validation import BODY_DRAIN_FACTOR
 from . import api, culler, pages
 from .hubapi import HubAPI

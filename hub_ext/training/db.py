@@ -14,7 +14,9 @@ import time
 from sqlalchemy import JSON, Float, Integer, String, Text, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from ..db import Base, WorkloadRow, add_event, bump_version
+from .. import attach
+from ..db import Base, WorkloadRow, bump_version
+from ..events import add_event
 from .spec import TrainingSpec
 
 # Job states a user sees (the issue's names) and the WorkloadRow.state each maps to.
@@ -62,8 +64,6 @@ def training_dict(t: TrainingRow, w: WorkloadRow | None) -> dict:
 def add_training(s, owner: str, spec: TrainingSpec) -> None:
     """A new job (or one that replaces a finished job of the same name). Caller commits.
     FieldError for credentials or data sources the project does not have."""
-    from .. import attach
-
     att = attach.check(s, spec.project, spec.credentials, spec.datasources,
                        {spec.checkpoint_dir or "/checkpoints": "checkpoint_dir"})
     now = time.time()

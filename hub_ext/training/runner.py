@@ -33,7 +33,8 @@ from pathlib import Path
 from scheduler.embedded import EmbeddedScheduler, gpu_env
 from scheduler.model import Bind, Kind, Node, State, ValidationError, Workload
 
-from ..db import WorkloadRow, add_event
+from ..db import WorkloadRow
+from ..events import add_event
 from ..store import placement_json
 from .db import SUBMITTED, TrainingRow, add_training, ensure_table, set_status
 from .gang import free_port, gang_env

@@ -6,9 +6,11 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Callable
+from functools import partial
 
 from ..cycle import Cycle
 from ..model import NO_QUOTA, Workload
+from ..quota import Verdict
 
 
 class KnownWork:
@@ -94,7 +96,7 @@ class Leftovers:
                 c.try_place(w, lambda pool, v: v.allowed)
 
 
-def least_served_first(c: Cycle, work: list[Workload], allow: Callable[[Workload, str, object], bool]) -> None:
+def least_served_first(c: Cycle, work: list[Workload], allow: Callable[[Workload, str, Verdict], bool]) -> None:
     """Try ``work`` (in queue order within each project) a placement at a time, always
     for the project holding the least over-quota capacity per unit of weight; a
     project's turn goes on down its queue until one of its workloads is placed."""
@@ -110,7 +112,7 @@ def least_served_first(c: Cycle, work: list[Workload], allow: Callable[[Workload
         while nxt[p] < len(q):
             w = q[nxt[p]]
             nxt[p] += 1
-            if c.try_place(w, lambda pool, v, w=w: allow(w, pool, v)):
+            if c.try_place(w, partial(allow, w)):
                 break
         if nxt[p] < len(q):
             heapq.heappush(heap, (served(c, p), p))

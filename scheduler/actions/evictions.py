@@ -11,15 +11,25 @@ read (with its ``EvictionCause``).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..cycle import Cycle
 from ..model import NO_QUOTA, EvictionCause, Workload
 from ..quota import may_catch_up
 from ..snapshot import SchedulerConfig
+from ..working import Working
 
-if TYPE_CHECKING:
-    from .victims import Victims
+
+class VictimSource(Protocol):
+    """What a way of making room reads of the cycle's victims (``victims.Victims``, which
+    in turn asks each way for its candidates: declared here, so neither module imports the
+    other's)."""
+
+    work: Working
+
+    def pool_victims(self, project: str, pool: str) -> Iterator[tuple[int, Workload, bool]]: ...
+
+    def below_quota_order(self, project: str, pool: str, quota: int) -> list[Workload]: ...
 
 
 class Floor(int):
@@ -96,7 +106,7 @@ class Eviction:
         """Are victims from this priority on (in eviction order) out of reach for ``w``?"""
         return False
 
-    def victims_in(self, victims: Victims, w: Workload, project: str, pool: str, floor: Floor | None) -> Iterator[Workload]:
+    def victims_in(self, victims: VictimSource, w: Workload, project: str, pool: str, floor: Floor | None) -> Iterator[Workload]:
         """``project``'s work it may take for ``w``, in the order it takes it: eviction
         order, up to ``stops_at``. No way takes work that just restarted: that is thrash."""
         for prio, v, protected in victims.pool_victims(project, pool):
@@ -150,10 +160,10 @@ class QuotaReclaim(Eviction):
     def floor(self, c: Cycle, project: str, pool: str) -> Floor | None:
         return Floor(c.snap.projects[project].quotas.get(pool, NO_QUOTA).quota_milli, below=self.below)
 
-    def victims_in(self, victims: Victims, w: Workload, project: str, pool: str, floor: Floor | None) -> Iterator[Workload]:
+    def victims_in(self, victims: VictimSource, w: Workload, project: str, pool: str, floor: Floor | None) -> Iterator[Workload]:
         if not self.below:
             yield from super().victims_in(victims, w, project, pool, floor)
-        elif victims.work.usage[(project, pool)] > floor:  # at or below its quota nothing is over it
+        elif floor is not None and victims.work.usage[(project, pool)] > floor:  # at or below its quota nothing is over it
             yield from victims.below_quota_order(project, pool, floor)
 
     def reason(self, v: Workload, w: Workload) -> str:

@@ -136,12 +136,13 @@ class MakeRoom:
                 plan.undo()
                 if w.pods > 1 or not strategy.per_node_plan:
                     return False if victims else "no victims"
-                victims = self._node_plan(w, pool, strategy, static)
-                if victims is None:
+                on_one_node = self._node_plan(w, pool, strategy, static)
+                if on_one_node is None:
                     if victims_.any_victim(w, pool, victims_.wide(w, pool, strategy)):
                         self.hopeless.add(group, pod_size(w))
                         return False
                     return "no victims"
+                victims = on_one_node
                 for v, choices in victims:
                     work.give(v, choices)
                 placed = c.place(w, pool) if strategy.admits(c, w, pool) else None
@@ -179,7 +180,8 @@ class MakeRoom:
         )
         return True
 
-    def _node_plan(self, w: Workload, pool: str, strategy: Eviction, static: np.ndarray) -> list | None:
+    def _node_plan(self, w: Workload, pool: str, strategy: Eviction,
+                   static: np.ndarray) -> list[tuple[Workload, list[Choice]]] | None:
         """Room for one pod on one node: when taking candidates in the global eviction order
         cannot make room (a pod that needs a whole node, say, while the candidates are
         spread over many), look at each node on its own: its candidates in eviction order
@@ -207,7 +209,7 @@ class MakeRoom:
                 for node in {c.node for c in work.choices_of(v)}:
                     per_node[node].append((v, floor))
         a, usage = work.arrays, work.usage
-        best: list | None = None
+        best: list[tuple[Workload, list[Choice]]] | None = None
         for node in sorted(per_node):
             if best is not None and len(best) == 1:
                 break  # no node needs fewer evictions than one
@@ -216,7 +218,7 @@ class MakeRoom:
             room = [a.gpu_free[node].tolist(), int(a.cpu_free[node]), int(a.mem_free[node])]
             gone: dict[str, int] = defaultdict(int)
             smallest: dict[str, int] = {}
-            chosen = []
+            chosen: list[tuple[Workload, list[Choice]]] = []
             for v, floor in per_node[node]:
                 if best is not None and len(chosen) + 1 >= len(best):
                     break  # cannot beat the best node found so far

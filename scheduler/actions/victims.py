@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +24,7 @@ class Victims:
         self.wide_scan = 8 * self.cfg.max_victim_scan  # how far past ``max_victim_scan`` some plans look
         # Per candidate group (see ``plan_candidates``) its candidates, and what they free
         # (``room_with_all_gone``); valid until a plan evicts (``evicted_for``).
-        self.plan_memo: dict[tuple, object] = {}
+        self.plan_memo: dict[tuple, Any] = {}  # candidate lists, their milli, their room per node
         # Per (project, pool): its victims as far as read (see ``pool_victims``), kept for
         # the whole cycle: what filters them does not change within one, evictions aside.
         self.victim_lists: dict[tuple[str, str], tuple[list, Iterator]] = {}
@@ -197,7 +198,7 @@ class Victims:
             return sum(1 for x in gpus if x == MILLI) >= d.gpus
         if d.is_fractional:
             need = self.work.arrays.need_milli(d)
-            nd = [need] * len(gpus) if np.isscalar(need) else need[node].tolist()
+            nd = [need] * len(gpus) if isinstance(need, int) else need[node].tolist()
             return any(x >= n for x, n in zip(gpus, nd))
         return True
 
@@ -210,6 +211,6 @@ class Victims:
             return a.full_free[node] >= d.gpus
         if d.is_fractional:
             need = a.need_milli(d)
-            need = need[node] if not np.isscalar(need) else need
+            need = need[node] if not isinstance(need, int) else need
             return bool((a.gpu_free[node] >= need).any())
         return True

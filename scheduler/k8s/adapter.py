@@ -23,12 +23,13 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
+from typing import Any
 
 import aiohttp
 
 from .. import metrics
 from ..core import decide
-from ..model import MILLI, Decisions, PodPlacement, State, ValidationError, Workload
+from ..model import MILLI, Decisions, PodPlacement, Project, State, ValidationError, Workload
 from ..quota import OverQuotaLedger, waiting_over_quota
 from ..snapshot import SchedulerConfig, Snapshot
 from .client import ApiError, KubeClient
@@ -97,7 +98,7 @@ class GpupoolScheduler:
         self.reported: dict[str, tuple[str, float]] = {}  # workload -> (reason, when)
         self.bad: dict[str, str] = {}  # pod key -> error reported
         self.departments: dict[str, object] = {}
-        self.projects: dict[str, object] = {}
+        self.projects: dict[str, Project] = {}
         self.last: Decisions | None = None
         self.dirty = asyncio.Event()
         self.synced = asyncio.Event()
@@ -108,7 +109,7 @@ class GpupoolScheduler:
         self._binding = 0
         self._binds_idle = asyncio.Event()
         self._binds_idle.set()
-        self.stats = defaultdict(int)
+        self.stats: defaultdict[str, int] = defaultdict(int)
         # Over-quota lag per (project, pool) for fair share over time. In memory only: after
         # a restart or a change of leader it starts again from zero.
         self.ledger = OverQuotaLedger(self.snap.config.fair_share_half_life_s)
@@ -135,8 +136,8 @@ class GpupoolScheduler:
         for t in [cycle, *watchers, *self._tasks]:
             t.cancel()
         for t in done:
-            if not t.cancelled() and t.exception():
-                raise t.exception()
+            if not t.cancelled() and (err := t.exception()):
+                raise err
 
     def _pod_selector(self) -> str:
         return f"spec.schedulerName={self.cfg.scheduler_name}"
@@ -344,7 +345,8 @@ class GpupoolScheduler:
         the workload is rebuilt for another reason it keeps the bind time, a few seconds
         earlier, which only shortens the resume protection by as much."""
         times = [p.start_time or self.bound_at.get(p.key) for p in pods]
-        return None if not times or None in times else max(times)
+        known = [t for t in times if t is not None]
+        return max(known) if times and len(known) == len(times) else None
 
     def _refresh(self, wname: str) -> None:
         """Rebuild one workload of the snapshot from its pods."""
@@ -362,16 +364,16 @@ class GpupoolScheduler:
         placed = [pl for pl in (self._placement(p) for p in pods) if pl is not None]
         if placed and len(placed) < len(pods):
             # Part of a gang is bound (a scheduler stopped half-way): finish its stamped plan.
-            rest = [p for p in pods if self._placement(p) is None and p.plan and not p.deleting]
-            for p in rest:
-                self.assumed[p.key] = (p.plan, p.over_quota)
+            rest = [(p, p.plan) for p in pods if self._placement(p) is None and p.plan is not None and not p.deleting]
+            for p, plan in rest:
+                self.assumed[p.key] = (plan, p.over_quota)
                 self.bound_at[p.key] = time.time()
             if rest:
-                placed += [p.plan for p in rest]
+                placed += [plan for _, plan in rest]
                 self._binding += 1
                 self._binds_idle.clear()
-                self._spawn(self._bind(wname, [(p, p.plan) for p in rest], first.over_quota))
-        base = dict(
+                self._spawn(self._bind(wname, rest, first.over_quota))
+        base: dict[str, Any] = dict(
             name=wname, project=first.project, kind=first.kind, demand=first.demand,
             priority=first.priority, preemptible=first.preemptible,
             allow_over_quota=first.allow_over_quota, node_pool=first.node_pool,

@@ -17,18 +17,20 @@ import json
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlencode
 
 import aiohttp
 import yaml
+
+from gpupool.errors import GpupoolError
 
 __all__ = ["ApiError", "KubeClient"]
 
 JSON = dict[str, Any]
 
 
-class ApiError(Exception):
+class ApiError(GpupoolError):
     """The API server answered with an error status."""
 
     def __init__(self, status: int, message: str, body: JSON | None = None):
@@ -84,7 +86,7 @@ class KubeClient:
         if auth:
             token = auth.removeprefix("Bearer ").strip()
         cert = (conf.cert_file, conf.key_file) if conf.cert_file and conf.key_file else None
-        return cls(conf.host, token, conf.ssl_ca_cert, verify=conf.verify_ssl,
+        return cls(cast(str, conf.host), token, conf.ssl_ca_cert, verify=conf.verify_ssl,
                    client_cert=cert, **kw)
 
     async def __aenter__(self) -> KubeClient:
@@ -219,7 +221,7 @@ def _simple_kubeconfig(path: str) -> dict[str, Any] | None:
         ctx_name = doc["current-context"]
         ctx = next(c["context"] for c in doc["contexts"] if c["name"] == ctx_name)
         cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == ctx["cluster"])
-        user = next((u["user"] for u in doc.get("users") or () if u["name"] == ctx.get("user")), {})
+        user: dict = next((u["user"] for u in doc.get("users") or () if u["name"] == ctx.get("user")), {})
     except (OSError, yaml.YAMLError, KeyError, TypeError, StopIteration):
         return None
     user = user or {}

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpupool.errors import GpupoolError
+
 __all__ = [
     "ClusterInfo",
     "TestCluster",
@@ -39,7 +41,7 @@ def script_path() -> Path:
     return REPO / "scripts" / "test-cluster"
 
 
-class TestClusterError(RuntimeError):
+class TestClusterError(GpupoolError, RuntimeError):
     """The test cluster could not be built or started."""
 
     __test__ = False  # not a pytest test class

@@ -30,7 +30,7 @@ class RandomFit:
         node = int(ok[self.rng.integers(len(ok))])
         if demand.is_fractional:
             need = arrays.need_milli(demand)
-            nd = need if np.isscalar(need) else need[node]
+            nd = need if isinstance(need, int) else need[node]
             slots = np.flatnonzero(arrays.gpu_free[node] >= nd)
             return choice_at(arrays, node, int(slots[self.rng.integers(len(slots))]), demand)
         return choice_at(arrays, node, 0, demand)
@@ -63,7 +63,7 @@ class TightPack:
             left = np.where(fits, arrays.gpu_free - need, MILLI + 1)
             flat = int(np.argmin(left))
             node, slot = divmod(flat, arrays.gpu_free.shape[1])
-            milli = int(need if np.isscalar(need) else need[node, slot])
+            milli = int(need if isinstance(need, int) else need[node, slot])
             return Choice(node, (slot,), milli)
         if not mask.any():
             return None

@@ -56,7 +56,8 @@ def choice_at(arrays: ClusterArrays, node: int, slot: int, demand: PodDemand) ->
         free = [j for j, x in enumerate(arrays.gpu_free[node].tolist()) if x == MILLI]
         return Choice(node, tuple(free[: demand.gpus]), MILLI)
     if demand.gpu_memory_mib:
-        return Choice(node, (slot,), int(arrays.need_milli(demand)[node, slot]))
+        need = arrays.need_milli(demand)
+        return Choice(node, (slot,), need if isinstance(need, int) else int(need[node, slot]))
     if demand.is_fractional:
         return Choice(node, (slot,), demand.milli_on(1))
     return Choice(node, (), 0)
@@ -76,6 +77,6 @@ def best_slot(arrays: ClusterArrays, node: int, demand: PodDemand) -> int:
     """The GPU with least room that still fits a fraction (first of equals)."""
     need = arrays.need_milli(demand)
     row = arrays.gpu_free[node]
-    nd = need if np.isscalar(need) else need[node]
+    nd = need if isinstance(need, int) else need[node]
     left = np.where(row >= nd, row - nd, MILLI + 1)
     return int(np.argmin(left))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -112,7 +113,7 @@ class FragPolicy:
         if miss:
             todo = miss
             if use_memo:  # rows sharing a state are scored once (a cold cache: 4,000 rows, ~200 states)
-                first = {}
+                first: dict[tuple, int] = {}
                 for i in miss:
                     first.setdefault(states[i], i)
                 todo = list(first.values())
@@ -129,18 +130,19 @@ class FragPolicy:
             if use_memo and len(memo) + len(todo) > rc.MEMO_MAX:
                 memo.clear()
             for i, sc, sl in zip(todo, score.tolist(), slot.tolist()):
-                known[i] = (sc, sl)
+                known[i] = pair = (sc, sl)
                 if use_memo:
-                    memo[states[i]] = known[i]
+                    memo[states[i]] = pair
             if len(todo) < len(miss):
                 for i in miss:
                     known[i] = known[first[states[i]]]
+        filled = cast("list[tuple[float, int]]", known)  # every row scored or remembered now
         if few:
             score, slot, stamp, now = rc.score, rc.slot, rc.stamp, arrays.stamp
-            for r, (sc, sl) in zip(dirty, known):
+            for r, (sc, sl) in zip(dirty, filled):
                 score[r], slot[r], stamp[r] = sc, sl, now[r]
         else:
-            sc, sl = zip(*known)
+            sc, sl = zip(*filled)
             rc.score[dirty] = sc
             rc.slot[dirty] = sl
             rc.stamp[dirty] = arrays.stamp[dirty]
@@ -156,8 +158,10 @@ class FragPolicy:
         """``place``'s node and slot, unseeded, on a mask kept in step by the arrays: the
         same argmax over the same masked scores, kept between calls."""
         rc = self._kept_scores(arrays, mask, demand)
-        node = int(np.argmax(rc.masked))  # the first best: lowest index, as unseeded ties go
-        if rc.masked[node] <= NEG / 2:
+        masked = rc.masked
+        assert masked is not None  # kept in step by in_step
+        node = int(np.argmax(masked))  # the first best: lowest index, as unseeded ties go
+        if masked[node] <= NEG / 2:
             return None
         return node, int(rc.slot[node])
 

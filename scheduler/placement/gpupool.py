@@ -183,7 +183,7 @@ class GpupoolPolicy(FragPolicy):
         if not demand.is_fractional:
             return super().place(arrays, mask, demand)
         need = arrays.need_milli(demand)
-        if not np.isscalar(need):  # a memory request: its milli differ by GPU
+        if not isinstance(need, int):  # a memory request: its milli differ by GPU
             return super().place(arrays, mask, demand)
         if self.ties.seed is None and arrays.kept_in_step(mask):
             return self._fraction_on_kept(arrays, mask, demand, int(need))

@@ -163,9 +163,11 @@ class RowCache:
             if stale:
                 refresh(stale)
             masked, score = self.masked, self.score
+            assert masked is not None  # kept: made by the first call
             for r, f in zip(rows, fits):
                 masked[r] = score[r] if f else fill
         self.kept_seen = len(log)
+        assert self.masked is not None
         return self.masked
 
     def states(self, arrays: ClusterArrays, rows, demand: PodDemand) -> list[tuple]:

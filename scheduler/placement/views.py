@@ -116,7 +116,7 @@ class FgdView:
             after = self.frag_of(w_after, idle_total - k * MILLI, np.maximum(cnt - k, 0), big - k * MILLI)
             out[:, 0] = np.where(ok, before - after, NEG)
         elif demand.is_fractional:
-            nd = need if np.isscalar(need) else need[rows]
+            nd = need if isinstance(need, int) else need[rows]
             after_left = left - nd
             ok = after_left >= 0
             mv = self.mvals[None, None, :]
@@ -203,7 +203,7 @@ class GpupoolView(FgdView):
             after = -demand.gpus * MILLI - self._cap_usable(fl - demand.gpus * self.free_units, fit_after, weight)
             cap[:, 0] = before - after
         elif demand.is_fractional:
-            nd = need if np.isscalar(need) else need[rows]
+            nd = need if isinstance(need, int) else need[rows]
             rest = np.maximum(left - nd, 0)
             mv = self.mvals[None, None, :]
             fl1 = fl[:, None, :] - room[:, :, None] // mv + rest[:, :, None] // mv  # (R, G, M)

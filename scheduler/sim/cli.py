@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,15 +17,7 @@ from ..model import ValidationError
 from ..placement import POLICIES
 from . import placement as placement_sim
 from .replay_cli import add_replay
-from .trace import load_nodes, load_pods
-
-
-def default_trace_dir() -> Path:
-    """``$GPUPOOL_TRACES``, else the copy in the repository's ``data/openb-2023``."""
-    env = os.environ.get("GPUPOOL_TRACES")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / "data" / "openb-2023"
+from .trace import default_trace_dir, load_nodes, load_pods
 
 
 def _policies(arg: str) -> list[str]:

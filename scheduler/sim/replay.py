@@ -136,7 +136,7 @@ class Job:
         self.kind = kind
         self.milli = pod.gpu_request_milli
         self.submit = submit
-        self.service = float(pod.deletion_time - pod.scheduled_time) if service is None else service
+        self.service = pod.ran_s if service is None else service
         self.remaining = self.service
         self.start: float | None = None
         self.first_start: float | None = None
@@ -346,8 +346,8 @@ class _Queues:
     def __init__(self, snap: Snapshot, depth: int):
         self.snap = snap
         self.depth = depth
-        self.visible: dict[str, list[tuple]] = {}
-        self.parked: dict[str, list[tuple]] = {}
+        self.visible: dict[tuple[str, Kind], list[tuple]] = {}
+        self.parked: dict[tuple[str, Kind], list[tuple]] = {}
         self.waiting: dict[str, Workload] = {}
         self.count = 0
 
@@ -442,7 +442,7 @@ class _Replay:
         # cycle if it decided nothing; ``expiries`` the times protections end.
         self.skip_quiet = skip_quiet
         self.version = 0
-        self.quiet: tuple[int, float] | None = None
+        self.quiet: tuple[int, float, dict[tuple[str, str], float]] | None = None
         self.expiries: list[float] = []
         self.skipped = 0
         for j in jobs:
@@ -582,6 +582,7 @@ class _Replay:
     def _evict(self, job: Job, t: float, e: Evict) -> None:
         w = self.snap.workloads[job.name]
         self.snap.upsert_workload(dataclasses.replace(w, state=State.RELEASING))
+        assert job.start is not None  # it runs
         ran = t - job.start
         saved = math.floor(ran / self.ckpt) * self.ckpt
         job.remaining -= saved
@@ -602,7 +603,7 @@ class _Replay:
         jobs = list(self.jobs.values())
         waits = [(j.first_start if j.first_start is not None else end) - j.submit for j in jobs]
         in_quota = [w for w, j in zip(waits, jobs) if j.in_quota]
-        finished = [j for j in jobs if j.finish is not None]
+        finished = [(j.finish, j.submit) for j in jobs if j.finish is not None]
         metrics = {
             "policy": self.policy,
             "gpu_allocation_mean_pct": m.allocation_pct(self.capacity, window=True),
@@ -610,7 +611,7 @@ class _Replay:
             "in_quota_wait_p99_s": _pct(in_quota, 99),
             "all_wait_p50_s": _pct(waits, 50),
             "all_wait_p99_s": _pct(waits, 99),
-            "jct_mean_s": round(sum(j.finish - j.submit for j in finished) / len(finished), 1) if finished else None,
+            "jct_mean_s": round(sum(f - s for f, s in finished) / len(finished), 1) if finished else None,
             "preemptions": self.preemptions,
             "lost_gpu_hours": round(self.lost_gpu_s / 3600, 2),
             "thrash_count": self.thrash,

@@ -9,7 +9,7 @@ from ..model import ValidationError
 from ..placement import POLICIES
 from . import scenario as scenarios
 from .replay import POLICY_NAMES, replay_all
-from .trace import load_nodes, load_pods
+from .trace import default_trace_dir, load_nodes, load_pods
 
 KEYS = [
     ("gpu_allocation_mean_pct", "alloc %"),
@@ -64,8 +64,6 @@ def with_window(pods: scenarios.PodSpec, arg: str, prog: str) -> scenarios.PodSp
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from .cli import default_trace_dir
-
     d = default_trace_dir()
     try:
         scn = scenarios.load(args.scenario, seed=args.seed)

@@ -175,7 +175,7 @@ class Scenario:
     def service_s(self, pod: TracePod, project: str, submit: float) -> float:
         """How long ``pod`` runs once started: the trace's time, or with a calendar, for a
         workspace, at most until the idle culler stops it after its owner's working day."""
-        service = float(pod.deletion_time - pod.scheduled_time)
+        service = pod.ran_s
         if self.calendar is not None and self.kind_of(pod) == Kind.WORKSPACE:
             service = min(service, self.calendar.workspace_lifetime(project, submit))
         return service

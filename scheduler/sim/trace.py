@@ -10,10 +10,20 @@ a replay with departures can use the times; ``TracePod.demand`` is the ``PodDema
 from __future__ import annotations
 
 import csv
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..model import GPU, MILLI, Node, PodDemand, ValidationError
+
+
+def default_trace_dir() -> Path:
+    """``$GPUPOOL_TRACES``, else the copy in the repository's ``data/openb-2023``."""
+    env = os.environ.get("GPUPOOL_TRACES")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "data" / "openb-2023"
+
 
 # MiB per GPU by model name (the FGD simulator's table); others get DEFAULT_GPU_MEMORY_MIB.
 GPU_MEMORY_MIB = {
@@ -53,6 +63,13 @@ class TracePod:
     @property
     def gpu_request_milli(self) -> int:
         return self.num_gpu * self.gpu_milli
+
+    @property
+    def ran_s(self) -> float:
+        """How long the pod ran in the trace (a replay takes only pods that ran)."""
+        if self.deletion_time is None or self.scheduled_time is None:
+            raise ValidationError(f"pod[{self.name}]", "has no scheduled or deletion time: it never ran")
+        return float(self.deletion_time - self.scheduled_time)
 
 
 def _int(row: dict, key: str, where: str) -> int:

@@ -16,8 +16,9 @@ import pytest
 
 from hub_ext import accounting
 from hub_ext.accounting import Allocation, Utilization, allocations, parse_range, usage
-from hub_ext.db import EventRow, GpuSampleRow, NodeRow, make_sessionmaker
+from hub_ext.db import EventRow, GpuSampleRow, NodeRow
 from hub_ext.requests import FieldError
+from hub_ext.schema import make_sessionmaker
 from tests import chromium
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hub"))

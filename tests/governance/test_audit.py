@@ -201,7 +201,7 @@ def test_single_sign_on_membership_changes_are_audited(tmp_path):
     from hub_ext import org
     from hub_ext.auth import sync_user
     from hub_ext.config import Gpupool
-    from hub_ext.db import make_sessionmaker
+    from hub_ext.schema import make_sessionmaker
 
     Session = make_sessionmaker(f"sqlite:///{tmp_path / 'g.sqlite'}")
     cfg = Gpupool(state_dir=str(tmp_path), oidc_group_projects={"ml": ["nlp"], "cv": ["vision"]})

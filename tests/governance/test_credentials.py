@@ -411,10 +411,10 @@ def test_k8s_pods_reference_the_secret(k8s_cluster):  # noqa: F811
     """Training workers and an inference replica built with attachments: applied as they
     are, the pods name the Secret's keys and volumes, and the Secret holds the values."""
     from hub_ext.attach import Attachments, CredentialRef, DataSourceRef, secret_name
+    from hub_ext.inference.backends.k8s import K8sBackend, credentials_secret, replica_pod
+    from hub_ext.inference.spec import parse_spec
     from hub_ext.training.k8s import K8sOptions, training_objects
     from hub_ext.training.spec import TrainingSpec
-    from inference.backends.k8s import K8sBackend, credentials_secret, replica_pod
-    from inference.spec import parse_spec
     from scheduler.k8s.client import ApiError
     from tests.k8s.helpers import create_namespace, delete_pods, kube
 

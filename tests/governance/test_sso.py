@@ -164,7 +164,7 @@ def test_mapping_rules():
 
 def test_sync_keeps_memberships_the_mapping_does_not_name(tmp_path):
     from hub_ext import auth, org, roles
-    from hub_ext.db import make_sessionmaker
+    from hub_ext.schema import make_sessionmaker
 
     Session = make_sessionmaker(f"sqlite:///{tmp_path / 'g.sqlite'}")
     with Session() as s:

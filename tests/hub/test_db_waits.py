@@ -15,8 +15,8 @@ from tornado.netutil import bind_sockets
 
 from hub_ext import org
 from hub_ext.config import Gpupool
-from hub_ext.db import make_sessionmaker
 from hub_ext.roles import ADMIN_SCOPE
+from hub_ext.schema import make_sessionmaker
 from hub_ext.service.app import make_app
 
 PREFIX = "/services/gpupool/"

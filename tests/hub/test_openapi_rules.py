@@ -9,8 +9,8 @@ from openapi_check import SPEC, spec
 
 from hub_ext import validation as v
 from hub_ext.credentials import MAX_VALUE_BYTES
+from hub_ext.inference.spec import _NUMBERS as INFERENCE_NUMBERS
 from hub_ext.training.spec import MAX_WORKERS
-from inference.spec import _NUMBERS as INFERENCE_NUMBERS
 
 METHODS = ("get", "post", "put", "patch", "delete")
 

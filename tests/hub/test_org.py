@@ -3,8 +3,8 @@
 import pytest
 
 from hub_ext import org
-from hub_ext.db import make_sessionmaker
 from hub_ext.requests import FieldError
+from hub_ext.schema import make_sessionmaker
 
 
 @pytest.fixture

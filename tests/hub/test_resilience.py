@@ -224,7 +224,8 @@ def test_submitting_for_another_user_with_an_object_as_project_is_refused(hhub, 
 
 
 def test_work_asked_to_stop_before_a_hub_restart_is_stopped_after_it(tmp_path):
-    from hub_ext.db import WorkloadRow, make_sessionmaker
+    from hub_ext.db import WorkloadRow
+    from hub_ext.schema import make_sessionmaker
     from hub_ext.store import DbStore
 
     Session = make_sessionmaker(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")

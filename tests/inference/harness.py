@@ -11,10 +11,10 @@ from pathlib import Path
 
 import aiohttp
 
-from inference.activator import Server
-from inference.backends.embedded import EmbeddedBackend
-from inference.controller import Controller
-from inference.spec import parse_spec
+from hub_ext.inference.activator import Server
+from hub_ext.inference.backends.embedded import EmbeddedBackend
+from hub_ext.inference.controller import Controller
+from hub_ext.inference.spec import parse_spec
 from scheduler.embedded import EmbeddedScheduler
 from scheduler.model import DEFAULT_POOL, GPU, Department, Node, Project, Quota
 

@@ -17,11 +17,11 @@ from tornado.netutil import bind_sockets
 
 from hub_ext import org
 from hub_ext.config import Gpupool
-from hub_ext.db import make_sessionmaker
+from hub_ext.inference.hub import HubInference
+from hub_ext.schema import make_sessionmaker
 from hub_ext.service import base
 from hub_ext.service.app import make_app
 from hub_ext.store import DbStore
-from inference.hub import HubInference
 from scheduler.embedded import EmbeddedScheduler
 from scheduler.model import GPU, Node
 from tests.hub.openapi_check import validate
@@ -110,7 +110,7 @@ def test_hub_follows_the_table_and_describe_shows_why_a_replica_waits(tmp_path):
         cfg = Gpupool(state_dir=str(tmp_path / "state"))
         rt = SimpleNamespace(scheduler=sched, store=store, cfg=cfg, Session=Session, delivery=None)
         hub = HubInference(rt, port=0, token="t")
-        from inference.db import InferenceRow, ensure_table
+        from hub_ext.inference.db import InferenceRow, ensure_table
 
         ensure_table(Session)
         with Session() as s:  # what POST /inferences writes: a whole GPU over a 0.5 quota

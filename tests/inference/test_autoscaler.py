@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from inference.autoscaler import Autoscaler, Policy
-from inference.service import Replica, RState, Service
-from inference.spec import FieldError, parse_spec
+from hub_ext.inference.autoscaler import Autoscaler, Policy
+from hub_ext.inference.service import Replica, RState, Service
+from hub_ext.inference.spec import FieldError, parse_spec
 
 
 def feed(a: Autoscaler, start: float, end: float, value: float, requests: int = 1, step=1.0):

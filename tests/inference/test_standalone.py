@@ -1,4 +1,4 @@
-"""``python -m inference`` (the activator without the hub) stops its replicas when it is
+"""``python -m hub_ext.inference`` (the activator without the hub) stops its replicas when it is
 stopped: they run in sessions of their own, so nothing else would."""
 
 import json
@@ -52,7 +52,7 @@ def test_sigterm_stops_the_replicas(tmp_path):
              "ready_path": "/health", "min_replicas": 1, "max_replicas": 1, "gpu": 0.25}]
     (tmp_path / "services.json").write_text(json.dumps(spec))
     port = free_port()
-    act = subprocess.Popen([sys.executable, "-m", "inference", "--port", str(port),
+    act = subprocess.Popen([sys.executable, "-m", "hub_ext.inference", "--port", str(port),
                             "--services", str(tmp_path / "services.json"), "--loop", "asyncio"],
                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from inference.backends.k8s import LABEL, K8sBackend, replica_pod
-from inference.controller import Controller
-from inference.spec import parse_spec
+from hub_ext.inference.backends.k8s import LABEL, K8sBackend, replica_pod
+from hub_ext.inference.controller import Controller
+from hub_ext.inference.spec import parse_spec
 from scheduler.k8s.testcluster import ClusterInfo
 
 from .helpers import (

@@ -419,7 +419,8 @@ class _DbRuntime(_Runtime):
 
     def __init__(self, project: str, state_dir):
         from hub_ext import attach, credentials, datasources
-        from hub_ext.db import DepartmentRow, ProjectRow, make_sessionmaker
+        from hub_ext.db import DepartmentRow, ProjectRow
+        from hub_ext.schema import make_sessionmaker
 
         super().__init__(project)
         self.Session = make_sessionmaker(f"sqlite:///{state_dir}/gpupool.sqlite")

@@ -11,7 +11,8 @@ from pathlib import Path
 from sqlalchemy import select
 
 from hub_ext import org
-from hub_ext.db import EventRow, make_sessionmaker
+from hub_ext.db import EventRow
+from hub_ext.schema import make_sessionmaker
 from hub_ext.store import DbStore
 from hub_ext.training.db import TrainingRow
 from hub_ext.training.runner import JobRunner

@@ -9,7 +9,7 @@ from tornado import web
 
 from ... import roles
 from ...db import EventRow
-from . import PageHandler
+from .base import PageHandler
 
 
 class EventsPage(PageHandler):

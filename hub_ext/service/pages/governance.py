@@ -16,7 +16,7 @@ from tornado import web
 from ... import audit, credentials, datasources, org, roles
 from ...requests import FieldError
 from ..governance_api import audit_scope
-from . import PageHandler
+from .base import PageHandler
 
 
 def _when(ts: float | None) -> str:

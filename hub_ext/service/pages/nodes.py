@@ -6,7 +6,7 @@ from tornado import web
 
 from ... import roles
 from ..sharing import gpu_sharing
-from . import PageHandler
+from .base import PageHandler
 
 
 class NodesPage(PageHandler):

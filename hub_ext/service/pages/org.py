@@ -6,7 +6,7 @@ from __future__ import annotations
 from tornado import web
 
 from ... import org, roles
-from . import PageHandler
+from .base import PageHandler
 
 
 class OrgPage(PageHandler):

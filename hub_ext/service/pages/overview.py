@@ -9,7 +9,7 @@ from tornado import web
 
 from ... import org, roles
 from ...db import SampleRow, WorkloadRow
-from . import PageHandler
+from .base import PageHandler
 
 
 def chart_points(samples, width=760, height=180) -> dict:

@@ -7,7 +7,7 @@ from tornado import web
 
 from ... import roles, validation
 from ...db import WorkloadRow
-from . import PageHandler
+from .base import PageHandler
 
 
 class QueuePage(PageHandler):

@@ -7,7 +7,7 @@ from tornado import web
 
 from ... import accounting
 from ...requests import FieldError
-from . import PageHandler
+from .base import PageHandler
 
 IDLE_PCT = 20.0  # rows under this measured utilization are marked idle
 BAR_WIDTH = 560

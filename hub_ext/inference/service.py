@@ -16,21 +16,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpupool.errors import GpupoolError
+
 from . import metrics
 from .autoscaler import Autoscaler, Policy, Recommendation
 from .proxy import Pool
 from .spec import ServiceSpec
 
 
-class QueueFull(Exception):
+class QueueFull(GpupoolError):
     pass
 
 
-class HoldTimeout(Exception):
+class HoldTimeout(GpupoolError):
     pass
 
 
-class Gone(Exception):
+class Gone(GpupoolError):
     """The service was deleted while the request waited."""
 
 

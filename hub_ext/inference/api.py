@@ -10,6 +10,7 @@ import os
 from sqlalchemy import select
 
 from hub_ext import attach, org, roles
+from hub_ext.events import add_event
 from hub_ext.requests import FieldError
 from hub_ext.service.base import ApiHandler
 
@@ -90,8 +91,6 @@ class InferenceHandler(_Base):
 
 
 def org_event(s, kind, message, workload, project) -> None:
-    from hub_ext.db import add_event
-
     add_event(s, kind, message, workload, project)
 
 

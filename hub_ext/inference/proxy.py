@@ -29,6 +29,8 @@ from typing import Protocol
 
 import httptools
 
+from gpupool.errors import GpupoolError
+
 # headers that describe one hop, not the message: never passed on in either direction
 # (Host and Content-Length are set anew for the next hop)
 HOP_BY_HOP = frozenset({
@@ -40,7 +42,7 @@ _HOP_IN_HEAD = re.compile(rb"\r\n(" + b"|".join(re.escape(h) for h in sorted(HOP
                           + rb"):[ \t]*([^\r\n]*)", re.IGNORECASE)
 
 
-class NotSent(ConnectionError):
+class NotSent(GpupoolError, ConnectionError):
     """The replica did not get the request; safe to retry elsewhere. ``refused``: the
     replica is not listening (down or not yet up), not just a stale connection."""
 
@@ -49,7 +51,7 @@ class NotSent(ConnectionError):
         self.refused = refused
 
 
-class UpstreamError(ConnectionError):
+class UpstreamError(GpupoolError, ConnectionError):
     """The replica failed after it may have got the request."""
 
 

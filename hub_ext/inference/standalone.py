@@ -1,10 +1,10 @@
 """gpupool inference without the hub: an embedded scheduler on a declared inventory, the
 controller and the activator in one process (benchmarks, local use).
 
-    python -m inference --port 9000 --services services.json [--gpus 4] [--quota 4]
+    python -m hub_ext.inference --port 9000 --services services.json [--gpus 4] [--quota 4]
                         [--loop uvloop|asyncio]
 
-``services.json``: a list of service descriptions (``inference.spec``), all in project
+``services.json``: a list of service descriptions (``hub_ext.inference.spec``), all in project
 ``default`` unless they say otherwise. ``GET /_status`` lists the services' state,
 ``GET /metrics`` the activator's Prometheus metrics. The event loop is uvloop by default
 (it roughly halves the activator's CPU per request); ``--loop asyncio`` is the stock one.
@@ -88,7 +88,7 @@ async def serve(args) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m inference", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m hub_ext.inference", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--port", type=int, default=9000, help="the activator's port")
     p.add_argument("--services", required=True, help="JSON file: a list of service descriptions")

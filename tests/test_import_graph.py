@@ -1,0 +1,165 @@
+"""No import cycles: the import graph of gpupool's packages, built with ``ast`` from every
+``import`` statement (module level and inside functions alike: an import deferred into a
+function is still a dependency, usually one hiding a cycle), has no cycle; and the
+packages depend on each other one way only (core <- adapters <- hub)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("scheduler", "hub_ext", "gpupool")
+
+
+def modules(root: Path, packages) -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` file under the packages."""
+    out = {}
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _imported(name: str, path: Path, node: ast.Import | ast.ImportFrom, mods) -> set[str]:
+    """The modules of ``mods`` that one import statement in module ``name`` loads by name:
+    ``from pkg import sub`` depends on ``pkg.sub`` when that is a module, else on ``pkg``."""
+    if isinstance(node, ast.Import):
+        wanted = [alias.name for alias in node.names]
+    else:
+        if node.level:
+            base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+            base = base[: len(base) - node.level + 1]
+            prefix = ".".join(base + ([node.module] if node.module else []))
+        else:
+            prefix = node.module or ""
+        wanted = [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in mods else prefix for a in node.names]
+    found = set()
+    for target in wanted:
+        while target and target not in mods:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found.add(target)
+    return found
+
+
+def import_graph(root: Path, packages) -> dict[str, dict[str, int]]:
+    """module -> {imported module: line of the first such import}."""
+    mods = modules(root, packages)
+    graph: dict[str, dict[str, int]] = {m: {} for m in mods}
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in _imported(name, path, node, mods):
+                    graph[name].setdefault(target, node.lineno)
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def describe(graph, comp: list[str]) -> str:
+    edges = [f"  {a} -> {b} (line {graph[a][b]})" for a in comp for b in sorted(graph[a]) if b in comp]
+    return f"cycle of {len(comp)} modules: {', '.join(comp)}\n" + "\n".join(edges)
+
+
+def package_graph(graph) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for a, targets in graph.items():
+        for b, line in targets.items():
+            pa, pb = a.split(".")[0], b.split(".")[0]
+            out.setdefault(pa, {})
+            if pa != pb:
+                out[pa].setdefault(pb, line)
+    return out
+
+
+def test_no_import_cycle_between_modules():
+    graph = import_graph(ROOT, PACKAGES)
+    assert len(graph) > 100  # the packages were found
+    found = cycles(graph)
+    assert not found, "\n".join(describe(graph, c) for c in found)
+
+
+def test_packages_import_one_way():
+    """scheduler (the core and its adapters) imports nothing of the hub; the hub imports the
+    core; gpupool (what workloads import) imports neither; no package cycle."""
+    graph = import_graph(ROOT, PACKAGES)
+    pkgs = package_graph(graph)
+    assert "hub_ext" not in pkgs["scheduler"], [
+        f"{a} -> {b}" for a, t in graph.items() if a.startswith("scheduler") for b in t if b.startswith("hub_ext")]
+    assert "scheduler" in pkgs["hub_ext"]
+    assert not pkgs["gpupool"], pkgs["gpupool"]  # the workload package runs anywhere
+    assert not cycles(pkgs), cycles(pkgs)
+
+
+def test_every_imported_package_exists():
+    """A module moved or removed leaves no import behind, even one inside a function that no
+    test calls (``inference`` became ``hub_ext.inference``)."""
+    workload_own = {"torch"}  # gpupool.checkpoint imports it only for a state that holds it
+    missing = []
+    for name, path in modules(ROOT, PACKAGES).items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                tops = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                tops = [node.module.split(".")[0]]
+            else:
+                continue
+            missing += [f"{name}:{node.lineno} imports {t}" for t in tops
+                    if t not in workload_own and importlib.util.find_spec(t) is None]
+    assert not missing, "\n".join(missing)
+
+
+def test_finds_a_cycle_through_a_function_level_import(tmp_path):
+    """The check itself: a cycle closed by an import inside a function, through a relative
+    ``from . import``, is found and named."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .sub import b\n")
+    (pkg / "sub" / "b.py").write_text("import pkg.c\n")
+    (pkg / "c.py").write_text("def f():\n    from . import a\n    return a\n")
+    (pkg / "d.py").write_text("from pkg.a import something\n")
+    graph = import_graph(tmp_path, ("pkg",))
+    assert graph["pkg.d"] == {"pkg.a": 1}
+    found = cycles(graph)
+    assert found == [["pkg.a", "pkg.c", "pkg.sub.b"]]
+    assert "pkg.c -> pkg.a (line 2)" in describe(graph, found[0])
