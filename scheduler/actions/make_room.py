@@ -200,20 +200,35 @@ class MakeRoom:
         # worked out once per group until a plan evicts.
         memo = self.victims.plan_memo
         key = ("per node", w.project, pool, strategy.key, strategy.group(self.cycle, w, pool), gpu_work)
-        per_node = memo.get(key)
-        if per_node is None:
-            per_node = memo[key] = defaultdict(list)
+        a, usage = work.arrays, work.usage
+        kept = memo.get(key)
+        if kept is None:
+            per_node: dict[int, list] = defaultdict(list)
             for v, floor in self.victims.wide(w, pool, strategy):
                 if gpu_work and not v.demand.gpu_count:
                     continue
                 for node in {c.node for c in work.choices_of(v)}:
                     per_node[node].append((v, floor))
-        a, usage = work.arrays, work.usage
+            # Per node, the room with every candidate there gone (floors aside): a node
+            # where even that leaves no room for the pod is passed over at once.
+            most: dict[int, list] = {}
+            for node, there in per_node.items():
+                room = [a.gpu_free[node].tolist(), int(a.cpu_free[node]), int(a.mem_free[node])]
+                for v, _ in there:
+                    for c in work.choices_of(v):
+                        if c.node == node:
+                            for j in c.gpus:
+                                room[0][j] += c.milli
+                            room[1] += v.demand.cpu_milli
+                            room[2] += v.demand.memory_mib
+                most[node] = room
+            kept = memo[key] = (per_node, most)
+        per_node, most = kept  # type: ignore[misc]
         best: list[tuple[Workload, list[Choice]]] | None = None
         for node in sorted(per_node):
             if best is not None and len(best) == 1:
                 break  # no node needs fewer evictions than one
-            if not static[node]:
+            if not static[node] or not self.victims.fits_room(w, node, *most[node]):
                 continue
             room = [a.gpu_free[node].tolist(), int(a.cpu_free[node]), int(a.mem_free[node])]
             gone: dict[str, int] = defaultdict(int)
