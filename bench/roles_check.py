@@ -26,7 +26,6 @@ from hub_ext.schema import make_sessionmaker  # noqa: E402
 
 def populate(Session) -> None:
     with Session() as s:
-        roles.ensure_table(s)
         for d in range(50):
             s.add(DepartmentRow(name=f"d{d}", gpus=100.0))
         s.flush()

@@ -22,7 +22,6 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
-    inspect,
     select,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -155,21 +154,6 @@ def make_engine(url: str):
     return engine
 
 
-def add_new_columns(engine) -> None:
-    """create_all makes missing tables only: add the nullable columns that later versions
-    added to existing tables (a database from before keeps all its rows)."""
-    have = inspect(engine)
-    with engine.begin() as conn:
-        for table in Base.metadata.sorted_tables:
-            if not have.has_table(table.name):
-                continue
-            present = {c["name"] for c in have.get_columns(table.name)}
-            for col in table.columns:
-                if col.name not in present and col.nullable and not col.primary_key:
-                    kind = col.type.compile(dialect=engine.dialect)
-                    conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}')
-
-
 def get_meta(session, key: str, default: str = "") -> str:
     row = session.get(MetaRow, key)
     return row.value if row else default
@@ -207,7 +191,6 @@ __all__ = [
     "WorkloadRow",
     "bump_version",
     "get_meta",
-    "add_new_columns",
     "make_engine",
     "select",
     "set_meta",

@@ -61,17 +61,6 @@ class RoleRow(Base):
     source: Mapped[str] = mapped_column(String(16), default="api")  # org | api | oidc
 
 
-_made: set[int] = set()
-
-
-def ensure_table(s) -> None:
-    """Create the table in a database made before this module was imported (once per engine)."""
-    bind = s.get_bind()
-    if id(bind) not in _made:
-        RoleRow.__table__.create(bind=bind, checkfirst=True)
-        _made.add(id(bind))
-
-
 # JupyterHub custom scopes (c.JupyterHub.custom_scopes) and the hub roles that carry them.
 SCOPES = {
     ADMIN_SCOPE: {"description": "Platform admin: manage gpupool's organisation (departments, "
@@ -229,7 +218,6 @@ def check(who: Who, action: str, project: str | None = None, department: str | N
 def who_for(s, user: dict | None) -> Who:
     """The caller from a JupyterHub user model (``name``, ``scopes``, ``admin``) and gpupool's
     tables (memberships, role assignments)."""
-    ensure_table(s)
     user = user or {}
     name = user.get("name", "")
     scopes = set(user.get("scopes", []))
@@ -294,7 +282,6 @@ def _check_assignment(role: str, department: str) -> None:
 
 
 def assignments(s, user: str | None = None, departments: set[str] | None = None) -> list[dict]:
-    ensure_table(s)
     q = select(RoleRow).order_by(RoleRow.user, RoleRow.role, RoleRow.department)
     if user is not None:
         q = q.where(RoleRow.user == user)
@@ -310,7 +297,6 @@ def set_assignments(s, user: str, wanted: list[tuple[str, str]], source: str,
     ``replace_all``: drop the user's assignments from every source first (the REST API).
     Each change is audited (role.granted / role.revoked) as ``actor``: the admin who asked;
     default: the user at an OIDC login, "system" for the org file."""
-    ensure_table(s)
     for role, dept in wanted:
         _check_assignment(role, dept)
         if dept != ALL_DEPARTMENTS and s.get(DepartmentRow, dept) is None:
@@ -345,6 +331,6 @@ def hub_roles_for(who: Who) -> list[dict]:
 __all__ = [
     "ACTIONS", "ADMIN_SCOPE", "ALL_DEPARTMENTS", "ASSIGNABLE", "DEPARTMENT_ADMIN", "DEPT_ADMIN_SCOPE",
     "Decision", "Forbidden", "HUB_ROLES", "USER_ROLE", "MEMBER", "PLATFORM_ADMIN", "ROLES", "RoleRow", "SCOPES", "USE_SCOPE",
-    "VIEWER", "VIEW_SCOPE", "Who", "allowed", "assignments", "check", "ensure_table", "hub_roles_for",
+    "VIEWER", "VIEW_SCOPE", "Who", "allowed", "assignments", "check", "hub_roles_for",
     "set_assignments", "submit_projects", "visible_departments", "visible_projects", "who_for",
 ]

@@ -14,7 +14,7 @@ from hub_ext.events import add_event
 from hub_ext.requests import FieldError
 from hub_ext.service.base import ApiHandler
 
-from .db import InferenceRow, ensure_table
+from .db import InferenceRow
 from .spec import parse_spec
 
 SERVE_PREFIX = os.environ.get("GPUPOOL_SERVE_PREFIX", "/services/gpupool-serve/")
@@ -29,10 +29,6 @@ def service_dict(row: InferenceRow) -> dict:
 
 
 class _Base(ApiHandler):
-    def prepare(self):
-        super().prepare()
-        ensure_table(self.Session)
-
     def _get(self, s, name) -> InferenceRow:
         row = s.get(InferenceRow, name)
         if row is None:

@@ -25,8 +25,4 @@ class InferenceRow(Base):
     status: Mapped[dict] = mapped_column(JSON, default=dict)  # Service.status()
 
 
-def ensure_table(Session) -> None:
-    Base.metadata.create_all(Session.kw["bind"], tables=[InferenceRow.__table__])
-
-
-__all__ = ["InferenceRow", "ensure_table"]
+__all__ = ["InferenceRow"]

@@ -28,7 +28,7 @@ from . import activator
 from .activator import Exchange
 from .backends.embedded import EmbeddedBackend, free_port
 from .controller import Controller
-from .db import InferenceRow, ensure_table
+from .db import InferenceRow
 from .service import Service
 from .spec import parse_spec
 
@@ -104,7 +104,6 @@ class HubInference:
     def start(self) -> None:
         from jupyterhub.services.auth import HubAuth
 
-        ensure_table(self.rt.Session)
         hub_auth = HubAuth(api_token=self.token, cache_max_age=60,
                            api_url=f"http://127.0.0.1:{self.rt.cfg.hub_port}/hub/api")
         self.server = activator.Server(self.controller, f"/services/{NAME}/",

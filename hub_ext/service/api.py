@@ -21,7 +21,7 @@ from ..db import EventRow, SampleRow, WorkloadRow, bump_version
 from ..events import add_event
 from ..limits import limits_for
 from ..requests import parse_request, workload_name
-from ..training.db import TrainingRow, ensure_table
+from ..training.db import TrainingRow
 from . import governance_api, roles_api, training_api, usage_api
 from .base import ApiHandler
 from .sharing import gpu_sharing
@@ -251,9 +251,6 @@ class WorkloadHandler(ApiHandler):
 
 def _training_job(handler: ApiHandler, s, name: str):
     """The trainings API's row of a job, if the job runner holds ``name``."""
-    if not handler.settings.get("gpupool_trainings_table"):
-        ensure_table(handler.Session)
-        handler.settings["gpupool_trainings_table"] = True
     return s.get(TrainingRow, name)
 
 

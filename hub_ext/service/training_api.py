@@ -19,7 +19,6 @@ from ..training.db import (
     STATUSES,
     TrainingRow,
     add_training,
-    ensure_table,
     is_active,
     training_dict,
 )
@@ -31,12 +30,6 @@ MAX_LOG_BYTES = 1 << 20
 
 
 class _Base(ApiHandler):
-    def prepare(self):
-        super().prepare()
-        if not self.settings.get("gpupool_trainings_table"):
-            ensure_table(self.Session)
-            self.settings["gpupool_trainings_table"] = True
-
     def _get(self, s, name: str) -> TrainingRow:
         t = s.get(TrainingRow, name)
         if t is None:

@@ -42,11 +42,6 @@ class TrainingRow(Base):
     transitions: Mapped[list] = mapped_column(JSON, default=list)  # [{ts, status, reason}]
 
 
-def ensure_table(Session) -> None:
-    """Create the table in a database made before this module was imported."""
-    TrainingRow.__table__.create(bind=Session.kw["bind"], checkfirst=True)
-
-
 def training_dict(t: TrainingRow, w: WorkloadRow | None) -> dict:
     spec = TrainingSpec.from_dict(t.spec)
     return {

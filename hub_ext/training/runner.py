@@ -36,7 +36,7 @@ from scheduler.model import Bind, Kind, Node, State, ValidationError, Workload
 from ..db import WorkloadRow
 from ..events import add_event
 from ..store import placement_json
-from .db import SUBMITTED, TrainingRow, add_training, ensure_table, set_status
+from .db import SUBMITTED, TrainingRow, add_training, set_status
 from .gang import free_port, gang_env
 from .spec import TrainingSpec
 
@@ -396,7 +396,6 @@ class JobRunner:
         self.preload, self.poll_s = preload, poll_s
         self.jobs: dict[str, Job] = {}
         self._task: asyncio.Task | None = None
-        ensure_table(Session)
         self.recover()
 
     def workdir(self, name: str) -> Path:

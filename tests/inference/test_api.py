@@ -110,9 +110,8 @@ def test_hub_follows_the_table_and_describe_shows_why_a_replica_waits(tmp_path):
         cfg = Gpupool(state_dir=str(tmp_path / "state"))
         rt = SimpleNamespace(scheduler=sched, store=store, cfg=cfg, Session=Session, delivery=None)
         hub = HubInference(rt, port=0, token="t")
-        from hub_ext.inference.db import InferenceRow, ensure_table
+        from hub_ext.inference.db import InferenceRow
 
-        ensure_table(Session)
         with Session() as s:  # what POST /inferences writes: a whole GPU over a 0.5 quota
             s.add(InferenceRow(name="big", owner="alice", project="serve", status={}, spec={
                 "name": "big", "project": "serve", "gpu": 1, "min_replicas": 1,
