@@ -133,7 +133,7 @@ DIARY = re.compile(
 # In the README and the docs every "session" must be one of these.
 PRODUCT_SESSION = re.compile(
     r"login sessions?|end-session|HTTP sessions?|database sessions?|SQLAlchemy sessions?|"
-    r"ClientSession|sessions? of their own|audit\.record\(session", re.I)
+    r"ClientSession|sessionmaker|sessions? of their own|audit\.record\(session", re.I)
 TEXT_SUFFIXES = {".py", ".md", ".c", ".h", ".def", ".yaml", ".yml", ".json", ".toml", ".sh", ".tpl",
                  ".txt", ".cfg", ".html", ".go", ".map", ""}
 
