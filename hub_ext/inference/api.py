@@ -29,12 +29,8 @@ def service_dict(row: InferenceRow) -> dict:
 
 
 class _Base(ApiHandler):
-    def _get(self, s, name) -> InferenceRow:
-        row = s.get(InferenceRow, name)
-        if row is None:
-            raise org.NotFound(f"inference service {name!r} does not exist")
-        self.require("view", project=row.project)
-        return row
+    def _get(self, s, name: str) -> InferenceRow:
+        return self.viewable(s, InferenceRow, name, "inference service")
 
 
 class InferencesHandler(_Base):

@@ -209,12 +209,8 @@ class WorkloadsHandler(ApiHandler):
 
 
 class WorkloadHandler(ApiHandler):
-    def _get(self, s, name) -> WorkloadRow:
-        w = s.get(WorkloadRow, name)
-        if w is None:
-            raise org.NotFound(f"workload {name!r} does not exist")
-        self.require("view", project=w.project)
-        return w
+    def _get(self, s, name: str) -> WorkloadRow:
+        return self.viewable(s, WorkloadRow, name, "workload")
 
     def get(self, name):
         with self.Session() as s:

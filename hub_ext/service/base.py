@@ -82,6 +82,15 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
     def require_admin(self) -> None:
         self.require("administer_platform")
 
+    def viewable(self, s, model, name: str, what: str):
+        """The row ``name`` of ``model`` (a table with a ``project`` column) that the caller
+        may view: 404 naming ``what`` when there is none, else ``require("view")``."""
+        row = s.get(model, name)
+        if row is None:
+            raise NotFound(f"{what} {name!r} does not exist")
+        self.require("view", project=row.project)
+        return row
+
 
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 

@@ -31,11 +31,7 @@ MAX_LOG_BYTES = 1 << 20
 
 class _Base(ApiHandler):
     def _get(self, s, name: str) -> TrainingRow:
-        t = s.get(TrainingRow, name)
-        if t is None:
-            raise org.NotFound(f"training {name!r} does not exist")
-        self.require("view", project=t.project)
-        return t
+        return self.viewable(s, TrainingRow, name, "training")
 
 
 class TrainingsHandler(_Base):
