@@ -198,19 +198,22 @@ def report(session, start: float, end: float, by: str, now: float | None = None)
     }
 
 
-def close_open_allocations(session, message: str = "hub restarted") -> int:
-    """After a restart nothing of the old hub holds GPUs: close every open allocation at
-    the last allocation sample the old hub took (or now, without one). Returns how many."""
+def close_open_allocations(session, message: str = "hub restarted", running=frozenset()) -> int:
+    """After a restart: close every open allocation at the last allocation sample the old
+    hub took (or now, without one), except those of ``running`` workloads (their processes
+    outlived the hub, so their GPU-hours go on without a gap). Returns how many."""
     at = session.scalar(select(func.max(SampleRow.ts))) or time.time()
     latest = (select(EventRow.workload, func.max(EventRow.id).label("id"))
               .where(EventRow.kind.in_(ALLOCATION_EVENTS)).group_by(EventRow.workload).subquery())
     still_open = session.scalars(
         select(EventRow).join(latest, EventRow.id == latest.c.id).where(EventRow.kind == OPENS)).all()
     for e in still_open:
+        if e.workload in running:
+            continue
         session.add(EventRow(ts=max(at, e.ts), kind="released", workload=e.workload, project=e.project,
                              user=e.user, department=e.department,
                              message=f"{e.workload} released its GPUs ({message})"))
-    return len(still_open)
+    return sum(e.workload not in running for e in still_open)
 
 
 # -- request parameters and CSV ---------------------------------------------------------

@@ -141,6 +141,31 @@ class Gpupool(Configurable):
         local = ROOT / ".tools" / "bin" / "code-server"
         return found or (str(local) if local.exists() else "")
 
+    accounts = Enum(
+        ["create", "existing", "personal"],
+        help="Which OS account runs each user's workloads. create: an account per user, made on "
+        "first use (ACCOUNT_PREFIX + name, home under HOME_ROOT, mode 0700); existing: the "
+        "account ACCOUNT_TEMPLATE names must exist; personal: the hub's own account, and only "
+        "that OS user may log in. Default: create when the hub runs as root, else personal.",
+    ).tag(config=True)
+
+    @default("accounts")
+    def _accounts_default(self):
+        return "create" if os.geteuid() == 0 else "personal"
+
+    account_prefix = Unicode(
+        "gpupool-", help="Prefix of the OS accounts made for users (accounts = create)."
+    ).tag(config=True)
+    account_template = Unicode(
+        "{prefix}{username}",
+        help="The OS account of a hub user: {prefix} is ACCOUNT_PREFIX, {username} the hub "
+        "name. With accounts = existing, e.g. '{username}' maps each user to the account of "
+        "the same name.",
+    ).tag(config=True)
+    home_root = Unicode(
+        "/home", help="Folder holding the homes of accounts gpupool creates."
+    ).tag(config=True)
+
     credentials_key_file = Unicode(
         help="File holding the Fernet key that encrypts project credentials at rest; created "
         "with mode 0600 when missing. Back it up: credentials cannot be read without it. "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from . import roles
 from .config import ROOT, Gpupool
 from .db import MemberRow
 from .org import org_users
-from .runtime import Runtime
+from .runtime import Runtime, personal_notice
 
 SCOPES = roles.SCOPES  # custom:gpupool:admin, :department-admin, :use, :view
 
@@ -48,6 +49,8 @@ def configure(c) -> Runtime:
     c.JupyterHub.allow_named_servers = True
     c.JupyterHub.named_server_limit_per_user = 5
     c.JupyterHub.default_url = "/hub/home"
+    # Workloads outlive the hub (hub_ext.host): a restart finds the servers again.
+    c.JupyterHub.cleanup_servers = False
 
     sso = cfg.auth == "oidc"
     if sso:  # single sign-on: who gets in and their roles come from the groups claim
@@ -60,6 +63,13 @@ def configure(c) -> Runtime:
         c.SharedPasswordAuthenticator.admin_password = cfg.admin_password
         c.Authenticator.admin_users = admins
         c.Authenticator.allowed_users = users - admins
+    if rt.accounts.mode == "personal":
+        # Every workload would run as the hub's own account: only its owner may log in.
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        admins = {me}
+        c.Authenticator.admin_users = admins
+        c.Authenticator.allowed_users = set()
+        c.JupyterHub.template_vars = {"announcement_login": f"Personal mode: {personal_notice()}."}
 
     c.JupyterHub.spawner_class = "hub_ext.spawner.GpupoolLocalSpawner"
     c.Spawner.start_timeout = cfg.start_timeout_s

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pwd
+import re
 import sys
 import time
 from pathlib import Path
@@ -17,6 +19,9 @@ from scheduler.model import MILLI, Bind, Workload
 
 from . import accounting, attach, credentials, datasources, org, roles
 from .config import Gpupool
+from .host.accounts import Accounts
+from .host.cgroups import detect as detect_cgroups
+from .host.process import Launcher
 from .db import GpuSampleRow, SampleRow, WorkloadRow
 from .inventory import discover, gpu_utilization
 from .limits import limits_for
@@ -26,6 +31,7 @@ from .store import DbStore, placement_json
 from .training.runner import JobRunner
 
 log = logging.getLogger("gpupool")
+_WORKER = re.compile(r"(.+)-w\d+")
 
 
 class Runtime:
@@ -33,17 +39,27 @@ class Runtime:
 
     def __init__(self, cfg: Gpupool):
         self.cfg = cfg
-        Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
+        state = Path(cfg.state_dir)
+        state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        state.chmod(0o700)  # the hub's secrets and databases: no workload account may look in
         self.Session = make_sessionmaker(cfg.db_url)
         self.store = DbStore(self.Session)
         with self.Session() as s:
             self.org_file = org.load_starter(s, cfg.org_file)
         self.nodes, self.inventory_source = discover(cfg.declared_gpus, cfg.use_nvml)
         self.store.set_nodes(self.nodes, self.inventory_source)
+        # Workloads run as their owners' OS accounts under a monitor that outlives the hub
+        # (hub_ext.host); what still runs from before a restart is kept, not dropped.
+        self.accounts = Accounts(cfg.accounts, prefix=cfg.account_prefix, home_root=cfg.home_root,
+                                 template=cfg.account_template)
+        self.cgroups = detect_cgroups()
+        self.launcher = Launcher(state / "run", self.cgroups)
+        running = self.surviving_workloads()
         with self.Session() as s:
-            accounting.close_open_allocations(s)
+            accounting.close_open_allocations(s, running=running)
             s.commit()
-        self.store.reset_after_restart()
+        self.store.reset_after_restart(running)
+        self._startup_log()
         self.scheduler = EmbeddedScheduler(self.store, self.nodes, cfg.schedule_period_s)
         self.scheduler.launch = self._launch_process
         # credentials and data sources reach workloads through this one object (attach.py)
@@ -51,6 +67,31 @@ class Runtime:
         self.trainings = JobRunner(self.scheduler, self.Session, self.nodes, cfg.state_dir, cfg.preload_library,
                                    delivery=self.delivery)
         self._started = False
+
+    def surviving_workloads(self) -> set[str]:
+        """Workloads with a process still running from before a restart (a training's
+        workers are named JOB-wRANK)."""
+        names = set()
+        for n in self.launcher.names():
+            h = self.launcher.adopt(n)
+            if h is not None and h.alive():
+                m = _WORKER.fullmatch(n)
+                names.add(m.group(1) if m else n)
+        return names
+
+    def _startup_log(self) -> None:
+        if self.accounts.mode == "personal":
+            log.warning("gpupool: personal mode: %s", personal_notice())
+        else:
+            log.info("gpupool: workloads run as per-user accounts (%s mode)", self.accounts.mode)
+            for problem in unreachable(Path(sys.executable)):
+                log.warning("gpupool: %s", problem)
+        if not self.cgroups.enforced:
+            log.warning("gpupool: CPU and memory limits are not enforced: %s", self.cgroups.reason)
+
+    def gpu_devices(self, b: Bind) -> tuple[str, ...]:
+        """The device files of a placement's GPUs (the device cgroup allows only these)."""
+        return tuple(f"/dev/nvidia{i}" for p in b.pods for i in p.gpu_indices)
 
     @classmethod
     def instance(cls, cfg: Gpupool | None = None) -> Runtime:
@@ -209,3 +250,21 @@ class Runtime:
 
     def workload_row(self, name: str) -> WorkloadRow | None:
         return self.store.get(name)
+
+
+def personal_notice() -> str:
+    """Why only one person may log in when the hub is not root (shown in the log and on the
+    login page)."""
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    return (f"this hub runs as {me}, not root, so it cannot start work as other accounts: "
+            f"every workload runs as {me}, and only {me} may log in")
+
+
+def unreachable(path: Path) -> list[str]:
+    """Why other accounts could not run ``path``: a folder on the way they may not enter."""
+    for folder in path.resolve().parents:
+        mode = folder.stat().st_mode
+        if not mode & 0o001:
+            return [f"{folder} (mode {mode & 0o777:o}) is closed to other accounts, so their "
+                    f"workloads cannot run {path}: install gpupool where every account may read it"]
+    return []

@@ -16,13 +16,17 @@ import sys
 import time
 from pathlib import Path
 
-from jupyterhub.spawner import SimpleLocalProcessSpawner, Spawner
+from jupyterhub.spawner import Spawner
+from jupyterhub.utils import random_port
 from traitlets import default
 
 from scheduler.embedded import terminate
 from scheduler.model import MILLI, Bind, ValidationError
 
 from .form import render_form
+from .host.accounts import AccountError
+from .host.cgroups import Limits
+from .host.process import Spec
 from .metrics import SPAWN_QUEUE_SECONDS, SPAWN_SECONDS
 from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest, parse_request, workload_name
 from .runtime import Runtime
@@ -183,13 +187,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-class GpupoolLocalSpawner(GpupoolSpawnerMixin, SimpleLocalProcessSpawner):
-    """Embedded mode: each workspace is a local ``jupyterhub-singleuser`` process running
-    as the hub's user, in ``home_dir_template`` (one folder per user)."""
-
-    @default("home_dir_template")
-    def _home_tpl(self):
-        return str(Path(self.gpupool.cfg.state_dir) / "home" / "{username}")
+class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
+    """Embedded mode: each workspace is a local ``jupyterhub-singleuser`` process run by the
+    host launcher (``hub_ext.host``) as its owner's own OS account, in that account's home,
+    under the cgroup limits of the request. The process outlives the hub: after a restart
+    ``load_state`` finds it again and the hub keeps routing to it."""
 
     @default("cmd")
     def _cmd(self):
@@ -209,17 +211,116 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, SimpleLocalProcessSpawner):
         env["GPUPOOL_WORKLOAD"] = self.workload
         return env
 
+    @property
+    def home_dir(self) -> str:
+        account = getattr(self, "account", None)
+        return str(account.home) if account is not None else ""
+
+    async def start(self):
+        try:  # first: attached files and links go into the account's home
+            self.account = await asyncio.get_running_loop().run_in_executor(
+                None, self.gpupool.accounts.for_user, self.user.name)
+        except AccountError as e:
+            raise RuntimeError(f"No OS account for {self.user.name}: {e}") from None
+        return await super().start()
+
     async def launch_workspace(self, req: WorkloadRequest, bind: Bind):
-        if os.getuid() == 0 and "--allow-root" not in self.args:  # runs as the hub's user
-            self.args = [*self.args, "--allow-root"]
+        rt = self.gpupool
         if req.workspace_kind == "vscode":
-            if not self.gpupool.cfg.code_server or not shutil.which(self.gpupool.cfg.code_server):
+            if not rt.cfg.code_server or not shutil.which(rt.cfg.code_server):
                 raise RuntimeError("VS Code is not installed on this hub (code-server missing)")
             self.default_url = "/vscode/"
         else:
             self.default_url = "/lab"
         self.cpu_limit, self.mem_limit = req.cpu, int(req.memory_gib * 1024**3)
         t0 = time.monotonic()
-        result = await SimpleLocalProcessSpawner.start(self)
-        self.log.info("gpupool: %s launched in %.2fs", self.workload, time.monotonic() - t0)
-        return result
+        self.port = self.port or random_port()
+        env = {**self.get_env(), **account_env(self.account)}
+        spec = Spec(name=self.workload, argv=[*self.cmd, *self.get_args()], env=env,
+                    cwd=str(self.account.home), account=self.account,
+                    limits=Limits(cpu=req.cpu, memory_bytes=self.mem_limit,
+                                  gpu_devices=rt.gpu_devices(bind)),
+                    log_path=str(self.account.home / ".gpupool" / "logs" / f"{self.workload}.log"))
+        self._handle = await rt.launcher.start(spec)
+        self.pid = self._handle.pid
+        self._watch = asyncio.ensure_future(self._watch_exit(self._handle))
+        self.log.info("gpupool: %s launched in %.2fs as %s", self.workload, time.monotonic() - t0,
+                      self.account.name)
+        return (self.ip or "127.0.0.1", self.port)
+
+    async def _watch_exit(self, handle) -> None:
+        """A workspace that ends by itself (crash, OOM, SIGKILL) gives its GPUs back within
+        one poll of its handle, with an event that says how it ended; JupyterHub's own poll
+        then tidies the server away."""
+        end = await handle.wait()
+        rt = self.gpupool
+        row = rt.store.get(self.workload)
+        project = row.project if row is not None else ""
+        kind = "oom-killed" if end.oom else "exited"
+        rt.store.event(kind, f"{self.workload} ended: {end.describe()}", self.workload, project)
+        rt.scheduler.release(self.workload, end.describe())
+        rt.store.remove_workload(self.workload)
+        rt.delivery.cleanup(self.workload)
+
+    def _adopted(self):
+        """The handle of the running process, found again after a hub restart."""
+        handle = getattr(self, "_handle", None)
+        if handle is None and self.pid:
+            handle = self._handle = self.gpupool.launcher.adopt(self.workload)
+            if handle is not None:
+                self.gpupool.scheduler.adopt(self.workload, self._evict)
+                self._watch = asyncio.ensure_future(self._watch_exit(handle))
+        return handle
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.pid = state.get("pid", 0)
+
+    def get_state(self):
+        state = super().get_state()
+        if self.pid:
+            state["pid"] = self.pid
+        return state
+
+    def clear_state(self):
+        super().clear_state()
+        self.pid = 0
+        self._handle = None
+
+    async def poll(self):
+        handle = self._adopted()
+        if handle is None:
+            return 0  # nothing of ours runs
+        if handle.alive():
+            return None
+        end = handle.exit()
+        return end.code if end is not None and end.code is not None else 1
+
+    async def _end(self, grace_s: float, reason: str) -> None:
+        """Stop the process (if it runs) and give everything back; no "exited" event."""
+        handle = self._adopted()
+        watch = getattr(self, "_watch", None)
+        if watch is not None:
+            watch.cancel()
+        try:
+            if handle is not None and handle.alive():
+                await handle.terminate(grace_s)
+        finally:
+            if handle is not None:
+                self.gpupool.launcher.forget(handle.name)
+            self.gpupool.scheduler.release(self.workload, reason)
+            self.gpupool.store.remove_workload(self.workload)
+            self.gpupool.delivery.cleanup(self.workload)
+
+    async def stop(self, now=False):
+        await self._end(0 if now else 5.0, "stopped")
+
+    async def _evict(self, grace_s: float) -> None:
+        self._emit(90, "Evicted by the scheduler")
+        await self._end(grace_s, "evicted")
+
+
+def account_env(account) -> dict[str, str]:
+    """What a login shell of the account would have: HOME, USER, LOGNAME, SHELL."""
+    return {"HOME": str(account.home), "USER": account.name, "LOGNAME": account.name,
+            "SHELL": "/bin/bash"}

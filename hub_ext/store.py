@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, true, update
 
 from scheduler.model import MILLI, Kind, PodPlacement, State, Workload
 
@@ -160,14 +160,17 @@ class DbStore:
                 ))
             s.commit()
 
-    def reset_after_restart(self) -> None:
-        """Nothing of ours runs after a hub restart: drop workspaces, requeue the rest."""
+    def reset_after_restart(self, running: set[str] = frozenset()) -> None:
+        """After a hub restart: workloads in ``running`` (their processes outlived the hub)
+        keep their rows and placements; of the rest, workspaces are dropped and other work is
+        requeued."""
+        gone = WorkloadRow.name.not_in(running) if running else true()
         with self.Session() as s:
-            s.execute(delete(WorkloadRow).where(WorkloadRow.kind == "workspace"))
-            s.execute(update(WorkloadRow).where(WorkloadRow.state.in_(("running", "releasing")))
+            s.execute(delete(WorkloadRow).where(WorkloadRow.kind == "workspace", gone))
+            s.execute(update(WorkloadRow).where(WorkloadRow.state.in_(("running", "releasing")), gone)
                       .values(state="pending", placement=[], pid=None))
             # Asked to stop before the restart: nothing runs it now, so it has stopped.
-            s.execute(update(WorkloadRow).where(WorkloadRow.state == "stopping")
+            s.execute(update(WorkloadRow).where(WorkloadRow.state == "stopping", gone)
                       .values(state="stopped", placement=[], pid=None, reason="stopped"))
             bump_version(s)
             s.commit()

@@ -153,6 +153,15 @@ class EmbeddedScheduler:
         self.poke()
         return waiter
 
+    def adopt(self, name: str, evict: Evictor) -> None:
+        """A workload that kept running through a hub restart (its stored placement is in
+        the snapshot already): whoever runs it again answers its evictions."""
+        w = self.snapshot.workloads.get(name)
+        if w is None or not w.placement:
+            return
+        waiter = self.waiters[name] = Waiter(asyncio.get_running_loop().create_future(), evict)
+        waiter.bound.set_result(Bind(name, w.placement, w.over_quota))
+
     def release(self, name: str, reason: str = "stopped") -> None:
         """The workload has stopped: its GPUs go back to the pool at once."""
         w = self.snapshot.workloads.get(name)

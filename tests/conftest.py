@@ -107,3 +107,19 @@ def shots(tmp_path_factory):
     d = Path(os.environ.get("GPUPOOL_SCREENSHOTS") or tmp_path_factory.mktemp("shots"))
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_workload_accounts():
+    """OS accounts that embedded mode made for test users (prefix gpupool-) go at the end."""
+    def accounts() -> set[str]:
+        return {line.split(":", 1)[0] for line in Path("/etc/passwd").read_text().splitlines() if line}
+
+    before = accounts()
+    yield
+    import subprocess
+
+    for name in sorted(accounts() - before):
+        if name.startswith("gpupool-"):
+            subprocess.run(["pkill", "-KILL", "-u", name], check=False)
+            subprocess.run(["userdel", "-r", name], capture_output=True, check=False)

@@ -42,11 +42,13 @@ class Hub:
         self.config = config
         self.proc: subprocess.Popen | None = None
         self.log = self.workdir / "hub.log"
+        self.accounts_before: set[str] = set()
 
     def start(self, timeout: float = 120) -> Hub:
         cfg = self.workdir / "gpupool_config.py"
         cfg.write_text(self.config or "c = get_config()  # noqa\n")
         gp = Path(sys.executable).parent / "gpupool"
+        self.accounts_before = self.accounts_before or _accounts()
         self.proc = subprocess.Popen(
             [str(gp), "up", "--config", str(cfg)], cwd=self.workdir, env=self.env,
             stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
@@ -63,7 +65,22 @@ class Hub:
         self.stop()
         raise RuntimeError(f"hub did not come up: {self.log.read_text()[-3000:]}")
 
+    def kill(self) -> None:
+        """SIGKILL the hub alone (its workloads run on, as after a crash)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
     def stop(self) -> None:
+        """Stop the hub and everything it started, and remove the OS accounts it made."""
+        try:
+            self._stop_hub()
+        finally:
+            _end_workloads(self.workdir / "state" / "run")
+            for name in _accounts() - self.accounts_before:
+                _remove_account(name)
+
+    def _stop_hub(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
         os.killpg(self.proc.pid, signal.SIGTERM)
@@ -83,6 +100,28 @@ class Hub:
                 os.kill(pid, signal.SIGTERM)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _accounts() -> set[str]:
+    return {line.split(":", 1)[0] for line in Path("/etc/passwd").read_text().splitlines() if line}
+
+
+def _remove_account(name: str) -> None:
+    subprocess.run(["pkill", "-KILL", "-u", name], check=False)
+    for _ in range(50):  # userdel refuses an account that still runs something
+        if subprocess.run(["userdel", "-r", name], capture_output=True).returncode in (0, 6):
+            return
+        time.sleep(0.1)
+
+
+def _end_workloads(run_dir: Path) -> None:
+    """Workloads outlive a stopped hub by design: end each one (its monitor then exits)."""
+    for pidfile in run_dir.glob("*/child.pid"):
+        try:
+            pid = int(pidfile.read_text().split()[0])
+            os.killpg(pid, signal.SIGKILL)
+        except (ValueError, IndexError, OSError):
+            pass
 
 
 def _running_in(folder: Path) -> list[int]:
