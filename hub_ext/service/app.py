@@ -49,6 +49,16 @@ def make_app(cfg: Gpupool, prefix: str, session_factory=None, hub: HubAPI | None
     )
 
 
+async def _end_with_hub(stop: asyncio.Event, every_s: float = 1.0) -> None:
+    """A hub that dies without stopping its services (SIGKILL) starts them again when it
+    comes back: the old copy must have let go of its port by then."""
+    hub = os.getppid()
+    while os.getppid() == hub:
+        await asyncio.sleep(every_s)
+    log.info("the hub (pid %d) is gone", hub)
+    stop.set()
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="[gpupool-service %(asctime)s] %(message)s")
     cfg = load_config()
@@ -68,6 +78,7 @@ def main() -> None:
         log.info("listening on %s%s", url.geturl(), prefix)
         if cfg.cull_idle_s:
             asyncio.ensure_future(culler.run(app.settings["gpupool"]))
+        asyncio.ensure_future(_end_with_hub(stop))
         await stop.wait()
         log.info("stopping")
 
