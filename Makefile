@@ -4,13 +4,16 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
+# Embedded workloads run as per-user OS accounts, which must be able to run the venv's Python:
+# prefer the system's Python (3.11+) to one inside a private home (pyenv under /root).
+PYTHON3 ?= $(shell /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo /usr/bin/python3 || echo python3)
 
 .PHONY: setup run test lint native bench clean system k8s dex docs fuzz
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
+	$(PYTHON3) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test]'
 	touch $@
