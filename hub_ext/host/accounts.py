@@ -32,6 +32,7 @@ from .errors import AccountError
 MODES = ("create", "existing", "personal")
 MAX_NAME = 32  # useradd's limit on Debian and most distributions
 _VALID = re.compile(r"^[a-z_][a-z0-9_-]*$")
+_HASHED = re.compile(r"-[0-9a-f]{5}$")
 _PREFIX = re.compile(r"^[a-z_][a-z0-9_-]{0,15}$|^$")
 _LOCK_RETRIES = 6  # useradd/userdel fail while another tool holds /etc/passwd's lock
 
@@ -67,11 +68,12 @@ def unix_name(name: str) -> str:
     character outside ``[a-z0-9_-]`` made ``-``, ``_`` in front of a leading digit or ``-``.
     A name that changed, or is longer than 32 characters, is cut and ends in ``-`` and five
     hex digits of the SHA-256 of ``name`` (as TLJH does), so that two hub users whose names
-    differ only in what was replaced ("a.b", "a-b") do not share an account."""
+    differ only in what was replaced ("a.b", "a-b") do not share an account. A name that
+    already ends so is given the suffix too, so a kept name never equals a cut one."""
     out = re.sub(r"[^a-z0-9_-]", "-", name.lower())
     if not out or not re.match(r"[a-z_]", out[0]):
         out = "_" + out
-    if out != name or len(out) > MAX_NAME:
+    if out != name or len(out) > MAX_NAME or _HASHED.search(out):
         digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:5]
         out = f"{out[: MAX_NAME - 6]}-{digest}"
     return out

@@ -488,7 +488,7 @@ class V2Cgroups(Cgroups):
 
 class SystemdCgroups(Cgroups):
     """Through systemd, which owns the cgroup tree when it is PID 1: the monitor is started
-    in a transient scope ``gpupool-NAME.scope`` in ``gpupool.slice`` with the limits as unit
+    in a transient scope ``gpupool-NAME-DIGEST.scope`` in ``gpupool.slice`` with the limits as unit
     properties; the workload, the monitor's child, stays in it. The monitor reads its own
     cgroup from /proc/self/cgroup for the counters. The scope also keeps a restart of a
     hub that is itself a systemd service from killing the monitors with it.
@@ -508,13 +508,18 @@ class SystemdCgroups(Cgroups):
         if limits.cpu is not None:
             props += ["-p", f"CPUQuota={round(limits.cpu * 100)}%"]
         return [self.systemd_run, "--scope", "--quiet", "--collect", "--slice", "gpupool.slice",
-                "--unit", f"gpupool-{name}", *props, "--", *argv]
+                "--unit", unit_name(name), *props, "--", *argv]
 
     def create(self, name: str, limits: Limits) -> Group:
         return ScopeGroup(own_group())
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "systemd_run": self.systemd_run}
+
+
+def unit_name(name: str) -> str:
+    """The scope unit of group ``name``; its '.' would read as a unit type suffix."""
+    return f"gpupool-{name.replace('.', '-')}.scope"
 
 
 def cgroups_from_json(d: dict) -> Cgroups:
@@ -618,4 +623,4 @@ def _read_text(path: Path) -> str:
 
 __all__ = ["CGROUP_ROOT", "Cgroups", "Group", "Limits", "ScopeGroup", "SystemdCgroups", "V1Cgroups", "V1Group",
            "V2Cgroups", "V2Group", "cgroup_mounts", "cgroups_from_json", "cpu_quota_us", "detect", "device_rules",
-           "group_from_json", "own_cgroups", "own_group", "scan_devices"]
+           "group_from_json", "own_cgroups", "own_group", "scan_devices", "unit_name"]

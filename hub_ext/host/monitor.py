@@ -124,7 +124,7 @@ def _start(run: Path, spec: dict, group: Group) -> tuple[int, float]:
 def run(run: Path) -> int:
     spec = read_spec(run)
     limits = Limits.from_json(spec["limits"])
-    group = cgroups_from_json(spec["cgroups"]).create(spec["name"], limits)
+    group = cgroups_from_json(spec["cgroups"]).create(spec["group_name"], limits)
     try:
         pid, started_at = _start(run, spec, group)
     except BaseException:

@@ -12,6 +12,7 @@ A workload's environment is exactly ``Spec.env``: nothing of the hub's is inheri
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import re
 import shutil
@@ -205,6 +206,12 @@ class Launcher:
             raise SpecError(f"workload name {name!r}: 1 to 100 of A-Z, a-z, 0-9, '_', '.', '-'")
         return self.run_dir / name
 
+    def group_name(self, name: str) -> str:
+        """The cgroup (or systemd scope) of workload ``name``: its name and a digest of
+        ``run_dir``, so that two hubs on one host (or two test runs) never share one."""
+        digest = hashlib.sha256(str(self.run_dir.resolve()).encode()).hexdigest()[:8]
+        return f"{name}.{digest}"
+
     async def start(self, spec: Spec, timeout_s: float = 30.0) -> Handle:
         """Start ``spec`` and return once its process runs (exec'd, in its cgroup, as its
         account). A workload of that name still running is an error; one that ended is
@@ -221,9 +228,9 @@ class Launcher:
             "cwd": str(spec.cwd if spec.cwd is not None else spec.account.home),
             "account": spec.account.to_json(), "limits": spec.limits.to_json(),
             "log_path": str(spec.log_path if spec.log_path is not None else run / "output.log"),
-            "cgroups": self.cgroups.to_json(),
+            "cgroups": self.cgroups.to_json(), "group_name": self.group_name(spec.name),
         })
-        argv = self.cgroups.wrap(spec.name, spec.limits,
+        argv = self.cgroups.wrap(self.group_name(spec.name), spec.limits,
                                  [sys.executable, "-S", "-u", "-m", "hub_ext.host.monitor", str(run)])
         # The monitor gets no environment of the hub's either: only where to find itself.
         env = {"PATH": os.defpath, "PYTHONPATH": str(_ROOT), "LC_ALL": "C.UTF-8"}
