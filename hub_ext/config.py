@@ -157,10 +157,10 @@ class Gpupool(Configurable):
         "gpupool-", help="Prefix of the OS accounts made for users (accounts = create)."
     ).tag(config=True)
     account_template = Unicode(
-        "{prefix}{username}",
+        "",
         help="The OS account of a hub user: {prefix} is ACCOUNT_PREFIX, {username} the hub "
-        "name. With accounts = existing, e.g. '{username}' maps each user to the account of "
-        "the same name.",
+        "name. Default: '{prefix}{username}' with accounts = create, '{username}' (the account "
+        "of the same name) with accounts = existing.",
     ).tag(config=True)
     home_root = Unicode(
         "/home", help="Folder holding the homes of accounts gpupool creates."

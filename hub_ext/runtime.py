@@ -51,7 +51,7 @@ class Runtime:
         # Workloads run as their owners' OS accounts under a monitor that outlives the hub
         # (hub_ext.host); what still runs from before a restart is kept, not dropped.
         self.accounts = Accounts(cfg.accounts, prefix=cfg.account_prefix, home_root=cfg.home_root,
-                                 template=cfg.account_template)
+                                 template=cfg.account_template or None)
         self.cgroups = detect_cgroups()
         self.launcher = Launcher(state / "run", self.cgroups)
         running = self.surviving_workloads()

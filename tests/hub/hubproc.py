@@ -3,6 +3,7 @@ and benches; stop it (and everything it started) afterwards."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -118,9 +119,9 @@ def _end_workloads(run_dir: Path) -> None:
     """Workloads outlive a stopped hub by design: end each one (its monitor then exits)."""
     for pidfile in run_dir.glob("*/child.pid"):
         try:
-            pid = int(pidfile.read_text().split()[0])
+            pid = int(json.loads(pidfile.read_text())["pid"])
             os.killpg(pid, signal.SIGKILL)
-        except (ValueError, IndexError, OSError):
+        except (ValueError, KeyError, TypeError, OSError):
             pass
 
 
