@@ -90,8 +90,8 @@ class Runtime:
             log.warning("gpupool: CPU and memory limits are not enforced: %s", self.cgroups.reason)
 
     def gpu_devices(self, b: Bind) -> tuple[str, ...]:
-        """The device files of a placement's GPUs (the device cgroup allows only these)."""
-        return tuple(f"/dev/nvidia{i}" for p in b.pods for i in p.gpu_indices)
+        """The indices of a placement's GPUs: the device cgroup opens only their /dev/nvidiaN."""
+        return tuple(str(i) for p in b.pods for i in p.gpu_indices)
 
     @classmethod
     def instance(cls, cfg: Gpupool | None = None) -> Runtime:

@@ -10,6 +10,7 @@ subclass with the same mixin.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import sys
@@ -26,6 +27,7 @@ from scheduler.model import MILLI, Bind, ValidationError
 from .form import render_form
 from .host.accounts import AccountError
 from .host.cgroups import Limits
+from .host.errors import LaunchError
 from .host.process import Spec
 from .metrics import SPAWN_QUEUE_SECONDS, SPAWN_SECONDS
 from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest, parse_request, workload_name
@@ -306,11 +308,11 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
             if handle is not None and handle.alive():
                 await handle.terminate(grace_s)
         finally:
-            if handle is not None:
-                self.gpupool.launcher.forget(handle.name)
             self.gpupool.scheduler.release(self.workload, reason)
             self.gpupool.store.remove_workload(self.workload)
             self.gpupool.delivery.cleanup(self.workload)
+        if handle is not None:
+            await forget(self.gpupool.launcher, handle)
 
     async def stop(self, now=False):
         await self._end(0 if now else 5.0, "stopped")
@@ -318,6 +320,15 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
     async def _evict(self, grace_s: float) -> None:
         self._emit(90, "Evicted by the scheduler")
         await self._end(grace_s, "evicted")
+
+
+async def forget(launcher, handle, wait_s: float = 10.0) -> None:
+    """Drop a finished workload's run folder once its monitor has tidied up and exited."""
+    deadline = time.monotonic() + wait_s
+    while handle.monitor_alive() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    with contextlib.suppress(LaunchError):
+        launcher.forget(handle.name)
 
 
 def account_env(account) -> dict[str, str]:

@@ -117,9 +117,8 @@ def _remove_workload_accounts():
 
     before = accounts()
     yield
-    import subprocess
+    from tests.hub.hubproc import remove_account
 
     for name in sorted(accounts() - before):
         if name.startswith("gpupool-"):
-            subprocess.run(["pkill", "-KILL", "-u", name], check=False)
-            subprocess.run(["userdel", "-r", name], capture_output=True, check=False)
+            remove_account(name)

@@ -58,7 +58,9 @@ class Hub:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"hub exited: {self.log.read_text()[-3000:]}")
-            try:
+            try:  # the hub and its service, through the proxy (after a kill the old proxy may
+                # still answer for a moment, for a hub that is gone)
+                urllib.request.urlopen(self.url + "/hub/api", timeout=2)
                 urllib.request.urlopen(self.url + "/services/gpupool/api/v1/openapi.json", timeout=2)
                 return self
             except Exception:
@@ -79,7 +81,8 @@ class Hub:
         finally:
             _end_workloads(self.workdir / "state" / "run")
             for name in _accounts() - self.accounts_before:
-                _remove_account(name)
+                if name.startswith("gpupool-"):  # the hub's default account prefix
+                    remove_account(name)
 
     def _stop_hub(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -107,12 +110,24 @@ def _accounts() -> set[str]:
     return {line.split(":", 1)[0] for line in Path("/etc/passwd").read_text().splitlines() if line}
 
 
-def _remove_account(name: str) -> None:
-    subprocess.run(["pkill", "-KILL", "-u", name], check=False)
-    for _ in range(50):  # userdel refuses an account that still runs something
-        if subprocess.run(["userdel", "-r", name], capture_output=True).returncode in (0, 6):
-            return
+def remove_account(name: str) -> None:
+    """Remove a test account, its processes and its home (a later account of the same name
+    must not find the old one's files)."""
+    import pwd
+    import shutil
+
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        subprocess.run(["pkill", "-KILL", "-u", name], check=False, capture_output=True)
+        if subprocess.run(["pgrep", "-u", name], capture_output=True).returncode != 0:
+            break
         time.sleep(0.1)
+    subprocess.run(["userdel", "-r", "-f", name], capture_output=True, check=False)
+    shutil.rmtree(entry.pw_dir, ignore_errors=True)
 
 
 def _end_workloads(run_dir: Path) -> None:
