@@ -19,10 +19,10 @@ from scheduler.model import MILLI, Bind, Workload
 
 from . import accounting, attach, credentials, datasources, org, roles
 from .config import Gpupool
+from .db import GpuSampleRow, SampleRow, WorkloadRow
 from .host.accounts import Accounts
 from .host.cgroups import detect as detect_cgroups
 from .host.process import Launcher
-from .db import GpuSampleRow, SampleRow, WorkloadRow
 from .inventory import discover, gpu_utilization
 from .limits import limits_for
 from .requests import FieldError, Limits
@@ -265,6 +265,7 @@ def unreachable(path: Path) -> list[str]:
     for folder in path.resolve().parents:
         mode = folder.stat().st_mode
         if not mode & 0o001:
-            return [f"{folder} (mode {mode & 0o777:o}) is closed to other accounts, so their "
-                    f"workloads cannot run {path}: install gpupool where every account may read it"]
+            why = (f"{folder} (mode {mode & 0o777:o}) is closed to other accounts, so their "
+                   f"workloads cannot run {path}: install gpupool where every account may read it")
+            return [why]
     return []
