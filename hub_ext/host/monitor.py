@@ -5,8 +5,8 @@ the hub has gone: it makes the workload's cgroup, forks the workload (which join
 cgroup, drops to its account and becomes its own session and process group), and waits
 for it. Because it, not the hub, is the parent, the workload keeps running when the hub is
 restarted or SIGKILLed, and its exit status (and whether the OOM killer ended it) is still
-collected and written to ``exit.json`` for whichever hub adopts it later. It then kills
-what the workload left behind in its cgroup and removes the cgroup.
+collected and written to ``exit.json`` for whichever hub adopts it later, once it has killed
+what the workload left behind in its cgroup and removed the cgroup.
 
 Single-threaded, so a plain ``os.fork`` is safe. Standard library and this package only, so
 that it starts quickly. It ignores SIGTERM, SIGINT and SIGHUP: stopping a workload is
@@ -25,6 +25,7 @@ import traceback
 from pathlib import Path
 
 from .cgroups import Group, Limits, cgroups_from_json
+from .errors import CgroupError
 from .state import CHILD, ERROR, EXIT, SPEC, Exit, proc_start_time, write_json
 
 _CHILD_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ)
@@ -136,6 +137,7 @@ def run(run: Path) -> int:
         "group": group.to_json(), "memory_limit_bytes": limits.memory_bytes,
     })
     _, status, usage = os.wait4(pid, 0)
+    ended_at = time.time()
     cpu = group.cpu_seconds()
     if cpu is None:  # no cgroup: the workload and the children it waited for
         cpu = usage.ru_utime + usage.ru_stime
@@ -144,15 +146,20 @@ def run(run: Path) -> int:
         os.killpg(pid, signal.SIGKILL)  # what the workload left in its process group
     except (ProcessLookupError, PermissionError):
         pass
-    group.kill(exclude={os.getpid()})
+    # Everything is cleaned up before the end is written, so that a hub reading exit.json
+    # knows nothing of the workload is left and its name may be started again.
+    group.kill(exclude={os.getpid()})  # a systemd scope holds the monitor too
+    try:
+        group.remove()
+    except CgroupError as e:
+        print(f"{spec['name']}: {e}", flush=True)
     end = Exit(
         code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
         signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-        oom=oom, memory_limit_bytes=limits.memory_bytes, ended_at=time.time(), cpu_seconds=cpu,
+        oom=oom, memory_limit_bytes=limits.memory_bytes, ended_at=ended_at, cpu_seconds=cpu,
     )
-    write_json(run / EXIT, end.to_json())
     print(f"{spec['name']}: {end.describe()}", flush=True)
-    group.remove()
+    write_json(run / EXIT, end.to_json())
     return 0
 
 
