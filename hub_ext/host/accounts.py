@@ -194,8 +194,8 @@ def _refuse_root(p: pwd.struct_passwd, hub_user: str) -> None:
 
 
 def _run_locked(argv: list[str], what: str, ok: tuple[int, ...] = (0,)) -> None:
-    """Run useradd/userdel, again after a short pause while /etc/passwd is locked by
-    another tool (exit status 1 or 10 with "lock" in its message)."""
+    """Run useradd/userdel, again after a short pause when it could not update /etc/passwd
+    or /etc/group (exit status 1 or 10): another tool held the lock or was replacing them."""
     for attempt in range(_LOCK_RETRIES):
         try:
             r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
@@ -203,7 +203,7 @@ def _run_locked(argv: list[str], what: str, ok: tuple[int, ...] = (0,)) -> None:
             raise AccountError(f"{what}: {argv[0]} is not installed") from None
         if r.returncode in ok:
             return
-        if r.returncode in (1, 10) and "lock" in r.stderr and attempt + 1 < _LOCK_RETRIES:
+        if r.returncode in (1, 10) and attempt + 1 < _LOCK_RETRIES:
             time.sleep(0.05 * 2**attempt)
             continue
         raise AccountError(f"{what}: {argv[0]} exit status {r.returncode}: {r.stderr.strip()}")
