@@ -250,3 +250,39 @@ def test_bad_spec_fields_are_named(alice, kwargs, field):
     base = {"name": "ok", "argv": ["true"], "env": PATH, "cwd": None, "account": alice}
     with pytest.raises(SpecError, match=field):
         Spec(**{**base, **kwargs})
+
+
+PERSONAL = textwrap.dedent("""
+    import asyncio, json, sys
+    from pathlib import Path
+    from hub_ext.host.accounts import Accounts
+    from hub_ext.host.process import Launcher, Spec
+    account = Accounts(mode="personal").for_user("anyone")
+    launcher = Launcher(Path(account.home) / "run")
+    async def main():
+        h = await launcher.start(Spec("w-personal", ["sh", "-c", "id -u; exit 5"], {env!r}, None, account))
+        return await h.wait(0.05)
+    end = asyncio.run(main())
+    out = (launcher.run_dir / "w-personal" / "output.log").read_text()
+    print(json.dumps({{"uid": account.uid, "code": end.code, "out": out, "enforced": launcher.cgroups.enforced,
+                      "reason": launcher.cgroups.reason}}))
+""")
+
+
+def _world_readable(path: Path) -> bool:
+    return all(os.stat(p).st_mode & 0o005 == 0o005 for p in [path, *path.parents])
+
+
+def test_personal_mode_without_root(alice):
+    """A hub that is not root runs everything as its own user, with nothing enforced and a
+    reason for the start-up log."""
+    if not _world_readable(ROOT / "hub_ext" / "host"):
+        pytest.skip("the checkout is not readable by another account")
+    hub = subprocess.run([sys.executable, "-c", PERSONAL.format(env=PATH)], user=alice.uid, group=alice.gid,
+                         extra_groups=[], env={"PYTHONPATH": str(ROOT), "HOME": str(alice.home)},
+                         cwd=alice.home, capture_output=True, text=True, timeout=60)
+    assert hub.returncode == 0, hub.stderr
+    got = json.loads(hub.stdout.splitlines()[-1])
+    assert got["uid"] == alice.uid and got["code"] == 5
+    assert got["out"].strip() == str(alice.uid)
+    assert not got["enforced"] and "not running as root" in got["reason"]
