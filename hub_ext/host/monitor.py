@@ -42,18 +42,42 @@ def read_spec(run: Path) -> dict:
     return spec
 
 
-def open_log(path: Path, uid: int, gid: int) -> int:
-    """The workload's output file, opened by root but owned by the account (0600). Root
-    opening a path that the account might control must not follow a link it planted: no
-    symlink as the last part, and a regular file with one link only."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+def root_safe(path: Path) -> bool:
+    """Whether every directory above ``path`` is root's, no link, and writable by root only
+    (or sticky, like /tmp): then no other account can swap a part of the path for a link
+    while root opens it."""
+    for d in reversed(path.parents):
+        try:
+            st = os.lstat(d)
+        except FileNotFoundError:
+            return False
+        shared = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX  # sticky /tmp: no swapping others' entries
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or shared:
+            return False
+    return True
+
+
+def _open_log(path: Path) -> int:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
         os.close(fd)
         raise RuntimeError(f"log {path} is not a plain file with one link")
-    if os.geteuid() == 0:
-        os.fchown(fd, uid, gid)
+    return fd
+
+
+def open_log(path: Path, uid: int, gid: int) -> int | None:
+    """The workload's output file, owned by the account (0600). Root opens it only on a path
+    no other account controls (made by the hub, in its state directory); anywhere else
+    (an account's home, /tmp) the workload opens it itself once it is the account, so a
+    link planted there can make root create or hand over no file. None: the child opens it."""
+    if os.geteuid() != 0:
+        return _open_log(path)
+    if not root_safe(path):
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = _open_log(path)
+    os.fchown(fd, uid, gid)
     os.fchmod(fd, 0o600)
     return fd
 
@@ -65,7 +89,7 @@ def _oom_score_adj(value: int) -> None:
         pass
 
 
-def child(spec: dict, group: Group, log_fd: int, report: int) -> None:
+def child(spec: dict, group: Group, log_fd: int | None, report: int) -> None:
     """In the forked child: join the cgroup, drop to the account, exec. Never returns; a
     failure is written to ``report`` (closed on a successful exec) and exits 127."""
     try:
@@ -85,6 +109,8 @@ def child(spec: dict, group: Group, log_fd: int, report: int) -> None:
             os.setuid(uid)
         if (os.getuid(), os.geteuid(), os.getgid(), os.getegid()) != (uid, uid, gid, gid):
             raise RuntimeError(f"could not become uid {uid} gid {gid}")
+        if log_fd is None:
+            log_fd = _open_log(Path(spec["log_path"]))
         os.chdir(spec["cwd"])
         os.umask(0o077)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -113,7 +139,8 @@ def _start(run: Path, spec: dict, group: Group) -> tuple[int, float]:
         child(spec, group, log_fd, w)
     started_at = time.time()
     os.close(w)
-    os.close(log_fd)
+    if log_fd is not None:
+        os.close(log_fd)
     with os.fdopen(r, "rb") as f:
         failure = f.read()
     if failure:

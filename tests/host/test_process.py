@@ -286,3 +286,22 @@ def test_personal_mode_without_root(alice):
     assert got["uid"] == alice.uid and got["code"] == 5
     assert got["out"].strip() == str(alice.uid)
     assert not got["enforced"] and "not running as root" in got["reason"]
+
+
+def test_a_log_in_the_accounts_home_is_opened_as_the_account(launcher, alice, home_root):
+    """Root never follows a link the account planted on the way to its log: in its home the
+    workload opens the log itself, so a link to a root-only directory gets it nothing."""
+    h = run(launcher.start(spec("w-homelog", alice, "echo hello", log_path=alice.home / "w.log")))
+    assert run(h.wait(0.05)).code == 0
+    st = os.stat(alice.home / "w.log")
+    assert (st.st_uid, st.st_mode & 0o777) == (alice.uid, 0o600)
+    assert (alice.home / "w.log").read_text() == "hello\n"
+    target = home_root / "root-only"
+    target.mkdir(mode=0o755)
+    try:
+        (alice.home / "logs").symlink_to(target)
+        with pytest.raises(LaunchError, match="Permission denied"):
+            run(launcher.start(spec("w-linklog", alice, "echo no", log_path=alice.home / "logs" / "w.log")))
+        assert not (target / "w.log").exists()
+    finally:
+        shutil.rmtree(target)
