@@ -174,8 +174,9 @@ class Accounts:
             p = pwd.getpwnam(name)
         self._check_ours(p, hub_user)
         home = Path(p.pw_dir)
-        if not home.is_dir() or home.is_symlink():
+        if home.is_symlink() or (home.exists() and not home.is_dir()):
             raise AccountError(f"account {name!r}: home {str(home)!r} is not a directory")
+        home.mkdir(parents=True, exist_ok=True)  # removed by hand since: made again, empty
         os.chown(home, p.pw_uid, p.pw_gid)
         os.chmod(home, 0o700)
         return Account.from_pwd(p)

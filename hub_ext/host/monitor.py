@@ -158,11 +158,17 @@ def run(run: Path) -> int:
     except BaseException:
         group.remove()
         raise
-    write_json(run / CHILD, {
-        "pid": pid, "start_time": proc_start_time(pid), "started_at": started_at,
-        "monitor_pid": os.getpid(), "monitor_start_time": proc_start_time(os.getpid()),
-        "group": group.to_json(), "memory_limit_bytes": limits.memory_bytes,
-    })
+    try:
+        write_json(run / CHILD, {
+            "pid": pid, "start_time": proc_start_time(pid), "started_at": started_at,
+            "monitor_pid": os.getpid(), "monitor_start_time": proc_start_time(os.getpid()),
+            "group": group.to_json(), "memory_limit_bytes": limits.memory_bytes,
+        })
+    except BaseException:  # a workload nobody could find again must not run on
+        os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        group.remove()
+        raise
     _, status, usage = os.wait4(pid, 0)
     ended_at = time.time()
     cpu = group.cpu_seconds()
