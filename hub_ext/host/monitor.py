@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .cgroups import Group, Limits, cgroups_from_json
 from .errors import CgroupError
-from .state import CHILD, ERROR, EXIT, SPEC, Exit, proc_start_time, write_json
+from .state import CHILD, ERROR, EXIT, SPEC, Exit, proc_start_time, proc_stat, write_json
 
 _CHILD_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ)
 
@@ -160,7 +160,7 @@ def run(run: Path) -> int:
         raise
     try:
         write_json(run / CHILD, {
-            "pid": pid, "start_time": proc_start_time(pid), "started_at": started_at,
+            "pid": pid, "start_time": proc_stat(pid)[2], "started_at": started_at,  # a zombie's too
             "monitor_pid": os.getpid(), "monitor_start_time": proc_start_time(os.getpid()),
             "group": group.to_json(), "memory_limit_bytes": limits.memory_bytes,
         })
