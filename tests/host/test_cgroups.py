@@ -5,6 +5,7 @@ limit files, and the v2 backend on the unified hierarchy where one is mounted.""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import stat
@@ -26,6 +27,7 @@ from hub_ext.host.cgroups import (
     detect,
     device_rules,
     own_cgroups,
+    own_group,
     scan_devices,
     unit_name,
 )
@@ -183,7 +185,6 @@ def test_device_cgroup_lets_a_workload_open_only_its_own_gpu(tmp_path, alice, cg
     end = run(h.wait(0.05))
     out = (launcher.run_dir / "w-dev" / "output.log").read_text()
     assert end.code == 0, out
-    import json
     got = json.loads(out.splitlines()[-1])
     assert got[names[0]] == errno.EPERM  # another workload's GPU: denied by the cgroup
     assert got[names[1]] == errno.ENXIO  # its own: allowed (no driver behind the fake node)
@@ -242,3 +243,9 @@ def test_v1_group_reads_nothing_when_gone(tmp_path):
     group = V1Group({"memory": tmp_path / "absent", "cpuacct": tmp_path / "absent"})
     assert (group.pids(), group.cpu_seconds(), group.memory_bytes(), group.oom_kills()) == ([], None, None, 0)
     assert not group.exists()
+
+
+def test_own_group_holds_this_process():
+    """What a monitor in a systemd scope reads its counters from: its own cgroup."""
+    group = own_group()
+    assert group.exists() and os.getpid() in group.pids()
