@@ -219,7 +219,7 @@ class Launcher:
         run = self._dir(spec.name)
         if run.exists():
             old = self.adopt(spec.name)
-            if old is not None and (old.alive() or old.monitor_alive()):
+            if old is not None and old.exit() is None:
                 raise LaunchError(f"workload {spec.name!r} is already running (pid {old.pid})")
             shutil.rmtree(run)
         run.mkdir(mode=0o700)
@@ -278,7 +278,7 @@ class Launcher:
         """Remove ``run_dir/NAME`` once the workload's end has been reported."""
         run = self._dir(name)
         handle = self.adopt(name)
-        if handle is not None and (handle.alive() or handle.monitor_alive()):
+        if handle is not None and handle.exit() is None:
             raise LaunchError(f"workload {name!r} is still running (pid {handle.pid}); terminate it first")
         shutil.rmtree(run, ignore_errors=True)
 
