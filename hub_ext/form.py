@@ -4,11 +4,14 @@ with the user's projects, their quota and usage, and the last choices."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from .requests import FRACTION_MAX, FRACTION_MIN, FRACTION_STEP, WORKSPACE_KINDS, WorkloadRequest
+
+NOTICE_S = 900  # how long the form names a request that was cancelled while queued
 
 _env = Environment(
     loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
@@ -16,8 +19,10 @@ _env = Environment(
 )
 
 
-def form_context(rt, user: str, scopes=()) -> dict:
+def form_context(rt, user: str, scopes=(), workload: str = "") -> dict:
+    """``workload``: the server's workload name, to name its request if it was just cancelled."""
     limits = rt.limits(user, scopes)
+    cancelled = rt.store.cancelled_since(workload, time.time() - NOTICE_S) if workload else None
     last = rt.store.last_options(user)
     if last.get("project") not in limits.projects:
         last.pop("project", None)
@@ -27,6 +32,7 @@ def form_context(rt, user: str, scopes=()) -> dict:
     return {
         "limits": limits,
         "choice": choice,
+        "cancelled": cancelled.message if cancelled is not None else "",
         "kinds": {k: v for k, v in WORKSPACE_KINDS.items() if k != "vscode" or limits.vscode},
         "environments": rt.cfg.environments,
         "fraction": {"min": FRACTION_MIN, "max": FRACTION_MAX, "step": FRACTION_STEP},
@@ -42,4 +48,5 @@ def form_context(rt, user: str, scopes=()) -> dict:
 def render_form(spawner) -> str:
     rt = spawner.gpupool
     scopes = getattr(spawner, "hub_scopes", ())
-    return _env.get_template("form.html").render(**form_context(rt, spawner.user.name, scopes))
+    return _env.get_template("form.html").render(
+        **form_context(rt, spawner.user.name, scopes, spawner.workload))

@@ -48,6 +48,8 @@ def configure(c) -> Runtime:
     c.JupyterHub.allow_named_servers = True
     c.JupyterHub.named_server_limit_per_user = 5
     c.JupyterHub.default_url = "/hub/home"
+    # gpupool's versions of JupyterHub pages (the spawn progress page with Cancel)
+    c.JupyterHub.template_paths = [str(Path(__file__).parent / "templates" / "hub")]
 
     sso = cfg.auth == "oidc"
     if sso:  # single sign-on: who gets in and their roles come from the groups claim

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from jupyterhub.spawner import SimpleLocalProcessSpawner, Spawner
+from jupyterhub.spawner import SimpleLocalProcessSpawner, Spawner, SpawnException
 from traitlets import default
 
 from scheduler.embedded import terminate
@@ -110,7 +110,11 @@ class GpupoolSpawnerMixin(Spawner):
         except ValidationError as e:
             rt.store.remove_workload(self.workload)
             raise RuntimeError(f"Cannot schedule: {e}") from None
-        bind = await self._wait_for_bind(waiter)
+        try:
+            bind = await self._wait_for_bind(waiter)
+        except asyncio.CancelledError:  # JupyterHub cancels a pending spawn that is stopped
+            self._cancel_queued(req, t0)
+            raise
         SPAWN_QUEUE_SECONDS.labels(req.project).observe(time.monotonic() - t0)
         pod = bind.pods[0]
         where = f"{pod.node}, GPU {','.join(map(str, pod.gpu_indices))}" if pod.gpu_indices else pod.node
@@ -146,7 +150,30 @@ class GpupoolSpawnerMixin(Spawner):
             if (p.reason, p.queue_position) != last:
                 last = (p.reason, p.queue_position)
                 self._emit(20, f"Waiting in the queue (position {p.queue_position}): {p.reason}")
+        if waiter.bound.cancelled():  # released by someone else while our task goes on
+            raise SpawnException(409, "Cancelled: the request left the queue", reason="cancelled")
         return waiter.bound.result()
+
+    def _cancel_queued(self, req: WorkloadRequest, t0: float) -> None:
+        """A spawn stopped before it was placed: give back its queue slot at once, say so in
+        the event log and the progress, and leave nothing that looks like a server: JupyterHub
+        stops the spawner a second after cancelling it, and until then a spawner that still has
+        its server counts as ready (the progress page would send the browser to a server that
+        never ran)."""
+        rt = self.gpupool
+        waited = time.monotonic() - t0
+        # A stop cancels JupyterHub's whole spawn task; start_timeout cancels only start()
+        spawn = getattr(self, "_spawn_future", None)
+        stopped = spawn is None or not hasattr(spawn, "cancelling") or spawn.cancelling() > 0
+        why = ("stopped while it waited in the queue" if stopped
+               else f"still waiting in the queue after start_timeout ({self.start_timeout} s)")
+        SPAWN_SECONDS.labels(req.project, "cancelled").observe(waited)
+        rt.scheduler.release(self.workload, "cancelled")
+        rt.store.remove_workload(self.workload)
+        rt.store.event("cancelled", f"{self.workload} cancelled: {why} ({waited:.0f} s)",
+                       self.workload, req.project)
+        self._emit(100, f"Cancelled: {why}")
+        self.server = None
 
     async def _evict(self, grace_s: float) -> None:
         self._emit(90, "Evicted by the scheduler")
