@@ -9,7 +9,16 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from .requests import FRACTION_MAX, FRACTION_MIN, FRACTION_STEP, WORKSPACE_KINDS, WorkloadRequest
+from scheduler.model import MILLI
+
+from .requests import (
+    FRACTION_MAX,
+    FRACTION_MIN,
+    FRACTION_STEP,
+    WORKSPACE_KINDS,
+    WorkloadRequest,
+    project_ceilings,
+)
 
 NOTICE_S = 900  # how long the form names a request that was cancelled while queued
 
@@ -40,9 +49,18 @@ def form_context(rt, user: str, scopes=(), workload: str = "") -> dict:
         "attachables": rt.attachables(limits.projects),  # credentials, data sources by project
         "status_json": json.dumps(
             {**rt.project_status(limits.projects),
-             "gpu_memory_gib": limits.gpu_memory_gib, "max_gpus": limits.max_gpus}
+             "gpu_memory_gib": limits.gpu_memory_gib, "max_gpus": limits.max_gpus,
+             "ceilings": _ceilings(limits)}
         ),
     }
+
+
+def _ceilings(limits) -> dict:
+    """Per project, preemptible or not: [GPUs, what sets it] that no request may pass, the
+    request rules' own (requests.check_can_run), so the form says what a submit would."""
+    return {p: {mode: [[m / MILLI, why] for m, why in project_ceilings(limits, p, over)]
+                for mode, over in (("preemptible", True), ("guaranteed", False))}
+            for p in limits.projects}
 
 
 def render_form(spawner) -> str:
