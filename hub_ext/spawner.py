@@ -29,6 +29,15 @@ from .runtime import Runtime
 from .store import to_workload
 
 
+class Refused(SpawnException, RuntimeError):
+    """A spawn that gpupool refuses (a bad request) or that left the queue: JupyterHub logs
+    it without a traceback, answers its status and shows the message as it is."""
+
+    def __init__(self, message: str, *, reason: str, status_code: int = 400):
+        super().__init__(message, reason=reason, status_code=status_code)
+        self.jupyterhub_message = message
+
+
 class GpupoolSpawnerMixin(Spawner):
     """Scheduling, form and progress; the class it is mixed into launches the process.
     It derives from Spawner so that its trait defaults apply; put it first:
@@ -93,12 +102,9 @@ class GpupoolSpawnerMixin(Spawner):
         rt = self.gpupool
         try:
             req = self.request()
-        except FieldError as e:
-            raise RuntimeError(f"Invalid request: {e}") from None
-        try:
             rt.attach_check(self.user.name, self.workload, req)
         except FieldError as e:
-            raise RuntimeError(f"Invalid request: {e}") from None
+            raise Refused(f"Invalid request: {e}", reason="invalid") from None
         rt.store.save_options(self.user.name, req.to_dict())
         kind = WORKSPACE_KINDS[req.workspace_kind]
         self._emit(5, f"Submitted {kind} to project {req.project}: {req.gpu_label()}, "
@@ -151,7 +157,7 @@ class GpupoolSpawnerMixin(Spawner):
                 last = (p.reason, p.queue_position)
                 self._emit(20, f"Waiting in the queue (position {p.queue_position}): {p.reason}")
         if waiter.bound.cancelled():  # released by someone else while our task goes on
-            raise SpawnException(409, "Cancelled: the request left the queue", reason="cancelled")
+            raise Refused("Cancelled: the request left the queue", reason="cancelled", status_code=409)
         return waiter.bound.result()
 
     def _cancel_queued(self, req: WorkloadRequest, t0: float) -> None:

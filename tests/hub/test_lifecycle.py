@@ -168,3 +168,15 @@ def test_a_request_that_can_never_run_is_refused_by_the_cli(hub, lc_org):
         r = cli(hub, "bob", *args)
         assert r.returncode != 0 and message in r.stderr and "(HTTP 400)" in r.stderr, (args, r.stdout, r.stderr)
     assert api(hub, "admin", "GET", "/workloads?project=lc", expect=200)[1]["items"] == []
+
+
+def test_jupyterhubs_own_api_refuses_with_the_same_words(hub, lc_org):
+    """POST /hub/api/users/NAME/servers/S with impossible options: a 400 with the rule's
+    words, no workload left behind and no server held."""
+    status, out = call(hub.url, hub.tokens["bob"], "POST", "/hub/api/users/bob/servers/lcx",
+                       {"project": "lc-lim", "gpu_mode": "whole", "gpus": 2, "preemptible": True}, api=False)
+    assert status == 400, (status, out)
+    assert "gpus: project lc-lim allows at most 1 GPU (limit), got 2" in out["message"], out
+    assert workload(hub, "ws-bob-lcx")[0] == 404
+    user = call(hub.url, hub.tokens["admin"], "GET", "/hub/api/users/bob", api=False)[1]
+    assert "lcx" not in (user.get("servers") or {}), user
