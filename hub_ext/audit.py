@@ -37,7 +37,7 @@ ACTIONS = {
     "role.granted": "a role was granted",
     "role.revoked": "a role was revoked",
     "workload.start": "the scheduler placed a workload (it starts)",
-    "workload.stop": "a user or admin asked a workload to stop (or deleted it)",
+    "workload.stop": "a user or admin asked a workload to stop (or deleted it, or cancelled it while queued)",
     "workload.released": "a workload ended and its GPUs went back to the pool",
     "workload.preempt": "the scheduler evicted a workload (reclaim or preemption)",
 }
@@ -50,6 +50,7 @@ EVENT_ACTIONS = {
     "preempted": "workload.preempt",
     "stopped": "workload.stop",
     "deleted": "workload.stop",
+    "cancelled": "workload.stop",  # stopped while it waited in the queue
     "released": "workload.released",
 }
 

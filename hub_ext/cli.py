@@ -134,8 +134,9 @@ def cmd_workspace(args) -> int:
         w = _api(args, "POST", "/workloads", body)
         print(f"{w['name']}: {w['state']}")
     else:
+        queued = _api(args, "GET", f"/workloads/{args.name}").get("state") == "pending"
         _api(args, "DELETE", f"/workloads/{args.name}")
-        print(f"{args.name}: stopping")
+        print(f"{args.name}: {'cancelled (it was waiting in the queue)' if queued else 'stopping'}")
     return 0
 
 

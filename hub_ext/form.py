@@ -4,11 +4,23 @@ with the user's projects, their quota and usage, and the last choices."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from .requests import FRACTION_MAX, FRACTION_MIN, FRACTION_STEP, WORKSPACE_KINDS, WorkloadRequest
+from scheduler.model import MILLI
+
+from .requests import (
+    FRACTION_MAX,
+    FRACTION_MIN,
+    FRACTION_STEP,
+    WORKSPACE_KINDS,
+    WorkloadRequest,
+    project_ceilings,
+)
+
+NOTICE_S = 900  # how long the form names a request that was cancelled while queued
 
 _env = Environment(
     loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
@@ -16,8 +28,10 @@ _env = Environment(
 )
 
 
-def form_context(rt, user: str, scopes=()) -> dict:
+def form_context(rt, user: str, scopes=(), workload: str = "") -> dict:
+    """``workload``: the server's workload name, to name its request if it was just cancelled."""
     limits = rt.limits(user, scopes)
+    cancelled = rt.store.cancelled_since(workload, time.time() - NOTICE_S) if workload else None
     last = rt.store.last_options(user)
     if last.get("project") not in limits.projects:
         last.pop("project", None)
@@ -27,6 +41,7 @@ def form_context(rt, user: str, scopes=()) -> dict:
     return {
         "limits": limits,
         "choice": choice,
+        "cancelled": cancelled.message if cancelled is not None else "",
         "kinds": {k: v for k, v in WORKSPACE_KINDS.items() if k != "vscode" or limits.vscode},
         "environments": rt.cfg.environments,
         "fraction": {"min": FRACTION_MIN, "max": FRACTION_MAX, "step": FRACTION_STEP},
@@ -34,12 +49,22 @@ def form_context(rt, user: str, scopes=()) -> dict:
         "attachables": rt.attachables(limits.projects),  # credentials, data sources by project
         "status_json": json.dumps(
             {**rt.project_status(limits.projects),
-             "gpu_memory_gib": limits.gpu_memory_gib, "max_gpus": limits.max_gpus}
+             "gpu_memory_gib": limits.gpu_memory_gib, "max_gpus": limits.max_gpus,
+             "ceilings": _ceilings(limits)}
         ),
     }
+
+
+def _ceilings(limits) -> dict:
+    """Per project, preemptible or not: [GPUs, what sets it] that no request may pass, the
+    request rules' own (requests.check_can_run), so the form says what a submit would."""
+    return {p: {mode: [[m / MILLI, why] for m, why in project_ceilings(limits, p, over)]
+                for mode, over in (("preemptible", True), ("guaranteed", False))}
+            for p in limits.projects}
 
 
 def render_form(spawner) -> str:
     rt = spawner.gpupool
     scopes = getattr(spawner, "hub_scopes", ())
-    return _env.get_template("form.html").render(**form_context(rt, spawner.user.name, scopes))
+    return _env.get_template("form.html").render(
+        **form_context(rt, spawner.user.name, scopes, spawner.workload))

@@ -51,6 +51,8 @@ def configure(c) -> Runtime:
     c.JupyterHub.default_url = "/hub/home"
     # Workloads outlive the hub (hub_ext.host): a restart finds the servers again.
     c.JupyterHub.cleanup_servers = False
+    # gpupool's versions of JupyterHub pages (the spawn progress page with Cancel)
+    c.JupyterHub.template_paths = [str(Path(__file__).parent / "templates" / "hub")]
 
     sso = cfg.auth == "oidc"
     if sso:  # single sign-on: who gets in and their roles come from the groups claim

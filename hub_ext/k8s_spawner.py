@@ -49,7 +49,7 @@ from gpupool.errors import GpupoolError
 
 from . import attach
 from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest
-from .spawner import GpupoolSpawnerMixin
+from .spawner import GpupoolSpawnerMixin, Refused
 
 __all__ = ["GpupoolKubeSpawner", "PodFailed", "pending_reason", "pod_failure"]
 
@@ -238,7 +238,7 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
             req = self.request()
             att = self._attachments(req)
         except FieldError as e:
-            raise RuntimeError(f"Invalid request: {e}") from None
+            raise Refused(f"Invalid request: {e}", reason="invalid") from None
         self.gpupool.store.save_options(self.user.name, req.to_dict())
         self.apply_request(req, att)
         self._gp_attached = att
@@ -264,7 +264,7 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
                     attach.record_use(s, self.user.name, self.workload, att, "deliver")
                     s.commit()
             except FieldError as e:  # deleted since the request was checked
-                raise RuntimeError(f"Invalid request: {e}") from None
+                raise Refused(f"Invalid request: {e}", reason="invalid") from None
             await attach.ensure_secret(self.api, attach.secret_manifest(
                 self.credentials_secret_name, self.namespace, vals, {"gpupool.io/kind": "workspace"}))
         elif att:  # data sources only: no values, the delivery is still audited

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
+from scheduler.model import DEFAULT_POOL
+from scheduler.quota import department_quota
+
 from . import org
 from .config import Gpupool
 from .db import NodeRow
@@ -15,12 +18,29 @@ def limits_for(s, cfg: Gpupool, user: str, projects: tuple[str, ...] | None = No
     projects they are a member of."""
     nodes = s.scalars(select(NodeRow)).all()
     gpus = [g for n in nodes for g in n.gpus]
+    projects = tuple(org.projects_of(s, user)) if projects is None else projects
     return Limits(
-        projects=tuple(org.projects_of(s, user)) if projects is None else projects,
+        projects=projects,
         max_gpus=max((len(n.gpus) for n in nodes), default=0),
         gpu_memory_gib=max((g["memory_mib"] for g in gpus), default=0) / 1024,
         max_cpu=cfg.max_cpu,
         max_memory_gib=cfg.max_memory_gib,
         environments=tuple(cfg.environments) or ("default",),
         vscode=bool(cfg.code_server),
+        cluster_gpus=len(gpus),
+        quotas=_quotas(s, projects),
     )
+
+
+def _quotas(s, projects: tuple[str, ...]) -> dict:
+    """Per project: its scheduler model and its department's quota (the model's rule)."""
+    models = {p.name: p for p in org.model_projects(s)}
+    depts = {d.name: d for d in org.model_departments(s)}
+    out = {}
+    for name in projects:
+        p = models.get(name)
+        d = depts.get(p.department) if p is not None else None
+        if d is not None:
+            siblings = [q for q in models.values() if q.department == d.name]
+            out[name] = (p, department_quota(d, siblings, DEFAULT_POOL))
+    return out

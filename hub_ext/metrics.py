@@ -12,7 +12,7 @@ _BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 SPAWN_SECONDS = Histogram(
     "gpupool_spawn_duration_seconds",
     "From the gpupool spawner's start to the workspace process running (queue wait included), "
-    "by project and outcome (started or failed)",
+    "by project and outcome (started, failed, or cancelled while queued)",
     ["project", "outcome"], buckets=_BUCKETS,
 )
 SPAWN_QUEUE_SECONDS = Histogram(

@@ -7,9 +7,11 @@ value raises ``FieldError`` naming the field and the allowed range.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from scheduler.model import MILLI, Kind, PodDemand
+from scheduler.model import DEFAULT_POOL, MILLI, Kind, PodDemand, Project, Quota, Workload
+from scheduler.quota import ceilings
 
 from . import validation
 from .validation import FieldError, check_fields
@@ -31,6 +33,10 @@ class Limits:
     max_memory_gib: float = 128.0
     environments: tuple[str, ...] = ("default",)
     vscode: bool = False
+    cluster_gpus: int | None = None  # all GPUs of all nodes; None: not checked
+    # Per project: its scheduler model and its department's quota in the default pool, for
+    # the ceilings no request can pass (check_can_run); a project missing here is not checked.
+    quotas: Mapping[str, tuple[Project, Quota]] = field(default_factory=dict)
 
 
 @dataclass
@@ -79,6 +85,47 @@ class WorkloadRequest:
     @property
     def kind_enum(self) -> Kind:
         return Kind(self.kind)
+
+    @property
+    def may_go_over_quota(self) -> bool:
+        """The scheduler's rule for this request (as hub_ext.store.to_workload submits it)."""
+        return Workload("-", self.project, self.kind_enum, preemptible=self.preemptible,
+                        allow_over_quota=self.preemptible or None).may_go_over_quota
+
+    @property
+    def gpu_field(self) -> str:
+        return {"fraction": "gpu_fraction", "memory": "gpu_memory_gib"}.get(self.gpu_mode, "gpus")
+
+
+def project_ceilings(limits: Limits, project: str, may_go_over_quota: bool) -> list[tuple[int, str]]:
+    """The most milli-GPUs one request in ``project`` may ask for, with what sets each
+    (scheduler.quota.ceilings); the spawn form shows the same."""
+    entry = limits.quotas.get(project)
+    return [] if entry is None else ceilings(*entry, DEFAULT_POOL, may_go_over_quota)
+
+
+def check_can_run(limits: Limits, project: str, demand: PodDemand, field_name: str, *,
+                  may_go_over_quota: bool, pods: int = 1, pool: str | None = None) -> None:
+    """Refuse a request that can never run, naming ``field_name``: more GPUs than the whole
+    cluster, or than a ceiling of its project (limits; quotas for work that may not go over
+    quota). The one rule for the form, the REST API and the CLI; GPUs per node are the
+    range of the GPU field itself."""
+    whole = pods * demand.gpu_count
+    if not whole:
+        return
+    if limits.cluster_gpus is not None and whole > limits.cluster_gpus:
+        gang = f" ({pods} workers x {demand.gpu_count})" if pods > 1 else ""
+        raise FieldError("workers" if pods > 1 else field_name,
+                         f"the cluster has {limits.cluster_gpus} GPUs in all, got {whole}{gang}")
+    if pool not in (None, DEFAULT_POOL):
+        return  # the organisation's quotas are the default pool's
+    # GPU memory is counted on the largest GPU: the least share it can be
+    per_pod = demand.gpu_count * demand.milli_on(max(1, round(limits.gpu_memory_gib * 1024)))
+    milli = pods * per_pod
+    for most, why in project_ceilings(limits, project, may_go_over_quota):
+        if milli > most:
+            gang = f" ({pods} workers x {per_pod / MILLI:g})" if pods > 1 else ""
+            raise FieldError(field_name, f"{why}, got {milli / MILLI:g}{gang}")
 
 
 def _one(data: dict, key: str, default=None):
@@ -160,7 +207,7 @@ def parse_request(data: dict, limits: Limits) -> WorkloadRequest:
             data, "gpu_memory_gib", None, 0.5, limits.gpu_memory_gib, unit=" GiB"
         )
     elif mode == "whole":
-        req.gpus = _number(data, "gpus", 1, 1, limits.max_gpus, integer=True)
+        req.gpus = _number(data, "gpus", 1, 1, limits.max_gpus, integer=True, unit=" (GPUs of the largest node)")
     req.cpu = _number(data, "cpu", 1, 0.1, limits.max_cpu)
     req.memory_gib = _number(data, "memory_gib", 4, 0.25, limits.max_memory_gib, unit=" GiB")
     req.environment = _choice(data, "environment", limits.environments[0], limits.environments)
@@ -175,6 +222,7 @@ def parse_request(data: dict, limits: Limits) -> WorkloadRequest:
     req.command = command
     req.credentials = check_names(data.get("credentials"), "credentials")
     req.datasources = check_names(data.get("datasources"), "datasources")
+    check_can_run(limits, project, req.demand(), req.gpu_field, may_go_over_quota=req.may_go_over_quota)
     return req
 
 

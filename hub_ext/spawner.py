@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from jupyterhub.spawner import Spawner
+from jupyterhub.spawner import Spawner, SpawnException
 from jupyterhub.utils import random_port
 from traitlets import default
 
@@ -33,6 +33,15 @@ from .metrics import SPAWN_QUEUE_SECONDS, SPAWN_SECONDS
 from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest, parse_request, workload_name
 from .runtime import Runtime
 from .store import to_workload
+
+
+class Refused(SpawnException, RuntimeError):
+    """A spawn that gpupool refuses (a bad request) or that left the queue: JupyterHub logs
+    it without a traceback, answers its status and shows the message as it is."""
+
+    def __init__(self, message: str, *, reason: str, status_code: int = 400):
+        super().__init__(message, reason=reason, status_code=status_code)
+        self.jupyterhub_message = message
 
 
 class GpupoolSpawnerMixin(Spawner):
@@ -99,12 +108,9 @@ class GpupoolSpawnerMixin(Spawner):
         rt = self.gpupool
         try:
             req = self.request()
-        except FieldError as e:
-            raise RuntimeError(f"Invalid request: {e}") from None
-        try:
             rt.attach_check(self.user.name, self.workload, req)
         except FieldError as e:
-            raise RuntimeError(f"Invalid request: {e}") from None
+            raise Refused(f"Invalid request: {e}", reason="invalid") from None
         rt.store.save_options(self.user.name, req.to_dict())
         kind = WORKSPACE_KINDS[req.workspace_kind]
         self._emit(5, f"Submitted {kind} to project {req.project}: {req.gpu_label()}, "
@@ -116,7 +122,11 @@ class GpupoolSpawnerMixin(Spawner):
         except ValidationError as e:
             rt.store.remove_workload(self.workload)
             raise RuntimeError(f"Cannot schedule: {e}") from None
-        bind = await self._wait_for_bind(waiter)
+        try:
+            bind = await self._wait_for_bind(waiter)
+        except asyncio.CancelledError:  # JupyterHub cancels a pending spawn that is stopped
+            self._cancel_queued(req, t0)
+            raise
         SPAWN_QUEUE_SECONDS.labels(req.project).observe(time.monotonic() - t0)
         pod = bind.pods[0]
         where = f"{pod.node}, GPU {','.join(map(str, pod.gpu_indices))}" if pod.gpu_indices else pod.node
@@ -152,7 +162,30 @@ class GpupoolSpawnerMixin(Spawner):
             if (p.reason, p.queue_position) != last:
                 last = (p.reason, p.queue_position)
                 self._emit(20, f"Waiting in the queue (position {p.queue_position}): {p.reason}")
+        if waiter.bound.cancelled():  # released by someone else while our task goes on
+            raise Refused("Cancelled: the request left the queue", reason="cancelled", status_code=409)
         return waiter.bound.result()
+
+    def _cancel_queued(self, req: WorkloadRequest, t0: float) -> None:
+        """A spawn stopped before it was placed: give back its queue slot at once, say so in
+        the event log and the progress, and leave nothing that looks like a server: JupyterHub
+        stops the spawner a second after cancelling it, and until then a spawner that still has
+        its server counts as ready (the progress page would send the browser to a server that
+        never ran)."""
+        rt = self.gpupool
+        waited = time.monotonic() - t0
+        # A stop cancels JupyterHub's whole spawn task; start_timeout cancels only start()
+        spawn = getattr(self, "_spawn_future", None)
+        stopped = spawn is None or not hasattr(spawn, "cancelling") or spawn.cancelling() > 0
+        why = ("stopped while it waited in the queue" if stopped
+               else f"still waiting in the queue after start_timeout ({self.start_timeout} s)")
+        SPAWN_SECONDS.labels(req.project, "cancelled").observe(waited)
+        rt.scheduler.release(self.workload, "cancelled")
+        rt.store.remove_workload(self.workload)
+        rt.store.event("cancelled", f"{self.workload} cancelled: {why} ({waited:.0f} s)",
+                       self.workload, req.project)
+        self._emit(100, f"Cancelled: {why}")
+        self.server = None
 
     async def _evict(self, grace_s: float) -> None:
         self._emit(90, "Evicted by the scheduler")

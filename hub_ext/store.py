@@ -126,6 +126,15 @@ class DbStore:
             add_event(s, kind, message, workload, project)
             s.commit()
 
+    def cancelled_since(self, workload: str, since: float) -> EventRow | None:
+        """The "cancelled" event of ``workload``'s latest request, if that request was
+        cancelled after ``since`` (the spawn form names it)."""
+        with self.Session() as s:
+            last = s.scalars(select(EventRow).where(
+                EventRow.workload == workload, EventRow.kind.in_(("submitted", "cancelled")),
+                EventRow.ts >= since).order_by(EventRow.id.desc()).limit(1)).first()
+            return last if last is not None and last.kind == "cancelled" else None
+
     # -- spawner / service ---------------------------------------------------------------
     def add_workload(self, name: str, owner: str, req: WorkloadRequest, notify: bool,
                      server: str = "") -> None:

@@ -149,6 +149,29 @@ def admit(
     return Verdict(False, True, limit) if limit else OVER_QUOTA
 
 
+def ceilings(project: Project, dept_quota: Quota, pool: str, may_go_over_quota: bool) -> list[tuple[int, str]]:
+    """The most milli-GPUs one workload of ``project`` could ever hold in ``pool``, as
+    (milli, what sets it) pairs: ``admit`` refuses more even with nothing else running (the
+    limits always; for work that may not go over quota, the project's and the department's
+    quotas too). A request above one can never run, so it is refused when submitted."""
+    q = project.quotas.get(pool, NO_QUOTA)
+    dept = f"department {project.department}"
+    out = []
+    if q.limit_milli is not None:
+        out.append((q.limit_milli, f"project {project.name} allows at most {_gpus_n(q.limit_milli)} (limit)"))
+    if dept_quota.limit_milli is not None:
+        out.append((dept_quota.limit_milli, f"{dept} allows at most {_gpus_n(dept_quota.limit_milli)} (limit)"))
+    if not may_go_over_quota:
+        tail = " to work that may not go over quota"
+        out.append((q.quota_milli, f"project {project.name} allows at most {_gpus_n(q.quota_milli)} (quota){tail}"))
+        out.append((dept_quota.quota_milli, f"{dept} allows at most {_gpus_n(dept_quota.quota_milli)} (quota){tail}"))
+    return out
+
+
+def _gpus_n(milli: float) -> str:
+    return f"{milli / MILLI:g} GPU{'' if milli == MILLI else 's'}"
+
+
 def _limit_reached(project: Project, q: Quota, dept_quota: Quota, milli: int, project_used: int, dept_used: int) -> str:
     """Why ``milli`` more would pass the project's or its department's limit ("" if not)."""
     if q.limit_milli is not None and project_used + milli > q.limit_milli:

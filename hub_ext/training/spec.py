@@ -16,6 +16,7 @@ from ..requests import (
     FieldError,
     Limits,
     WorkloadRequest,
+    check_can_run,
     check_fields,
     check_name,
     check_names,
@@ -167,4 +168,6 @@ def parse_training(data: dict, limits: Limits) -> TrainingSpec:
     spec.priority = _number(data, "priority", DEFAULT_PRIORITY[Kind.TRAINING], 0, 99, integer=True)
     spec.credentials = check_names(data.get("credentials"), "credentials")
     spec.datasources = check_names(data.get("datasources"), "datasources")
+    check_can_run(limits, project, spec.demand(), "gpu_memory" if spec.gpu_memory_gib else "gpu",
+                  may_go_over_quota=spec.preemptible, pods=spec.workers, pool=spec.node_pool)
     return spec

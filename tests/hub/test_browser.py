@@ -146,3 +146,61 @@ def test_stopping_returns_the_share_at_once(bhub, browser):
     assert status == 404
     gpus = call(bhub.url, token, "GET", "/nodes")[1]["items"][0]["gpus"]
     assert not any(s["workload"] == "ws-alice" for g in gpus for s in g["workloads"])
+
+
+@pytest.fixture(scope="module")
+def queue_org(bhub):
+    """Project bq (quota 1, department bq-d) for carol and dave; carol's workspace holds
+    its guaranteed GPU, so a guaranteed request of dave's waits."""
+    from hubclient import call
+
+    admin = HubClient(bhub.url).login("admin", ADMIN_PW).token("admin")
+    carol = HubClient(bhub.url).login("carol", USER_PW).token("carol")
+    assert call(bhub.url, admin, "POST", "/departments", {"name": "bq-d", "gpus": 1})[0] == 201
+    assert call(bhub.url, admin, "POST", "/projects", {"name": "bq", "department": "bq-d", "gpus": 1,
+                                                       "members": ["carol", "dave"]})[0] == 201
+    assert call(bhub.url, carol, "POST", "/workloads", {"kind": "workspace", "project": "bq", "gpu_mode": "whole",
+                                                        "gpus": 1, "server_name": "bq"})[0] == 202
+    yield {"admin": admin, "dave": HubClient(bhub.url).login("dave", USER_PW).token("dave")}
+    call(bhub.url, admin, "DELETE", "/workloads/ws-carol-bq")
+
+
+def test_cancelling_a_queued_spawn_returns_to_the_form(bhub, browser, shots, queue_org):
+    from hubclient import call
+
+    dave = login(browser, bhub, "dave")
+    fill_form(dave, "bq", mode="whole", gpus=1)
+    assert "Will wait" in dave.inner_text("#gp-verdict")
+    submit(dave)
+    dave.wait_for_url(re.compile(r".*/hub/spawn-pending/dave.*"), timeout=60_000)
+    dave.wait_for_function("document.body.innerText.includes('Waiting in the queue')", timeout=60_000)
+    status, w = call(bhub.url, queue_org["admin"], "GET", "/workloads/ws-dave")
+    assert status == 200 and w["state"] == "pending", w
+    dave.click("#gp-cancel")
+    dave.wait_for_selector("#gp-cancelled", state="visible")
+    assert "Cancelled" in dave.inner_text("#gp-cancelled")
+    dave.screenshot(path=str(shots / "spawn-cancelled.png"), full_page=True)
+    # back on the spawn form, which names the cancelled request
+    dave.wait_for_url(re.compile(r".*/hub/spawn/dave$"), timeout=30_000)
+    notice = dave.inner_text("#gp-form #gp-cancelled")
+    assert "ws-dave cancelled: stopped while it waited in the queue" in notice, notice
+    assert "Redirect loop" not in dave.inner_text("body")
+    # the queue slot is gone at once, and the event log says why
+    assert call(bhub.url, queue_org["admin"], "GET", "/workloads/ws-dave")[0] == 404
+    pending = call(bhub.url, queue_org["admin"], "GET", "/workloads?project=bq&state=pending")[1]["items"]
+    assert pending == []
+    events = call(bhub.url, queue_org["admin"], "GET", "/events?workload=ws-dave&kind=cancelled")[1]["items"]
+    assert len(events) == 1 and events[0]["project"] == "bq", events
+
+
+def test_a_request_that_can_never_run_is_refused_by_the_form(bhub, browser, queue_org):
+    from hubclient import call
+
+    dave = login(browser, bhub, "dave")
+    fill_form(dave, "bq", mode="whole", gpus=2)
+    why = "project bq allows at most 1 GPU (quota) to work that may not go over quota, got 2"
+    assert dave.inner_text("#gp-verdict") == f"Cannot run: {why}"
+    submit(dave)
+    dave.wait_for_selector("#gp-form")
+    assert f"gpus: {why}" in dave.inner_text("body")
+    assert call(bhub.url, queue_org["admin"], "GET", "/workloads/ws-dave")[0] == 404

@@ -3,6 +3,8 @@
 import pytest
 
 from hub_ext.requests import FieldError, Limits, parse_request, workload_name
+from hub_ext.training.spec import parse_training
+from scheduler.model import DEFAULT_POOL, Project, Quota
 
 LIMITS = Limits(projects=("nlp", "vision"), max_gpus=4, gpu_memory_gib=79.6, vscode=True)
 
@@ -63,3 +65,57 @@ def test_vscode_only_when_installed():
 def test_workload_names():
     assert workload_name("Alice.B", "") == "ws-alice-b"
     assert workload_name("bob", "gpu1") == "ws-bob-gpu1"
+
+
+# -- requests that can never run (requests.check_can_run) -------------------------------------
+ORG = Limits(
+    projects=("nlp", "ops"), max_gpus=4, gpu_memory_gib=80.0, cluster_gpus=8,
+    quotas={"nlp": (Project("nlp", "research", {DEFAULT_POOL: Quota(1, 1.0, 3)}), Quota(3, 1.0, None)),
+            "ops": (Project("ops", "infra", {DEFAULT_POOL: Quota(2, 1.0, None)}), Quota(2, 1.0, 2))},
+)
+
+
+@pytest.mark.parametrize(
+    "data, field, message",
+    [
+        pytest.param({"project": "nlp", "gpu_mode": "whole", "gpus": 4, "preemptible": True}, "gpus",
+                     "project nlp allows at most 3 GPUs (limit), got 4", id="project-limit"),
+        pytest.param({"project": "ops", "gpu_mode": "whole", "gpus": 3, "preemptible": True}, "gpus",
+                     "department infra allows at most 2 GPUs (limit), got 3", id="department-limit"),
+        pytest.param({"project": "nlp", "gpu_mode": "whole", "gpus": 2}, "gpus",
+                     "project nlp allows at most 1 GPU (quota) to work that may not go over quota, got 2",
+                     id="guaranteed-over-project-quota"),
+        pytest.param({"project": "nlp", "kind": "inference", "command": ["x"], "gpu_mode": "whole", "gpus": 2},
+                     "gpus", "project nlp allows at most 1 GPU (quota)", id="inference-over-quota"),
+        pytest.param({"project": "nlp", "gpu_mode": "whole", "gpus": 5, "preemptible": True}, "gpus",
+                     "must be from 1 to 4 (GPUs of the largest node), got 5", id="largest-node"),
+    ],
+)
+def test_a_request_that_can_never_run_is_refused(data, field, message):
+    with pytest.raises(FieldError) as e:
+        parse_request(data, ORG)
+    assert e.value.field == field and message in str(e.value), str(e.value)
+
+
+def test_what_can_run_passes_the_ceilings():
+    assert parse_request({"project": "nlp", "gpu_mode": "whole", "gpus": 3, "preemptible": True}, ORG).gpus == 3
+    assert parse_request({"project": "nlp", "gpu_mode": "whole", "gpus": 1}, ORG).gpus == 1
+    # GPU memory counts as the least share it can be: 40 GiB of the largest 80 GiB GPU
+    assert parse_request({"project": "nlp", "gpu_mode": "memory", "gpu_memory_gib": 40}, ORG).gpu_memory_gib == 40
+
+
+def test_a_gang_larger_than_the_cluster_names_the_workers():
+    spec = {"name": "big", "project": "nlp", "command": ["x"], "gpu": 4, "workers": 3}
+    with pytest.raises(FieldError) as e:
+        parse_training(spec, ORG)
+    assert e.value.field == "workers" and "the cluster has 8 GPUs in all, got 12 (3 workers x 4)" in str(e.value)
+    with pytest.raises(FieldError) as e:
+        parse_training({**spec, "workers": 2, "gpu": 2}, ORG)
+    assert e.value.field == "gpu" and "project nlp allows at most 3 GPUs (limit), got 4 (2 workers x 2)" in str(e.value)
+
+
+def test_no_gpu_in_the_cluster():
+    limits = Limits(projects=("a",), max_gpus=0, cluster_gpus=0)
+    with pytest.raises(FieldError, match="gpu_fraction: the cluster has 0 GPUs in all, got 1"):
+        parse_request({"gpu_fraction": 0.5}, limits)
+    assert parse_request({"gpu_mode": "none"}, limits).gpu_mode == "none"
