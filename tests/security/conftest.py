@@ -28,13 +28,12 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "hub"))
 
 from hubclient import HubClient, call  # noqa: E402
-from hubproc import ADMIN_PW, USER_PW, Hub, free_ports  # noqa: E402
-
-from tests.inference.harness import MODEL_SERVER  # noqa: E402
+from hubproc import ADMIN_PW, ROOT, USER_PW, Hub  # noqa: E402
 
 from .attacks import find, has_args, in_kernel, processes  # noqa: E402
 
 ORG = HERE / "org.yaml"
+MODEL_SERVER = str(ROOT / "tests" / "inference" / "model_server.py")  # the test replica
 ACCOUNTS = {"alice": "gpupool-alice", "bob": "gpupool-bob"}  # the default prefix "gpupool-"
 SERVICE = "bob-model"
 CREDENTIAL, CREDENTIAL_KEY, CREDENTIAL_VALUE = "vault", "token", "nlp-object-store-secret-5e1f"
@@ -48,7 +47,6 @@ class Site:
     hub: Hub
     tokens: dict[str, str]
     state: Path
-    serve_port: int
     bob: dict = field(default_factory=dict)  # what bob's kernel reported: home, files
 
     @property
@@ -163,15 +161,13 @@ def _remove_accounts() -> None:
 def site():
     workdir = Path(tempfile.mkdtemp(prefix="gpupool-security-"))
     workdir.chmod(0o755)
-    (serve_port,) = free_ports(1)
-    hub = Hub(workdir, config=f"c = get_config()  # noqa\nc.Gpupool.org_file = {str(ORG)!r}\n",
-              extra_env={"GPUPOOL_SERVE_PORT": str(serve_port)})
+    hub = Hub(workdir, config=f"c = get_config()  # noqa\nc.Gpupool.org_file = {str(ORG)!r}\n")
     tokens: dict[str, str] = {}
     try:
         hub.start()
         tokens |= {u: HubClient(hub.url).login(u, USER_PW).token(u) for u in ("alice", "bob")}
         tokens["admin"] = HubClient(hub.url).login("admin", ADMIN_PW).token("admin")
-        s = Site(hub, tokens, workdir / "state", serve_port)
+        s = Site(hub, tokens, workdir / "state")
 
         status, body = call(hub.url, tokens["admin"], "POST", "/projects/nlp/credentials", {
             "name": CREDENTIAL, "delivery": "files", "data": {CREDENTIAL_KEY: CREDENTIAL_VALUE}})
