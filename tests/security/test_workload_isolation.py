@@ -247,6 +247,19 @@ def test_workload_cannot_read_another_servers_environment(site):
     assert got == EACCES, got
 
 
+def test_workload_cannot_use_another_users_server_with_its_own_token(site):
+    """Through the proxy and at the server's own port: JupyterHub's per-server scopes."""
+    server = site.server_of("bob")
+    direct = [a for a in listening(server.pid) if a["family"] == "tcp"]
+    assert direct, "bob's server listens nowhere"
+    got = site.attack("""
+        token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
+        answer([http_get(u, token)["status"] for u in ARGS["urls"]])
+    """, {"urls": [f"{site.hub.url}/user/bob/api/contents"]
+          + [f"http://{a['host']}:{a['port']}/user/bob/api/contents" for a in direct]})
+    assert got == [403] * (1 + len(direct)), got
+
+
 def test_workload_cannot_signal_another_users_server(site):
     pid = site.server_of("bob").pid
     got = site.attack("""
