@@ -1,7 +1,8 @@
 """One real hub for the attack tests (``gpupool up`` as root, tests/hub/hubproc.py) with
 org.yaml here: alice (project vision) and bob (project nlp), each with a running JupyterLab
 workspace; bob's workspace has a credential of nlp attached (``files`` delivery); bob runs
-an inference service of nlp with one replica; bob has written a 0600 file in his home.
+an inference service of nlp with one replica and a training with one worker; bob has written
+a 0600 file in his home.
 
 The hub's folder is world-traversable, so that every denial the tests see comes from the
 hub's own state folder and the users' own homes, not from a private parent folder. The
@@ -36,10 +37,12 @@ ORG = HERE / "org.yaml"
 MODEL_SERVER = str(ROOT / "tests" / "inference" / "model_server.py")  # the test replica
 ACCOUNTS = {"alice": "gpupool-alice", "bob": "gpupool-bob"}  # the default prefix "gpupool-"
 SERVICE = "bob-model"
+TRAINING = "bob-train"
 CREDENTIAL, CREDENTIAL_KEY, CREDENTIAL_VALUE = "vault", "token", "nlp-object-store-secret-5e1f"
 # what alice's workspace asks for; the cgroup tests read these limits back from the kernel
 ALICE_CPU, ALICE_MEMORY_GIB = 1.5, 1.5
 PRIVATE_TEXT = "bob's private notes"
+TRAINING_MARK = "import time; time.sleep(3600)  # bob's training worker"
 
 
 @dataclass
@@ -74,6 +77,11 @@ class Site:
                     and p.environ().get("GPUPOOL_INFERENCE_SERVICE") == SERVICE
                     and p.environ().get("GPUPOOL_STATE_DIR", str(self.state)) == str(self.state),
                     f"a replica of the inference service {SERVICE}")
+
+    def training_worker(self):
+        return find(lambda p: "hub_ext.host.monitor" not in p.argv and TRAINING_MARK in p.argv
+                    and p.environ().get("GPUPOOL_WORKLOAD") == TRAINING,
+                    f"a worker of the training {TRAINING}")[0]
 
     def hub_processes(self) -> dict[str, int]:
         """The hub, its proxy and the gpupool service: processes whose secrets no
@@ -112,6 +120,12 @@ def _wait(what: str, check, hub: Hub, timeout: float = 240):
 def _server_ready(site: Site, user: str) -> bool:
     _, u = call(site.hub.url, site.tokens["admin"], "GET", f"/hub/api/users/{user}", api=False)
     return bool((u.get("servers") or {}).get("", {}).get("ready"))
+
+
+def _training_running(site: Site) -> bool:
+    _, job = call(site.hub.url, site.tokens["bob"], "GET", f"/trainings/{TRAINING}")
+    assert job.get("status") not in ("Succeeded", "Failed"), job
+    return job.get("status") == "Running"
 
 
 def _served(site: Site) -> bool:
@@ -185,9 +199,14 @@ def site():
             "ready_path": "/health", "scale_to_zero_after_s": 3600})
         assert status == 201, body
 
+        status, body = call(hub.url, tokens["bob"], "POST", "/trainings", {
+            "name": TRAINING, "project": "nlp", "gpu": 0,
+            "command": [sys.executable, "-c", TRAINING_MARK]})
+        assert status == 201, body
         _wait("bob's workspace start", lambda: _server_ready(s, "bob"), hub)
         _wait("alice's workspace start", lambda: _server_ready(s, "alice"), hub)
         _wait(f"a replica of {SERVICE} serving bob", lambda: _served(s), hub)
+        _wait(f"bob's training {TRAINING} running", lambda: _training_running(s), hub)
         s.bob = in_kernel(hub.url, "bob", tokens["bob"], BOB_SETUP, {
             "text": PRIVATE_TEXT, "env": "GPUPOOL_CREDENTIALS_" + CREDENTIAL.upper(),
             "key": CREDENTIAL_KEY})
@@ -196,6 +215,7 @@ def site():
         if hub.proc is not None and hub.proc.poll() is None:
             if "admin" in tokens:  # stopped through the API: work may outlive a hub stop
                 call(hub.url, tokens["bob"], "DELETE", f"/inferences/{SERVICE}")
+                call(hub.url, tokens["bob"], "DELETE", f"/trainings/{TRAINING}")
                 call(hub.url, tokens["bob"], "DELETE", "/workloads/ws-bob")
                 call(hub.url, tokens["alice"], "DELETE", "/workloads/ws-alice")
             time.sleep(2)  # the hub stops the replica and the servers

@@ -307,6 +307,22 @@ def test_workload_cannot_add_code_to_the_checkout_or_the_hubs_python(site):
     assert got == [EACCES, EACCES], dict(zip(folders, got))
 
 
+def test_workload_cannot_read_or_signal_another_users_training(site):
+    pid = site.training_worker().pid
+    got = site.attack("""
+        probe = attempt(os.kill, ARGS["pid"], 0)
+        term = attempt(os.kill, ARGS["pid"], signal.SIGTERM) if probe.get("error") else "not sent"
+        answer({"environ": attempt(read, "/proc/%d/environ" % ARGS["pid"]), "probe": probe, "term": term})
+    """, {"pid": pid})
+    assert got == {"environ": EACCES, "probe": EPERM, "term": EPERM}, got
+
+
+def test_training_worker_runs_as_its_owner_without_hub_secrets(site):
+    worker, bob = site.training_worker(), account("bob")
+    assert bob is not None and worker.uid == bob.pw_uid, (worker.uid, ACCOUNTS["bob"])
+    assert not _leaks({f"training worker {worker.pid}": worker.environ()}, hub_secrets(site))
+
+
 # -- inference ---------------------------------------------------------------------------------
 def test_workload_cannot_reach_a_replica_directly(site):
     where = [a for r in site.replicas() for a in listening(r.pid)]
