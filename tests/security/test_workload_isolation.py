@@ -358,6 +358,23 @@ def test_replica_runs_as_its_owner_without_hub_secrets(site):
         assert not _leaks({f"replica {replica.pid}": replica.environ()}, hub_secrets(site))
 
 
+GPU_DEVICES = sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
+
+
+@pytest.mark.skipif(not GPU_DEVICES, reason="no /dev/nvidiaN on this machine: the device cgroup "
+                    "cannot be checked here")
+def test_workload_without_gpus_cannot_open_a_gpu(site):
+    """alice asked for no GPU: her device cgroup refuses every GPU node (the nodes
+    themselves are usually mode 0666, so the refusal is the cgroup's EPERM)."""
+    got = site.attack("""
+        def open_device(path):
+            os.close(os.open(path, os.O_RDWR))
+            return "opened"
+        answer({p: attempt(open_device, p) for p in ARGS["devices"]})
+    """, {"devices": GPU_DEVICES})
+    assert got == {p: EPERM for p in GPU_DEVICES}, got
+
+
 # -- limits ------------------------------------------------------------------------------------
 CGROUP_LIMITS = """
 mounts = []
