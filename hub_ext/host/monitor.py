@@ -109,7 +109,8 @@ def child(spec: dict, group: Group, log_fd: int | None, report: int) -> None:
             os.setuid(uid)
         if (os.getuid(), os.geteuid(), os.getgid(), os.getegid()) != (uid, uid, gid, gid):
             raise RuntimeError(f"could not become uid {uid} gid {gid}")
-        if log_fd is None:
+        if log_fd is None:  # as the account: its own folders, made by itself
+            Path(spec["log_path"]).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             log_fd = _open_log(Path(spec["log_path"]))
         os.chdir(spec["cwd"])
         os.umask(0o077)
