@@ -208,7 +208,9 @@ def test_a_killed_monitor_leaves_an_end_without_status(launcher, alice):
     end = run(h.wait(0.05))
     assert (end.code, end.signal) == (None, None)
     assert end.describe() == "ended; its monitor was killed"
-    h.group.remove()  # no monitor left to do it
+    assert h.group.exists()  # no monitor left to remove it: forget does
+    launcher.forget("w-nomon")
+    assert not h.group.exists()
 
 
 def test_without_cgroups_it_still_runs_ends_and_stops(tmp_path, alice):
@@ -225,6 +227,7 @@ def test_a_command_that_cannot_run_is_an_error(launcher, alice):
         run(launcher.start(Spec("w-missing", ["no-such-command-x"], PATH, None, alice)))
     with pytest.raises(LaunchError, match="/nonexistent"):
         run(launcher.start(Spec("w-nocwd", ["true"], PATH, "/nonexistent", alice)))
+    assert launcher.names() == []  # nothing started: nothing to adopt
 
 
 def test_a_running_name_is_not_started_twice(launcher, alice):
