@@ -222,7 +222,10 @@ class Launcher:
             if old is not None and old.exit() is None:
                 raise LaunchError(f"workload {spec.name!r} is already running (pid {old.pid})")
             shutil.rmtree(run)
-        run.mkdir(mode=0o700)
+        try:
+            run.mkdir(mode=0o700)
+        except FileExistsError:
+            raise LaunchError(f"workload {spec.name!r} is being started already") from None
         write_json(run / SPEC, {
             "name": spec.name, "argv": list(spec.argv), "env": dict(spec.env),
             "cwd": str(spec.cwd if spec.cwd is not None else spec.account.home),
