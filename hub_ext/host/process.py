@@ -200,6 +200,7 @@ class Launcher:
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.run_dir, 0o700)
         self.cgroups = cgroups if cgroups is not None else detect()
+        self._starting: set[str] = set()
 
     def _dir(self, name: str) -> Path:
         if not isinstance(name, str) or not NAME.match(name):
@@ -217,15 +218,21 @@ class Launcher:
         account). A workload of that name still running is an error; one that ended is
         forgotten first."""
         run = self._dir(spec.name)
+        if spec.name in self._starting:
+            raise LaunchError(f"workload {spec.name!r} is being started already")
+        self._starting.add(spec.name)
+        try:
+            return await self._start(run, spec, timeout_s)
+        finally:
+            self._starting.discard(spec.name)
+
+    async def _start(self, run: Path, spec: Spec, timeout_s: float) -> Handle:
         if run.exists():
             old = self.adopt(spec.name)
             if old is not None and old.exit() is None:
                 raise LaunchError(f"workload {spec.name!r} is already running (pid {old.pid})")
             shutil.rmtree(run)
-        try:
-            run.mkdir(mode=0o700)
-        except FileExistsError:
-            raise LaunchError(f"workload {spec.name!r} is being started already") from None
+        run.mkdir(mode=0o700)
         write_json(run / SPEC, {
             "name": spec.name, "argv": list(spec.argv), "env": dict(spec.env),
             "cwd": str(spec.cwd if spec.cwd is not None else spec.account.home),

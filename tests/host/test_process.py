@@ -308,3 +308,15 @@ def test_a_log_in_the_accounts_home_is_opened_as_the_account(launcher, alice, ho
         assert not (target / "w.log").exists()
     finally:
         shutil.rmtree(target)
+
+
+def test_two_starts_of_one_name_at_once(launcher, alice):
+    import asyncio
+
+    async def both():
+        return await asyncio.gather(launcher.start(spec("w-race", alice, "sleep 60")),
+                                    launcher.start(spec("w-race", alice, "sleep 60")), return_exceptions=True)
+
+    first, second = run(both())
+    assert isinstance(second, LaunchError) and "being started already" in str(second)
+    assert first.alive() and launcher.adopt("w-race").pid == first.pid
