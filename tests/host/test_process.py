@@ -4,6 +4,7 @@ signal, OOM) and outlives the process that started it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -311,8 +312,6 @@ def test_a_log_in_the_accounts_home_is_opened_as_the_account(launcher, alice, ho
 
 
 def test_two_starts_of_one_name_at_once(launcher, alice):
-    import asyncio
-
     async def both():
         return await asyncio.gather(launcher.start(spec("w-race", alice, "sleep 60")),
                                     launcher.start(spec("w-race", alice, "sleep 60")), return_exceptions=True)
