@@ -4,6 +4,7 @@ signal, OOM) and outlives the process that started it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -208,7 +209,9 @@ def test_a_killed_monitor_leaves_an_end_without_status(launcher, alice):
     end = run(h.wait(0.05))
     assert (end.code, end.signal) == (None, None)
     assert end.describe() == "ended; its monitor was killed"
-    h.group.remove()  # no monitor left to do it
+    assert h.group.exists()  # no monitor left to remove it: forget does
+    launcher.forget("w-nomon")
+    assert not h.group.exists()
 
 
 def test_without_cgroups_it_still_runs_ends_and_stops(tmp_path, alice):
@@ -225,6 +228,7 @@ def test_a_command_that_cannot_run_is_an_error(launcher, alice):
         run(launcher.start(Spec("w-missing", ["no-such-command-x"], PATH, None, alice)))
     with pytest.raises(LaunchError, match="/nonexistent"):
         run(launcher.start(Spec("w-nocwd", ["true"], PATH, "/nonexistent", alice)))
+    assert launcher.names() == []  # nothing started: nothing to adopt
 
 
 def test_a_running_name_is_not_started_twice(launcher, alice):
@@ -305,3 +309,13 @@ def test_a_log_in_the_accounts_home_is_opened_as_the_account(launcher, alice, ho
         assert not (target / "w.log").exists()
     finally:
         shutil.rmtree(target)
+
+
+def test_two_starts_of_one_name_at_once(launcher, alice):
+    async def both():
+        return await asyncio.gather(launcher.start(spec("w-race", alice, "sleep 60")),
+                                    launcher.start(spec("w-race", alice, "sleep 60")), return_exceptions=True)
+
+    first, second = run(both())
+    assert isinstance(second, LaunchError) and "being started already" in str(second)
+    assert first.alive() and launcher.adopt("w-race").pid == first.pid
