@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sqlalchemy import delete, func, select
 
+from gpupool.errors import GpupoolError
 from scheduler.embedded import EmbeddedScheduler, gpu_env, terminate
 from scheduler.model import MILLI, Bind, Workload
 
@@ -50,6 +51,9 @@ class Runtime:
         self.store.set_nodes(self.nodes, self.inventory_source)
         # Workloads run as their owners' OS accounts under a monitor that outlives the hub
         # (hub_ext.host); what still runs from before a restart is kept, not dropped.
+        if cfg.accounts == "personal" and os.geteuid() == 0:
+            raise GpupoolError("Gpupool.accounts = 'personal' would run every workload as root: "
+                               "use 'create' or 'existing' when the hub runs as root")
         self.accounts = Accounts(cfg.accounts, prefix=cfg.account_prefix, home_root=cfg.home_root,
                                  template=cfg.account_template or None)
         self.cgroups = detect_cgroups()

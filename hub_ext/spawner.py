@@ -345,7 +345,8 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
             self.gpupool.store.remove_workload(self.workload)
             self.gpupool.delivery.cleanup(self.workload)
         if handle is not None:
-            await forget(self.gpupool.launcher, handle)
+            with contextlib.suppress(LaunchError):  # still running: its run folder stays
+                self.gpupool.launcher.forget(handle.name)
 
     async def stop(self, now=False):
         await self._end(0 if now else 5.0, "stopped")
@@ -353,15 +354,6 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
     async def _evict(self, grace_s: float) -> None:
         self._emit(90, "Evicted by the scheduler")
         await self._end(grace_s, "evicted")
-
-
-async def forget(launcher, handle, wait_s: float = 10.0) -> None:
-    """Drop a finished workload's run folder once its monitor has tidied up and exited."""
-    deadline = time.monotonic() + wait_s
-    while handle.monitor_alive() and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    with contextlib.suppress(LaunchError):
-        launcher.forget(handle.name)
 
 
 def account_env(account) -> dict[str, str]:
