@@ -222,4 +222,4 @@ def site():
         hub.stop()
         _end_account_processes()
         _remove_accounts()
-        shutil.copy(workdir / "hub.log", "/tmp/sec-hub.log"); shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
