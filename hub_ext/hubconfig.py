@@ -70,7 +70,7 @@ def configure(c) -> Runtime:
         me = pwd.getpwuid(os.geteuid()).pw_name
         admins = {me}
         c.Authenticator.admin_users = admins
-        c.Authenticator.allowed_users = set()
+        c.Authenticator.allowed_users = admins
         c.JupyterHub.template_vars = {"announcement_login": f"Personal mode: {personal_notice()}."}
 
     c.JupyterHub.spawner_class = "hub_ext.spawner.GpupoolLocalSpawner"

@@ -71,7 +71,8 @@ def open_log(path: Path, uid: int, gid: int) -> int | None:
     no other account controls (made by the hub, in its state directory); anywhere else
     (an account's home, /tmp) the workload opens it itself once it is the account, so a
     link planted there can make root create or hand over no file. None: the child opens it."""
-    if os.geteuid() != 0:
+    if os.geteuid() != 0:  # personal mode: the account is ours
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         return _open_log(path)
     if not root_safe(path):
         return None

@@ -31,7 +31,8 @@ def free_ports(n: int) -> list[int]:
 
 
 class Hub:
-    def __init__(self, workdir: Path, config: str = "", extra_env: dict | None = None):
+    def __init__(self, workdir: Path, config: str = "", extra_env: dict | None = None,
+                 user: str | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port, hub_port, svc_port, api_port = free_ports(4)
@@ -44,6 +45,7 @@ class Hub:
         self.proc: subprocess.Popen | None = None
         self.log = self.workdir / "hub.log"
         self.accounts_before: set[str] = set()
+        self.user = user  # an OS account to run the hub as (personal mode); default: ours
 
     def start(self, timeout: float = 120) -> Hub:
         cfg = self.workdir / "gpupool_config.py"
@@ -53,6 +55,7 @@ class Hub:
         self.proc = subprocess.Popen(
             [str(gp), "up", "--config", str(cfg)], cwd=self.workdir, env=self.env,
             stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+            **({"user": self.user, "group": self.user, "extra_groups": []} if self.user else {}),
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
