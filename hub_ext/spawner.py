@@ -283,14 +283,22 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
                       self.account.name)
         return (self.ip or "127.0.0.1", self.port)
 
-    async def _watch_exit(self, handle) -> None:
+    async def _watch_exit(self, handle, poll_s: float = 0.5) -> None:
         """A workspace that ends by itself (crash, OOM, SIGKILL) gives its GPUs back within
         one poll of its handle, with an event that says how it ended; JupyterHub's own poll
-        then tidies the server away."""
-        end = await handle.wait()
+        then tidies the server away. A process inside it killed for memory (a kernel, most
+        often) is reported too, while the workspace goes on."""
         rt = self.gpupool
         row = rt.store.get(self.workload)
         project = row.project if row is not None else ""
+        ooms = handle.group.oom_kills()
+        while (end := handle.exit()) is None:
+            if (n := handle.group.oom_kills()) > ooms:
+                ooms = n
+                limit = f"{handle.memory_limit_bytes / 2**30:g} GiB" if handle.memory_limit_bytes else "none"
+                rt.store.event("oom-killed", f"a process of {self.workload} was killed: out of memory "
+                               f"(limit {limit}); the workspace goes on", self.workload, project)
+            await asyncio.sleep(poll_s)
         kind = "oom-killed" if end.oom else "exited"
         rt.store.event(kind, f"{self.workload} ended: {end.describe()}", self.workload, project)
         rt.scheduler.release(self.workload, end.describe())

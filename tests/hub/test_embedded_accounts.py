@@ -112,3 +112,27 @@ def test_killed_workspace_gives_back_its_share_with_how_it_ended(rhub):
     assert ended and "killed by SIGKILL" in ended[0]["message"], events(rhub, "ws-bob")
     released = [e for e in events(rhub, "ws-bob") if e["kind"] == "released"]
     assert released and "SIGKILL" in released[0]["message"]
+
+
+def test_kernel_over_the_workspace_memory_is_killed_and_reported(rhub):
+    status, w = call(rhub.url, rhub.tokens["bob"], "POST", "/workloads",
+                     {"kind": "workspace", "project": "nlp", "gpu_mode": "none", "memory_gib": 1,
+                      "server_name": "small"})
+    assert status == 202, w
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        _, u = call(rhub.url, rhub.tokens["admin"], "GET", "/hub/api/users/bob", api=False)
+        if (u.get("servers") or {}).get("small", {}).get("ready"):
+            break
+        time.sleep(0.5)
+    hog = "blocks = []\nwhile True:\n    blocks.append(bytearray(64 * 2**20))\n"
+    with pytest.raises(Exception):  # noqa: B017 - the kernel dies mid-cell, however the client puts it
+        run_code(rhub.url, "/user/bob/small/", rhub.tokens["bob"], hog, timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        oom = [e for e in events(rhub, "ws-bob-small") if e["kind"] == "oom-killed"]
+        if oom:
+            break
+        time.sleep(0.5)
+    assert oom and "out of memory (limit 1 GiB)" in oom[0]["message"], events(rhub, "ws-bob-small")
+    assert workload(rhub, "ws-bob-small")["state"] == "running"  # the server itself goes on
