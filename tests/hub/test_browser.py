@@ -178,7 +178,7 @@ def test_cancelling_a_queued_spawn_returns_to_the_form(bhub, browser, shots, que
     assert status == 200 and w["state"] == "pending", w
     dave.click("#gp-cancel")
     dave.wait_for_selector("#gp-cancelled", state="visible")
-    assert "Cancelled" in dave.inner_text("#gp-cancelled")
+    assert "Cancelled" in dave.inner_text("#gp-cancelled") and dave.inner_text("#progress-message") == "Cancelled"
     dave.screenshot(path=str(shots / "spawn-cancelled.png"), full_page=True)
     # back on the spawn form, which names the cancelled request
     dave.wait_for_url(re.compile(r".*/hub/spawn/dave$"), timeout=30_000)
