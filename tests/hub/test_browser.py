@@ -203,4 +203,7 @@ def test_a_request_that_can_never_run_is_refused_by_the_form(bhub, browser, queu
     submit(dave)
     dave.wait_for_selector("#gp-form")
     assert f"gpus: {why}" in dave.inner_text("body")
+    fill_form(dave, "bq", mode="whole", gpus=5)  # the declared node has 4
+    assert dave.inner_text("#gp-verdict") == "Cannot run: gpus must be from 1 to 4 (GPUs of the largest node), got 5"
+    assert dave.eval_on_selector("#gp-gpus", "e => e.validity.rangeOverflow")  # the browser holds it back
     assert call(bhub.url, queue_org["admin"], "GET", "/workloads/ws-dave")[0] == 404
