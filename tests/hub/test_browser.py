@@ -150,14 +150,14 @@ def test_stopping_returns_the_share_at_once(bhub, browser):
 
 @pytest.fixture(scope="module")
 def queue_org(bhub):
-    """Project bq (quota 1, department bq-d) for carol and dave; carol's workspace holds
-    its guaranteed GPU, so a guaranteed request of dave's waits."""
+    """Project bq (quota 1, limit 2, department bq-d) for carol and dave; carol's workspace
+    holds its guaranteed GPU, so a guaranteed request of dave's waits."""
     from hubclient import call
 
     admin = HubClient(bhub.url).login("admin", ADMIN_PW).token("admin")
     carol = HubClient(bhub.url).login("carol", USER_PW).token("carol")
     assert call(bhub.url, admin, "POST", "/departments", {"name": "bq-d", "gpus": 1})[0] == 201
-    assert call(bhub.url, admin, "POST", "/projects", {"name": "bq", "department": "bq-d", "gpus": 1,
+    assert call(bhub.url, admin, "POST", "/projects", {"name": "bq", "department": "bq-d", "gpus": 1, "limit": 2,
                                                        "members": ["carol", "dave"]})[0] == 201
     assert call(bhub.url, carol, "POST", "/workloads", {"kind": "workspace", "project": "bq", "gpu_mode": "whole",
                                                         "gpus": 1, "server_name": "bq"})[0] == 202
@@ -203,6 +203,13 @@ def test_a_request_that_can_never_run_is_refused_by_the_form(bhub, browser, queu
     submit(dave)
     dave.wait_for_selector("#gp-form")
     assert f"gpus: {why}" in dave.inner_text("body")
+    # preemptible: the limit bounds it; 2 GPUs wait for carol's, 3 never run
+    fill_form(dave, "bq", mode="whole", gpus=2)
+    dave.check("#gp-preemptible")
+    assert dave.inner_text("#gp-verdict") == "Will wait: project bq is at its limit 2 GPUs (3.00 with this request)"
+    fill_form(dave, "bq", mode="whole", gpus=3)
+    dave.check("#gp-preemptible")
+    assert dave.inner_text("#gp-verdict") == "Cannot run: project bq allows at most 2 GPUs (limit), got 3"
     fill_form(dave, "bq", mode="whole", gpus=5)  # the declared node has 4
     assert dave.inner_text("#gp-verdict") == "Cannot run: gpus must be from 1 to 4 (GPUs of the largest node), got 5"
     assert dave.eval_on_selector("#gp-gpus", "e => e.validity.rangeOverflow")  # the browser holds it back
