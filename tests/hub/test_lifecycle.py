@@ -187,12 +187,12 @@ def test_a_spawn_still_queued_at_start_timeout_gives_its_slot_back(tmp_path):
     the reason, and nothing left in the queue. (Longer than JupyterHub's slow_spawn_timeout of
     10 s, after which the start request answers 202.)"""
     from hubclient import HubClient
-    from hubproc import USER_PW, Hub
+    from hubproc import ADMIN_PW, USER_PW, Hub
 
     h = Hub(tmp_path / "timeout", config="c = get_config()  # noqa\nc.Gpupool.start_timeout_s = 15\n").start()
     try:
         h.tokens = {u: HubClient(h.url).login(u, USER_PW).token(u) for u in ("alice", "bob")}
-        h.tokens["admin"] = h.tokens["alice"]  # alice and bob share nlp: she sees both
+        h.tokens["admin"] = HubClient(h.url).login("admin", ADMIN_PW).token("admin")
         # a guaranteed training holds nlp's quota (a workspace would start slower than the timeout)
         api(h, "alice", "POST", "/workloads", {"kind": "training", "name": "hold", "project": "nlp",
                                                "gpu_mode": "whole", "gpus": 1, "preemptible": False,
