@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from scheduler.model import DEFAULT_POOL
+from scheduler.model import DEFAULT_POOL, NO_QUOTA, ValidationError
 from scheduler.quota import department_quota
 
 from . import org
@@ -33,14 +33,23 @@ def limits_for(s, cfg: Gpupool, user: str, projects: tuple[str, ...] | None = No
 
 
 def _quotas(s, projects: tuple[str, ...]) -> dict:
-    """Per project: its scheduler model and its department's quota (the model's rule)."""
+    """Per project: its scheduler model and its department's quota (the model's rule). A
+    project with a stored value the model refuses is left out, as the scheduler leaves it out
+    of scheduling: its work is accepted and waits with that reason."""
     models = {p.name: p for p in org.model_projects(s)}
     depts = {d.name: d for d in org.model_departments(s)}
     out = {}
     for name in projects:
         p = models.get(name)
         d = depts.get(p.department) if p is not None else None
-        if d is not None:
-            siblings = [q for q in models.values() if q.department == d.name]
-            out[name] = (p, department_quota(d, siblings, DEFAULT_POOL))
+        if d is None:
+            continue
+        siblings = [q for q in models.values() if q.department == d.name]
+        try:
+            dq = department_quota(d, siblings, DEFAULT_POOL)
+            for q in (p.quotas.get(DEFAULT_POOL, NO_QUOTA), dq):
+                q.validate(f"project[{name}]")
+        except (ValidationError, TypeError):
+            continue
+        out[name] = (p, dq)
     return out

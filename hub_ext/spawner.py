@@ -121,7 +121,7 @@ class GpupoolSpawnerMixin(Spawner):
             waiter = rt.scheduler.submit(w, evict=self._evict)
         except ValidationError as e:
             rt.store.remove_workload(self.workload)
-            raise RuntimeError(f"Cannot schedule: {e}") from None
+            raise Refused(f"Cannot schedule: {e}", reason="invalid") from None
         try:
             bind = await self._wait_for_bind(waiter)
         except asyncio.CancelledError:  # JupyterHub cancels a pending spawn that is stopped
@@ -146,6 +146,8 @@ class GpupoolSpawnerMixin(Spawner):
             rt.delivery.cleanup(self.workload)
             rt.scheduler.release(self.workload, "failed to start")
             rt.store.remove_workload(self.workload)
+            if isinstance(sys.exc_info()[1], asyncio.CancelledError):
+                self.server = None  # stopped while starting: not ready (see _cancel_queued)
             raise
         SPAWN_SECONDS.labels(req.project, "started").observe(time.monotonic() - t0)
         return started

@@ -38,8 +38,9 @@ def login(browser, hub, user, password=USER_PW):
     return page
 
 
-def fill_form(page, project, mode="fraction", fraction=None, gpus=None):
-    page.goto(page.url.split("/hub/")[0] + "/hub/spawn")
+def fill_form(page, project, mode="fraction", fraction=None, gpus=None, server=""):
+    user = page.evaluate("window.jhdata.user") if server else ""
+    page.goto(page.url.split("/hub/")[0] + "/hub/spawn" + (f"/{user}/{server}" if server else ""))
     page.select_option("#gp-project", project)
     page.check(f"input[name=gpu_mode][value={mode}]")
     if fraction is not None:
@@ -150,14 +151,14 @@ def test_stopping_returns_the_share_at_once(bhub, browser):
 
 @pytest.fixture(scope="module")
 def queue_org(bhub):
-    """Project bq (quota 1, department bq-d) for carol and dave; carol's workspace holds
-    its guaranteed GPU, so a guaranteed request of dave's waits."""
+    """Project bq (quota 1, limit 2, department bq-d) for carol and dave; carol's workspace
+    holds its guaranteed GPU, so a guaranteed request of dave's waits."""
     from hubclient import call
 
     admin = HubClient(bhub.url).login("admin", ADMIN_PW).token("admin")
     carol = HubClient(bhub.url).login("carol", USER_PW).token("carol")
     assert call(bhub.url, admin, "POST", "/departments", {"name": "bq-d", "gpus": 1})[0] == 201
-    assert call(bhub.url, admin, "POST", "/projects", {"name": "bq", "department": "bq-d", "gpus": 1,
+    assert call(bhub.url, admin, "POST", "/projects", {"name": "bq", "department": "bq-d", "gpus": 1, "limit": 2,
                                                        "members": ["carol", "dave"]})[0] == 201
     assert call(bhub.url, carol, "POST", "/workloads", {"kind": "workspace", "project": "bq", "gpu_mode": "whole",
                                                         "gpus": 1, "server_name": "bq"})[0] == 202
@@ -165,31 +166,34 @@ def queue_org(bhub):
     call(bhub.url, admin, "DELETE", "/workloads/ws-carol-bq")
 
 
-def test_cancelling_a_queued_spawn_returns_to_the_form(bhub, browser, shots, queue_org):
+@pytest.mark.parametrize("server", ["", "q"])
+def test_cancelling_a_queued_spawn_returns_to_the_form(bhub, browser, shots, queue_org, server):
     from hubclient import call
 
+    name, path = ("ws-dave-" + server, "dave/" + server) if server else ("ws-dave", "dave")
     dave = login(browser, bhub, "dave")
-    fill_form(dave, "bq", mode="whole", gpus=1)
+    fill_form(dave, "bq", mode="whole", gpus=1, server=server)
     assert "Will wait" in dave.inner_text("#gp-verdict")
     submit(dave)
-    dave.wait_for_url(re.compile(r".*/hub/spawn-pending/dave.*"), timeout=60_000)
+    dave.wait_for_url(re.compile(rf".*/hub/spawn-pending/{path}\?.*"), timeout=60_000)
     dave.wait_for_function("document.body.innerText.includes('Waiting in the queue')", timeout=60_000)
-    status, w = call(bhub.url, queue_org["admin"], "GET", "/workloads/ws-dave")
+    status, w = call(bhub.url, queue_org["admin"], "GET", f"/workloads/{name}")
     assert status == 200 and w["state"] == "pending", w
     dave.click("#gp-cancel")
     dave.wait_for_selector("#gp-cancelled", state="visible")
-    assert "Cancelled" in dave.inner_text("#gp-cancelled")
-    dave.screenshot(path=str(shots / "spawn-cancelled.png"), full_page=True)
+    assert "Cancelled" in dave.inner_text("#gp-cancelled") and dave.inner_text("#progress-message") == "Cancelled"
+    if not server:
+        dave.screenshot(path=str(shots / "spawn-cancelled.png"), full_page=True)
     # back on the spawn form, which names the cancelled request
-    dave.wait_for_url(re.compile(r".*/hub/spawn/dave$"), timeout=30_000)
+    dave.wait_for_url(re.compile(rf".*/hub/spawn/{path}$"), timeout=30_000)
     notice = dave.inner_text("#gp-form #gp-cancelled")
-    assert "ws-dave cancelled: stopped while it waited in the queue" in notice, notice
+    assert f"{name} cancelled: stopped while it waited in the queue" in notice, notice
     assert "Redirect loop" not in dave.inner_text("body")
     # the queue slot is gone at once, and the event log says why
-    assert call(bhub.url, queue_org["admin"], "GET", "/workloads/ws-dave")[0] == 404
+    assert call(bhub.url, queue_org["admin"], "GET", f"/workloads/{name}")[0] == 404
     pending = call(bhub.url, queue_org["admin"], "GET", "/workloads?project=bq&state=pending")[1]["items"]
     assert pending == []
-    events = call(bhub.url, queue_org["admin"], "GET", "/events?workload=ws-dave&kind=cancelled")[1]["items"]
+    events = call(bhub.url, queue_org["admin"], "GET", f"/events?workload={name}&kind=cancelled")[1]["items"]
     assert len(events) == 1 and events[0]["project"] == "bq", events
 
 
@@ -203,4 +207,14 @@ def test_a_request_that_can_never_run_is_refused_by_the_form(bhub, browser, queu
     submit(dave)
     dave.wait_for_selector("#gp-form")
     assert f"gpus: {why}" in dave.inner_text("body")
+    # preemptible: the limit bounds it; 2 GPUs wait for carol's, 3 never run
+    fill_form(dave, "bq", mode="whole", gpus=2)
+    dave.check("#gp-preemptible")
+    assert dave.inner_text("#gp-verdict") == "Will wait: project bq is at its limit 2 GPUs (3.00 with this request)"
+    fill_form(dave, "bq", mode="whole", gpus=3)
+    dave.check("#gp-preemptible")
+    assert dave.inner_text("#gp-verdict") == "Cannot run: project bq allows at most 2 GPUs (limit), got 3"
+    fill_form(dave, "bq", mode="whole", gpus=5)  # the declared node has 4
+    assert dave.inner_text("#gp-verdict") == "Cannot run: gpus must be from 1 to 4 (GPUs of the largest node), got 5"
+    assert dave.eval_on_selector("#gp-gpus", "e => e.validity.rangeOverflow")  # the browser holds it back
     assert call(bhub.url, queue_org["admin"], "GET", "/workloads/ws-dave")[0] == 404

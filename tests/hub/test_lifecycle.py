@@ -180,3 +180,32 @@ def test_jupyterhubs_own_api_refuses_with_the_same_words(hub, lc_org):
     assert workload(hub, "ws-bob-lcx")[0] == 404
     user = call(hub.url, hub.tokens["admin"], "GET", "/hub/api/users/bob", api=False)[1]
     assert "lcx" not in (user.get("servers") or {}), user
+
+
+def test_a_spawn_still_queued_at_start_timeout_gives_its_slot_back(tmp_path):
+    """start_timeout ends a spawn that waited too long: the same clean end as a stop, with
+    the reason, and nothing left in the queue. (Longer than JupyterHub's slow_spawn_timeout of
+    10 s, after which the start request answers 202.)"""
+    from hubclient import HubClient
+    from hubproc import ADMIN_PW, USER_PW, Hub
+
+    h = Hub(tmp_path / "timeout", config="c = get_config()  # noqa\nc.Gpupool.start_timeout_s = 15\n").start()
+    try:
+        h.tokens = {u: HubClient(h.url).login(u, USER_PW).token(u) for u in ("alice", "bob")}
+        h.tokens["admin"] = HubClient(h.url).login("admin", ADMIN_PW).token("admin")
+        # a guaranteed training holds nlp's quota (a workspace would start slower than the timeout)
+        api(h, "alice", "POST", "/workloads", {"kind": "training", "name": "hold", "project": "nlp",
+                                               "gpu_mode": "whole", "gpus": 1, "preemptible": False,
+                                               "command": ["sleep", "600"]}, expect=201)
+        wait_state(h, "hold", "running")
+        api(h, "bob", "POST", "/workloads", {"kind": "workspace", "project": "nlp", "gpu_mode": "whole",
+                                             "gpus": 1}, expect=202)
+        wait_state(h, "ws-bob", "pending")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and workload(h, "ws-bob")[0] != 404:
+            time.sleep(0.5)
+        assert workload(h, "ws-bob")[0] == 404
+        events = cancelled_events(h, "ws-bob")
+        assert len(events) == 1 and "after start_timeout (15 s)" in events[0]["message"], events
+    finally:
+        h.stop()
