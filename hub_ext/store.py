@@ -32,15 +32,17 @@ def to_workload(row: WorkloadRow) -> Workload:
     )
     if row.state in ("running", "releasing") and row.placement:
         w.state = State.RUNNING if row.state == "running" else State.RELEASING
-        w.placement = tuple(
-            PodPlacement(p["node"], tuple(p["gpu_indices"]), p["gpu_milli"]) for p in row.placement
-        )
+        w.placement = placement_from_json(row.placement)
         w.over_quota = row.over_quota
     return w
 
 
 def placement_json(pods) -> list[dict]:
     return [{"node": p.node, "gpu_indices": list(p.gpu_indices), "gpu_milli": p.gpu_milli} for p in pods]
+
+
+def placement_from_json(items: list[dict]) -> tuple[PodPlacement, ...]:
+    return tuple(PodPlacement(p["node"], tuple(p["gpu_indices"]), p["gpu_milli"]) for p in items)
 
 
 class DbStore:
