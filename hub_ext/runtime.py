@@ -208,8 +208,11 @@ class Runtime:
         for row in rows:
             handle = self.launcher.adopt(row.name)
             if handle is None or not row.placement:  # nothing of ours runs it
-                self.store.set_state(row.name, "failed", reason="its process was gone after a hub restart",
-                                     placement=[], pid=None)
+                if row.state == "stopping":  # asked to stop before the restart: it has
+                    self.store.set_state(row.name, "stopped", reason="stopped", placement=[], pid=None)
+                else:
+                    self.store.set_state(row.name, "failed", reason="its process was gone after a hub "
+                                         "restart", placement=[], pid=None)
                 continue
             w = to_workload(row)
             w.state, w.placement = State.RUNNING, placement_from_json(row.placement)

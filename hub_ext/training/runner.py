@@ -465,8 +465,12 @@ class JobRunner:
                         w.state = "running"
                         adopted.append(job)
                         continue
-                if handles:  # part of a gang: stop what is left, start it again
+                if handles:  # part of a gang, or asked to stop: stop what is left
                     asyncio.ensure_future(_reap(self.launcher, handles))
+                if w is not None and w.state == "stopping":  # stopped through the workloads API
+                    w.state, w.placement, w.pid = "stopped", [], None
+                    set_status(s, t.name, "Suspended", "stopped through the workloads API", "suspended")
+                    continue
                 if w is not None and w.state in ("pending", "running", "releasing", "backoff"):
                     w.state, w.placement, w.pid = SUBMITTED, [], None
                 if t.status in ("Running", "Resuming"):
