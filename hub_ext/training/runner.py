@@ -63,6 +63,7 @@ class Job:
         self.runner, self.name = runner, name
         self.procs: list[Handle] = []
         self.adopted = False  # workers kept running through a hub restart: watch them first
+        self.account: Account | None = None  # the owner's, once known: its files are cleaned up
         self.stop: str | None = None  # preempted | suspend | delete | stopped
         self.stop_reason = ""
         self.kick = asyncio.Event()
@@ -132,7 +133,7 @@ class Job:
         finally:
             self.runner.jobs.pop(self.name, None)
             if self.runner.delivery is not None:
-                self.runner.delivery.cleanup(self.name)
+                self.runner.delivery.cleanup(self.name, self.account)
 
     async def _run(self) -> None:
         while True:
@@ -210,7 +211,7 @@ class Job:
         resumed = t.preemptions > 0 and t.status == "Preempted"
         attempt = t.attempt + 1
         try:
-            account = self.runner.accounts.for_user(t.owner)
+            account = self.account = self.runner.accounts.for_user(t.owner)
             ckpt_dir = self.runner.checkpoint_dir(self.name, spec, account)
         except (OSError, GpupoolError) as e:  # AccountError; a folder of the home it cannot make
             return await self._failed_start(e)
@@ -458,11 +459,14 @@ class JobRunner:
                     job = Job(self, t.name)
                     job.procs, job.adopted, job.grace_s = handles, True, spec.grace_period_s
                     try:
+                        job.account = self.accounts.for_user(t.owner)
                         self.scheduler.adopt(self._workload(t, w, spec), job.evict)
-                    except ValidationError as e:  # its node is gone from the inventory
+                    except (ValidationError, GpupoolError) as e:  # its node is gone; no account
                         log.warning("training %s cannot be adopted: %s", t.name, e)
                     else:
                         w.state = "running"
+                        if t.status == "Resuming":  # its workers had started: it runs
+                            set_status(s, t.name, "Running")
                         adopted.append(job)
                         continue
                 if handles:  # part of a gang, or asked to stop: stop what is left

@@ -31,12 +31,17 @@ class Cluster:
     """``projects``: name -> quota in GPUs (all in one department)."""
 
     def __init__(self, tmp: Path, gpus: int = 1, projects: dict[str, float] | None = None,
-                 period_s: float = 0.1):
+                 period_s: float = 0.1, restart: bool = False):
+        """``restart``: the database and run folder of an earlier Cluster in ``tmp`` (a hub
+        started again); else a new organisation."""
         projects = projects or {"research": 0.0, "prod": 1.0}
         self.tmp = Path(tmp)
         self.Session = make_sessionmaker(f"sqlite:///{self.tmp / 'gpupool.sqlite'}")
         with self.Session() as s:
-            org.create_department(s, {"name": "lab", "gpus": sum(projects.values())})
+            if restart:
+                projects = {}
+            if projects:
+                org.create_department(s, {"name": "lab", "gpus": sum(projects.values())})
             for name, q in projects.items():
                 org.create_project(s, {"name": name, "department": "lab", "gpus": q, "members": ["alice", "bob"]})
             s.commit()
