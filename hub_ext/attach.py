@@ -139,7 +139,10 @@ class Delivery:
         for d in att.datasources:
             where = datasources.describe(d.kind, d.spec)
             env[env_name("GPUPOOL_DATA_", d.name)] = where
-            if d.kind == "hostpath" and links is not None:
+            if d.kind == "hostpath" and links is not None and account is not None:
+                # in the account's tree: made without following a link it planted there
+                launch.link_in_home(account, links, d.name, d.spec["path"])
+            elif d.kind == "hostpath" and links is not None:
                 links.mkdir(parents=True, exist_ok=True)
                 link = links / d.name
                 if link.is_symlink():

@@ -76,12 +76,12 @@ def gpu_devices(node: Node, pod: PodPlacement) -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def _opened(account: Account, parts: tuple[str, ...], create: bool) -> Iterator[int]:
-    """A descriptor of HOME/.gpupool/PARTS..., each folder the account's and mode 0700
-    (made when ``create``). FileNotFoundError when one is missing and not ``create``;
-    OSError when one is a symlink or another account's."""
+    """A descriptor of HOME/PARTS..., each folder the account's and mode 0700 (made when
+    ``create``). FileNotFoundError when one is missing and not ``create``; OSError when
+    one is a symlink or another account's."""
     fd = os.open(account.home, _DIR)
     try:
-        for part in (PRIVATE, *parts):
+        for part in parts:
             if not part or "/" in part or part in (".", ".."):
                 raise ValueError(f"not a folder name: {part!r}")
             if create:
@@ -92,7 +92,7 @@ def _opened(account: Account, parts: tuple[str, ...], create: bool) -> Iterator[
             fd = nfd
             st = os.fstat(fd)
             if st.st_uid not in (account.uid, os.geteuid()):
-                raise PermissionError(f"{account.home / PRIVATE} holds a folder of another account")
+                raise PermissionError(f"{account.home.joinpath(*parts)} holds a folder of another account")
             if create and (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) != (account.uid, account.gid, 0o700):
                 os.fchown(fd, account.uid, account.gid)
                 os.fchmod(fd, 0o700)
@@ -103,14 +103,14 @@ def _opened(account: Account, parts: tuple[str, ...], create: bool) -> Iterator[
 
 def private_dir(account: Account, *parts: str) -> Path:
     """HOME/.gpupool/PARTS, made where missing: the account's, mode 0700."""
-    with _opened(account, parts, create=True):
+    with _opened(account, (PRIVATE, *parts), create=True):
         return account.home.joinpath(PRIVATE, *parts)
 
 
 def write_private(account: Account, parts: tuple[str, ...], files: dict[str, str], mode: int = 0o400) -> Path:
     """Write ``files`` (name -> text) into HOME/.gpupool/PARTS as new files the account
     owns with ``mode``; the folder's path."""
-    with _opened(account, parts, create=True) as dfd:
+    with _opened(account, (PRIVATE, *parts), create=True) as dfd:
         for name, text in files.items():
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
             try:
@@ -122,14 +122,21 @@ def write_private(account: Account, parts: tuple[str, ...], files: dict[str, str
     return account.home.joinpath(PRIVATE, *parts)
 
 
-def append_private(account: Account, parts: tuple[str, ...], name: str, text: str) -> None:
-    """Append a line to a file of the account's folder (a log header), made when missing."""
-    with _opened(account, parts, create=True) as dfd:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
+def log_header(account: Account, parts: tuple[str, ...], name: str, text: str, fresh: bool) -> None:
+    """Write a header line into a log file of the account's folder (made, the account's, when
+    missing); ``fresh``: start the file anew (a new workload of an earlier one's name)."""
+    # no link followed, no FIFO waited on, nothing truncated before it is known to be the log
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
+    with _opened(account, (PRIVATE, *parts), create=True) as dfd:
+        fd = os.open(name, flags, 0o600, dir_fd=dfd)
         try:
             st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid not in (account.uid, 0):
+                raise OSError(f"{name} in {account.home.joinpath(PRIVATE, *parts)} is not a plain file")
             if st.st_uid != account.uid:
                 os.fchown(fd, account.uid, account.gid)
+            if fresh:
+                os.ftruncate(fd, 0)
             os.write(fd, text.encode())
         finally:
             os.close(fd)
@@ -139,10 +146,29 @@ def remove_private(account: Account, *parts: str) -> None:
     """Remove HOME/.gpupool/PARTS and everything in it (nothing if it is not there)."""
     *parents, last = parts
     try:
-        with _opened(account, tuple(parents), create=False) as dfd:
+        with _opened(account, (PRIVATE, *parents), create=False) as dfd:
             shutil.rmtree(last, dir_fd=dfd)
     except FileNotFoundError:
         pass
+
+
+def link_in_home(account: Account, folder: Path, name: str, target: str) -> bool:
+    """Make the symlink FOLDER/NAME -> TARGET, owned by the account, where FOLDER is in its
+    home (made where missing); an earlier symlink there is replaced, anything else (the
+    account's own file or folder) is kept. Whether the link is there now."""
+    parts = folder.relative_to(account.home).parts  # ValueError: not in the home
+    with _opened(account, parts, create=True) as dfd:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISLNK(st.st_mode):
+            return False
+        if st is not None:
+            os.unlink(name, dir_fd=dfd)
+        os.symlink(target, name, dir_fd=dfd)
+        os.chown(name, account.uid, account.gid, dir_fd=dfd, follow_symlinks=False)
+        return True
 
 
 def read_tail(path: Path, uid: int, max_bytes: int) -> str:
@@ -160,5 +186,5 @@ def read_tail(path: Path, uid: int, max_bytes: int) -> str:
         return f.read().decode(errors="replace")
 
 
-__all__ = ["PRIVATE", "account_env", "append_private", "check_argv", "forget", "gpu_devices", "private_dir", "read_tail",
+__all__ = ["PRIVATE", "account_env", "check_argv", "forget", "gpu_devices", "link_in_home", "log_header", "private_dir", "read_tail",
            "remove_private", "write_private"]

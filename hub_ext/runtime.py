@@ -151,6 +151,7 @@ class Runtime:
             cmd = list(row.spec.get("command") or [])
             launch.check_argv(cmd, env)
             mem = row.spec.get("memory_gib")
+            launch.log_header(account, ("workloads", w.name), "output.log", "", fresh=True)
             handle = await self.launcher.start(Spec(
                 name=w.name, argv=cmd, env=env, cwd=workdir, account=account,
                 limits=HostLimits(cpu=row.spec.get("cpu"), memory_bytes=int(mem * 2**30) if mem else None,

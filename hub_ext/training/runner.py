@@ -347,8 +347,9 @@ class Job:
                               log_path=workdir / f"worker-{rank}.log"))
         self.procs = []
         for rank, worker in enumerate(specs):
-            launch.append_private(account, ("workloads", self.name), worker.log_path.name,
-                                  f"--- gpupool: attempt {attempt}, rank {rank}, {time.ctime()}\n")
+            launch.log_header(account, ("workloads", self.name), worker.log_path.name,
+                              f"--- gpupool: attempt {attempt}, rank {rank}, {time.ctime()}\n",
+                              fresh=attempt == 1)  # a job of an earlier job's name: its own log
             self.procs.append(await self.runner.launcher.start(worker))
 
     async def _watch(self):
