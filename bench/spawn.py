@@ -12,9 +12,16 @@ admin panel's time to first render with a large organisation.
    projects and 10,000 workloads: time to the first full render of the overview and the
    organisation page (the larger); target < 1 s.
 
-    python bench/spawn.py [--runs 5] [--json]
+3. The per-user set-up on the host (as root; hub_ext.host): making a user's Unix account on
+   first use, looking it up again (cached), making and removing a workload's cgroup, and a
+   workload's start under its root monitor until its process runs, against a bare
+   subprocess.Popen of the same command (median of --runs each).
+
+    python bench/spawn.py [--runs 5] [--json] [--skip-spawn] [--host-only]
 Prints one JSON object as its last line: gpupool_p50_s, gpupool_p95_s, stock_p50_s,
-stock_p95_s, ratio, admin_render_s (and the per-page times).
+stock_p95_s, ratio, admin_render_s (and the per-page times), and as root account_create_s,
+account_lookup_cached_s, cgroup_create_remove_s, cgroup_backend, monitor_start_s,
+popen_start_s, monitor_start_ratio.
 """
 
 from __future__ import annotations
@@ -211,16 +218,80 @@ def admin_bench(workdir: Path) -> dict:
     return {"admin_render_s": max(out["overview"], out["org"]), "admin_pages_s": out}
 
 
+def host_bench(runs: int, workdir: Path) -> dict:
+    """Per-user set-up on this host: accounts, cgroups, a monitor's start (root only)."""
+    import asyncio
+
+    from hub_ext.host.accounts import Accounts
+    from hub_ext.host.cgroups import Limits, detect
+    from hub_ext.host.process import Launcher, Spec
+
+    home_root = workdir / "homes"
+    home_root.mkdir(mode=0o755)
+    accounts = Accounts(mode="create", prefix=f"bench{os.getpid() % 10000}-", home_root=home_root)
+    users = [f"user{i}" for i in range(runs)]
+    create, lookup = [], []
+    try:
+        for user in users:
+            t0 = time.perf_counter()
+            account = accounts.for_user(user)
+            create.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            accounts.for_user(user)
+            lookup.append(time.perf_counter() - t0)
+        cgroups = detect()
+        groups = []
+        for i in range(runs):
+            t0 = time.perf_counter()
+            cgroups.create(f"bench-{os.getpid()}-{i}", Limits(cpu=1.0, memory_bytes=2**30)).remove()
+            groups.append(time.perf_counter() - t0)
+        launcher = Launcher(workdir / "run", cgroups)
+        env = {"PATH": "/usr/bin:/bin"}
+
+        async def monitor_starts() -> list[float]:
+            out = []
+            for i in range(runs):
+                t0 = time.perf_counter()
+                h = await launcher.start(Spec(f"bench-{i}", ["sleep", "60"], env, None, account,
+                                              Limits(cpu=1.0, memory_bytes=2**30)))
+                out.append(time.perf_counter() - t0)
+                await h.terminate(grace_s=2)
+                launcher.forget(h.name)
+            return out
+
+        starts = asyncio.run(monitor_starts())
+        popens = []
+        for _ in range(runs):  # the baseline: fork and exec of the same command, nothing else
+            t0 = time.perf_counter()
+            p = subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+            popens.append(time.perf_counter() - t0)
+            p.kill()
+            p.wait()
+    finally:
+        for user in users:
+            accounts.remove(user)
+    med = statistics.median
+    return {"account_create_s": round(med(create), 4), "account_lookup_cached_s": round(med(lookup), 7),
+            "cgroup_create_remove_s": round(med(groups), 4), "cgroup_backend": cgroups.kind,
+            "monitor_start_s": round(med(starts), 4), "popen_start_s": round(med(popens), 4),
+            "monitor_start_ratio": round(med(starts) / med(popens), 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5, help="timed spawns per spawner (after one warm-up)")
     ap.add_argument("--json", action="store_true", help="print only the JSON result line")
-    ap.add_argument("--skip-spawn", action="store_true", help="only the admin render part")
+    ap.add_argument("--skip-spawn", action="store_true", help="leave out the spawn latency part")
+    ap.add_argument("--host-only", action="store_true", help="only the per-user host set-up part")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as d:
         work = Path(d)
-        result = {} if args.skip_spawn else spawn_bench(args.runs, work)
-        result.update(admin_bench(work))
+        os.chmod(work, 0o755)  # the bench accounts' homes are under it
+        result = {} if args.skip_spawn or args.host_only else spawn_bench(args.runs, work)
+        if not args.host_only:
+            result.update(admin_bench(work))
+        if os.geteuid() == 0:
+            result.update(host_bench(args.runs, work))
     if not args.json:
         for k, v in result.items():
             print(f"{k:>16}: {v}")

@@ -174,8 +174,9 @@ class Accounts:
             p = pwd.getpwnam(name)
         self._check_ours(p, hub_user)
         home = Path(p.pw_dir)
-        if not home.is_dir() or home.is_symlink():
+        if home.is_symlink() or (home.exists() and not home.is_dir()):
             raise AccountError(f"account {name!r}: home {str(home)!r} is not a directory")
+        home.mkdir(parents=True, exist_ok=True)  # removed by hand since: made again, empty
         os.chown(home, p.pw_uid, p.pw_gid)
         os.chmod(home, 0o700)
         return Account.from_pwd(p)
@@ -194,8 +195,8 @@ def _refuse_root(p: pwd.struct_passwd, hub_user: str) -> None:
 
 
 def _run_locked(argv: list[str], what: str, ok: tuple[int, ...] = (0,)) -> None:
-    """Run useradd/userdel, again after a short pause while /etc/passwd is locked by
-    another tool (exit status 1 or 10 with "lock" in its message)."""
+    """Run useradd/userdel, again after a short pause when it could not update /etc/passwd
+    or /etc/group (exit status 1 or 10): another tool held the lock or was replacing them."""
     for attempt in range(_LOCK_RETRIES):
         try:
             r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
@@ -203,7 +204,7 @@ def _run_locked(argv: list[str], what: str, ok: tuple[int, ...] = (0,)) -> None:
             raise AccountError(f"{what}: {argv[0]} is not installed") from None
         if r.returncode in ok:
             return
-        if r.returncode in (1, 10) and "lock" in r.stderr and attempt + 1 < _LOCK_RETRIES:
+        if r.returncode in (1, 10) and attempt + 1 < _LOCK_RETRIES:
             time.sleep(0.05 * 2**attempt)
             continue
         raise AccountError(f"{what}: {argv[0]} exit status {r.returncode}: {r.stderr.strip()}")

@@ -565,6 +565,7 @@ def own_cgroups(text: str) -> tuple[dict[str, str], str | None]:
         _, controllers, path = line.split(":", 2)
         if controllers == "":
             v2 = path
+            continue
         for c in controllers.split(","):
             v1[c] = path
     return v1, v2

@@ -5,8 +5,8 @@ the hub has gone: it makes the workload's cgroup, forks the workload (which join
 cgroup, drops to its account and becomes its own session and process group), and waits
 for it. Because it, not the hub, is the parent, the workload keeps running when the hub is
 restarted or SIGKILLed, and its exit status (and whether the OOM killer ended it) is still
-collected and written to ``exit.json`` for whichever hub adopts it later. It then kills
-what the workload left behind in its cgroup and removes the cgroup.
+collected and written to ``exit.json`` for whichever hub adopts it later, once it has killed
+what the workload left behind in its cgroup and removed the cgroup.
 
 Single-threaded, so a plain ``os.fork`` is safe. Standard library and this package only, so
 that it starts quickly. It ignores SIGTERM, SIGINT and SIGHUP: stopping a workload is
@@ -25,7 +25,8 @@ import traceback
 from pathlib import Path
 
 from .cgroups import Group, Limits, cgroups_from_json
-from .state import CHILD, ERROR, EXIT, SPEC, Exit, proc_start_time, write_json
+from .errors import CgroupError
+from .state import CHILD, ERROR, EXIT, SPEC, Exit, proc_start_time, proc_stat, write_json
 
 _CHILD_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ)
 
@@ -41,18 +42,42 @@ def read_spec(run: Path) -> dict:
     return spec
 
 
-def open_log(path: Path, uid: int, gid: int) -> int:
-    """The workload's output file, opened by root but owned by the account (0600). Root
-    opening a path that the account might control must not follow a link it planted: no
-    symlink as the last part, and a regular file with one link only."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+def root_safe(path: Path) -> bool:
+    """Whether every directory above ``path`` is root's, no link, and writable by root only
+    (or sticky, like /tmp): then no other account can swap a part of the path for a link
+    while root opens it."""
+    for d in reversed(path.parents):
+        try:
+            st = os.lstat(d)
+        except FileNotFoundError:
+            return False
+        shared = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX  # sticky /tmp: no swapping others' entries
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or shared:
+            return False
+    return True
+
+
+def _open_log(path: Path) -> int:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
         os.close(fd)
         raise RuntimeError(f"log {path} is not a plain file with one link")
-    if os.geteuid() == 0:
-        os.fchown(fd, uid, gid)
+    return fd
+
+
+def open_log(path: Path, uid: int, gid: int) -> int | None:
+    """The workload's output file, owned by the account (0600). Root opens it only on a path
+    no other account controls (made by the hub, in its state directory); anywhere else
+    (an account's home, /tmp) the workload opens it itself once it is the account, so a
+    link planted there can make root create or hand over no file. None: the child opens it."""
+    if os.geteuid() != 0:
+        return _open_log(path)
+    if not root_safe(path):
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = _open_log(path)
+    os.fchown(fd, uid, gid)
     os.fchmod(fd, 0o600)
     return fd
 
@@ -64,7 +89,7 @@ def _oom_score_adj(value: int) -> None:
         pass
 
 
-def child(spec: dict, group: Group, log_fd: int, report: int) -> None:
+def child(spec: dict, group: Group, log_fd: int | None, report: int) -> None:
     """In the forked child: join the cgroup, drop to the account, exec. Never returns; a
     failure is written to ``report`` (closed on a successful exec) and exits 127."""
     try:
@@ -84,6 +109,8 @@ def child(spec: dict, group: Group, log_fd: int, report: int) -> None:
             os.setuid(uid)
         if (os.getuid(), os.geteuid(), os.getgid(), os.getegid()) != (uid, uid, gid, gid):
             raise RuntimeError(f"could not become uid {uid} gid {gid}")
+        if log_fd is None:
+            log_fd = _open_log(Path(spec["log_path"]))
         os.chdir(spec["cwd"])
         os.umask(0o077)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -112,7 +139,8 @@ def _start(run: Path, spec: dict, group: Group) -> tuple[int, float]:
         child(spec, group, log_fd, w)
     started_at = time.time()
     os.close(w)
-    os.close(log_fd)
+    if log_fd is not None:
+        os.close(log_fd)
     with os.fdopen(r, "rb") as f:
         failure = f.read()
     if failure:
@@ -130,12 +158,19 @@ def run(run: Path) -> int:
     except BaseException:
         group.remove()
         raise
-    write_json(run / CHILD, {
-        "pid": pid, "start_time": proc_start_time(pid), "started_at": started_at,
-        "monitor_pid": os.getpid(), "monitor_start_time": proc_start_time(os.getpid()),
-        "group": group.to_json(), "memory_limit_bytes": limits.memory_bytes,
-    })
+    try:
+        write_json(run / CHILD, {
+            "pid": pid, "start_time": proc_stat(pid)[2], "started_at": started_at,  # a zombie's too
+            "monitor_pid": os.getpid(), "monitor_start_time": proc_start_time(os.getpid()),
+            "group": group.to_json(), "memory_limit_bytes": limits.memory_bytes,
+        })
+    except BaseException:  # a workload nobody could find again must not run on
+        os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        group.remove()
+        raise
     _, status, usage = os.wait4(pid, 0)
+    ended_at = time.time()
     cpu = group.cpu_seconds()
     if cpu is None:  # no cgroup: the workload and the children it waited for
         cpu = usage.ru_utime + usage.ru_stime
@@ -144,15 +179,20 @@ def run(run: Path) -> int:
         os.killpg(pid, signal.SIGKILL)  # what the workload left in its process group
     except (ProcessLookupError, PermissionError):
         pass
-    group.kill(exclude={os.getpid()})
+    # Everything is cleaned up before the end is written, so that a hub reading exit.json
+    # knows nothing of the workload is left and its name may be started again.
+    group.kill(exclude={os.getpid()})  # a systemd scope holds the monitor too
+    try:
+        group.remove()
+    except CgroupError as e:
+        print(f"{spec['name']}: {e}", flush=True)
     end = Exit(
         code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
         signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-        oom=oom, memory_limit_bytes=limits.memory_bytes, ended_at=time.time(), cpu_seconds=cpu,
+        oom=oom, memory_limit_bytes=limits.memory_bytes, ended_at=ended_at, cpu_seconds=cpu,
     )
-    write_json(run / EXIT, end.to_json())
     print(f"{spec['name']}: {end.describe()}", flush=True)
-    group.remove()
+    write_json(run / EXIT, end.to_json())
     return 0
 
 

@@ -200,6 +200,7 @@ class Launcher:
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.run_dir, 0o700)
         self.cgroups = cgroups if cgroups is not None else detect()
+        self._starting: set[str] = set()
 
     def _dir(self, name: str) -> Path:
         if not isinstance(name, str) or not NAME.match(name):
@@ -217,9 +218,18 @@ class Launcher:
         account). A workload of that name still running is an error; one that ended is
         forgotten first."""
         run = self._dir(spec.name)
+        if spec.name in self._starting:
+            raise LaunchError(f"workload {spec.name!r} is being started already")
+        self._starting.add(spec.name)
+        try:
+            return await self._start(run, spec, timeout_s)
+        finally:
+            self._starting.discard(spec.name)
+
+    async def _start(self, run: Path, spec: Spec, timeout_s: float) -> Handle:
         if run.exists():
             old = self.adopt(spec.name)
-            if old is not None and (old.alive() or old.monitor_alive()):
+            if old is not None and old.exit() is None:
                 raise LaunchError(f"workload {spec.name!r} is already running (pid {old.pid})")
             shutil.rmtree(run)
         run.mkdir(mode=0o700)
@@ -244,10 +254,13 @@ class Launcher:
             if info is not None:
                 return Handle(run, info, monitor)
             if monitor.poll() is not None:
-                raise LaunchError(f"workload {spec.name!r} did not start: {self._why(run, monitor.returncode)}")
+                why = self._why(run, monitor.returncode)
+                shutil.rmtree(run, ignore_errors=True)  # nothing runs: nothing to adopt later
+                raise LaunchError(f"workload {spec.name!r} did not start: {why}")
             if time.monotonic() > deadline:
                 monitor.kill()
                 monitor.wait()
+                shutil.rmtree(run, ignore_errors=True)
                 raise LaunchError(f"workload {spec.name!r} did not start within {timeout_s:g} s")
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
@@ -275,11 +288,15 @@ class Launcher:
         return sorted(p.name for p in self.run_dir.iterdir() if p.is_dir() and NAME.match(p.name))
 
     def forget(self, name: str) -> None:
-        """Remove ``run_dir/NAME`` once the workload's end has been reported."""
+        """Remove ``run_dir/NAME`` once the workload's end has been reported (and its cgroup,
+        when its monitor was killed before it could remove it)."""
         run = self._dir(name)
         handle = self.adopt(name)
-        if handle is not None and (handle.alive() or handle.monitor_alive()):
-            raise LaunchError(f"workload {name!r} is still running (pid {handle.pid}); terminate it first")
+        if handle is not None:
+            if handle.exit() is None:
+                raise LaunchError(f"workload {name!r} is still running (pid {handle.pid}); terminate it first")
+            if not handle.monitor_alive() and handle.group.exists():
+                handle.group.remove()  # its monitor was killed before it could
         shutil.rmtree(run, ignore_errors=True)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_ext.host.accounts import Accounts
+from hub_ext.host.accounts import AccountError, Accounts
 from hub_ext.host.cgroups import detect
 from hub_ext.host.process import Launcher
 
@@ -43,8 +43,13 @@ def accounts(home_root):
 
     made.for_user = for_user  # type: ignore[method-assign]
     yield made
+    failed = []
     for user in dict.fromkeys(users):
-        made.remove(user)
+        try:
+            made.remove(user)
+        except AccountError as e:  # remove the others all the same, then say which failed
+            failed.append(str(e))
+    assert not failed, failed
 
 
 @pytest.fixture
@@ -58,9 +63,10 @@ def cgroups():
 
 
 @pytest.fixture
-def launcher(tmp_path, cgroups):
+def launcher(tmp_path, cgroups, accounts):
     """A Launcher over a fresh run directory; afterwards every workload still running is
-    terminated, its cgroup must be gone, and the run directory is emptied."""
+    terminated, its cgroup must be gone, and the run directory is emptied (before the
+    accounts are deleted: ``accounts`` is set up first, so torn down last)."""
     launcher = Launcher(tmp_path / "run", cgroups)
     yield launcher
     for name in launcher.names():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import shutil
 import threading
 
 import pytest
@@ -150,3 +151,17 @@ def test_existing_mode_maps_to_existing_accounts():
 def test_existing_and_personal_modes_delete_nothing():
     with pytest.raises(AccountError, match="does not delete"):
         Accounts(mode="existing").remove("nobody")
+
+
+@needs_root
+def test_a_home_removed_by_hand_is_made_again(home_root):
+    made = Accounts(mode="create", prefix=f"h{os.getpid() % 100000}-", home_root=home_root)
+    account = made.for_user("dave")
+    try:
+        shutil.rmtree(account.home)
+        again = Accounts(mode="create", prefix=made.prefix, home_root=home_root).for_user("dave")
+        assert again == account
+        st = os.stat(account.home)
+        assert (st.st_uid, st.st_mode & 0o777) == (account.uid, 0o700)
+    finally:
+        made.remove("dave")

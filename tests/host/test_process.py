@@ -4,6 +4,7 @@ signal, OOM) and outlives the process that started it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -117,12 +118,12 @@ def test_cpu_bound_loop_stays_near_its_quota(launcher, alice, cgroups):
     loop = [sys.executable, "-c", "import time\nend = time.time() + 3\nwhile time.time() < end: pass"]
     h = run(launcher.start(Spec("w-cpu", loop, PATH, None, alice, Limits(cpu=0.5))))
     end = run(h.wait(0.1))
-    assert end.code == 0
+    assert end.code == 0, (end, (launcher.run_dir / "w-cpu" / "output.log").read_text())
     wall = end.ended_at - h.started_at
     ratio = end.cpu_seconds / wall
     print(json.dumps({"cpu_limit": 0.5, "cpu_seconds": round(end.cpu_seconds, 3), "wall_s": round(wall, 3),
                       "ratio": round(ratio, 3)}))
-    assert 0 < ratio < 0.9
+    assert 0 < ratio < 0.9, (end, wall)
     assert h.cpu_seconds() == end.cpu_seconds
 
 
@@ -208,7 +209,9 @@ def test_a_killed_monitor_leaves_an_end_without_status(launcher, alice):
     end = run(h.wait(0.05))
     assert (end.code, end.signal) == (None, None)
     assert end.describe() == "ended; its monitor was killed"
-    h.group.remove()  # no monitor left to do it
+    assert h.group.exists()  # no monitor left to remove it: forget does
+    launcher.forget("w-nomon")
+    assert not h.group.exists()
 
 
 def test_without_cgroups_it_still_runs_ends_and_stops(tmp_path, alice):
@@ -225,6 +228,7 @@ def test_a_command_that_cannot_run_is_an_error(launcher, alice):
         run(launcher.start(Spec("w-missing", ["no-such-command-x"], PATH, None, alice)))
     with pytest.raises(LaunchError, match="/nonexistent"):
         run(launcher.start(Spec("w-nocwd", ["true"], PATH, "/nonexistent", alice)))
+    assert launcher.names() == []  # nothing started: nothing to adopt
 
 
 def test_a_running_name_is_not_started_twice(launcher, alice):
@@ -250,3 +254,68 @@ def test_bad_spec_fields_are_named(alice, kwargs, field):
     base = {"name": "ok", "argv": ["true"], "env": PATH, "cwd": None, "account": alice}
     with pytest.raises(SpecError, match=field):
         Spec(**{**base, **kwargs})
+
+
+PERSONAL = textwrap.dedent("""
+    import asyncio, json, sys
+    from pathlib import Path
+    from hub_ext.host.accounts import Accounts
+    from hub_ext.host.process import Launcher, Spec
+    account = Accounts(mode="personal").for_user("anyone")
+    launcher = Launcher(Path(account.home) / "run")
+    async def main():
+        h = await launcher.start(Spec("w-personal", ["sh", "-c", "id -u; exit 5"], {env!r}, None, account))
+        return await h.wait(0.05)
+    end = asyncio.run(main())
+    out = (launcher.run_dir / "w-personal" / "output.log").read_text()
+    print(json.dumps({{"uid": account.uid, "code": end.code, "out": out, "enforced": launcher.cgroups.enforced,
+                      "reason": launcher.cgroups.reason}}))
+""")
+
+
+def _world_readable(path: Path) -> bool:
+    return all(os.stat(p).st_mode & 0o005 == 0o005 for p in [path, *path.parents])
+
+
+def test_personal_mode_without_root(alice):
+    """A hub that is not root runs everything as its own user, with nothing enforced and a
+    reason for the start-up log."""
+    if not _world_readable(ROOT / "hub_ext" / "host"):
+        pytest.skip("the checkout is not readable by another account")
+    hub = subprocess.run([sys.executable, "-c", PERSONAL.format(env=PATH)], user=alice.uid, group=alice.gid,
+                         extra_groups=[], env={"PYTHONPATH": str(ROOT), "HOME": str(alice.home)},
+                         cwd=alice.home, capture_output=True, text=True, timeout=60)
+    assert hub.returncode == 0, hub.stderr
+    got = json.loads(hub.stdout.splitlines()[-1])
+    assert got["uid"] == alice.uid and got["code"] == 5
+    assert got["out"].strip() == str(alice.uid)
+    assert not got["enforced"] and "not running as root" in got["reason"]
+
+
+def test_a_log_in_the_accounts_home_is_opened_as_the_account(launcher, alice, home_root):
+    """Root never follows a link the account planted on the way to its log: in its home the
+    workload opens the log itself, so a link to a root-only directory gets it nothing."""
+    h = run(launcher.start(spec("w-homelog", alice, "echo hello", log_path=alice.home / "w.log")))
+    assert run(h.wait(0.05)).code == 0
+    st = os.stat(alice.home / "w.log")
+    assert (st.st_uid, st.st_mode & 0o777) == (alice.uid, 0o600)
+    assert (alice.home / "w.log").read_text() == "hello\n"
+    target = home_root / "root-only"
+    target.mkdir(mode=0o755)
+    try:
+        (alice.home / "logs").symlink_to(target)
+        with pytest.raises(LaunchError, match="Permission denied"):
+            run(launcher.start(spec("w-linklog", alice, "echo no", log_path=alice.home / "logs" / "w.log")))
+        assert not (target / "w.log").exists()
+    finally:
+        shutil.rmtree(target)
+
+
+def test_two_starts_of_one_name_at_once(launcher, alice):
+    async def both():
+        return await asyncio.gather(launcher.start(spec("w-race", alice, "sleep 60")),
+                                    launcher.start(spec("w-race", alice, "sleep 60")), return_exceptions=True)
+
+    first, second = run(both())
+    assert isinstance(second, LaunchError) and "being started already" in str(second)
+    assert first.alive() and launcher.adopt("w-race").pid == first.pid
