@@ -76,6 +76,7 @@ class Stack:
     url: str
     http: aiohttp.ClientSession
     accounts: Accounts
+    state: Path
 
     def put(self, **spec):
         return self.controller.put(parse_spec(service(**spec)))
@@ -88,11 +89,13 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def stack(quota: float = 2.0, tick_s: float = 0.1, auth=None):
+async def stack(quota: float = 2.0, tick_s: float = 0.1, auth=None, state: Path | None = None):
+    """``state``: the run folder and replica records of an earlier stack (a hub started
+    again); a new one when None."""
     sched = EmbeddedScheduler(FakeStore(quota), [NODE], period_s=0.05)
     sched.start()
     await sched.cycle()  # take in the organisation
-    state = Path(tempfile.mkdtemp(prefix="gpupool-test-inference-"))
+    state = state or Path(tempfile.mkdtemp(prefix="gpupool-test-inference-"))
     accounts = Accounts(mode=default_mode(), prefix=PREFIX)
     backend = EmbeddedBackend(sched, launcher=Launcher(state / "run"), accounts=accounts,
                               state_dir=state / "inference", grace_s=2.0)
@@ -103,7 +106,7 @@ async def stack(quota: float = 2.0, tick_s: float = 0.1, auth=None):
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as http:
         try:
-            yield Stack(sched, controller, f"http://127.0.0.1:{port}/serve", http, accounts)
+            yield Stack(sched, controller, f"http://127.0.0.1:{port}/serve", http, accounts, state)
         finally:
             server.close()
             await controller.stop()
