@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hub_ext import attach, credentials
+from hub_ext.host.cgroups import detect
 
 from .harness import Cluster
 
@@ -87,3 +88,20 @@ def test_workers_run_as_the_owner_and_a_sigkill_is_reported(tmp_path, monkeypatc
     assert not secrets_left
     assert t.reason.startswith("worker 1 ended: killed by SIGKILL"), t.reason
     assert ("exited", "acct worker 1 ended: killed by SIGKILL") in events
+
+
+def test_a_worker_over_its_memory_is_oom_killed_and_reported(tmp_path):
+    if not detect().enforced:
+        pytest.skip(f"memory limits are not enforced here: {detect().reason}")
+    hog = "b = bytearray(1024 * 2**20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(60)"
+
+    async def run():
+        async with Cluster(tmp_path, gpus=1) as c:
+            c.submit("hog", "research", [sys.executable, "-c", hog], gpu=1, memory_gib=0.25,
+                     restart_policy="Never", grace_period_s=5)
+            return await c.wait_for("hog", "Failed", "Succeeded"), c.events("hog")
+
+    t, events = asyncio.run(run())
+    assert t.status == "Failed"
+    assert t.reason.startswith("worker 0 ended: killed: out of memory (limit 256 MiB)"), t.reason
+    assert ("oom-killed", "hog worker 0 ended: killed: out of memory (limit 256 MiB)") in events
