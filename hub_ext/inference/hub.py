@@ -132,6 +132,8 @@ class HubInference:
                 kept += 1
                 continue
             self.rt.store.remove_workload(name)
+            if name in self.rt.scheduler.snapshot.workloads:  # a cycle took the row in already
+                self.rt.scheduler.release(name, "its replica was gone after a hub restart")
         if rows:
             log.info("inference: %d of %d replicas adopted after the restart", kept, len(rows))
 
