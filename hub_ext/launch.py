@@ -56,6 +56,13 @@ async def forget(launcher: Launcher, handle: Handle, timeout_s: float = 30.0) ->
         log.warning("%s", e)
 
 
+async def reap(launcher: Launcher, *handles: Handle) -> None:
+    """End workloads nobody goes on with (left from a gang that cannot go on, or with no
+    record to take them back by) and forget them."""
+    await asyncio.gather(*(h.terminate(0.01) for h in handles if h.alive()))
+    await asyncio.gather(*(forget(launcher, h) for h in handles))
+
+
 def check_argv(argv: list[str], env: dict[str, str]) -> None:
     """Refuse at once what could never start, with the reason: no command, a NUL byte,
     or a program not found on the workload's PATH (ValueError, FileNotFoundError)."""
@@ -186,5 +193,5 @@ def read_tail(path: Path, uid: int, max_bytes: int) -> str:
         return f.read().decode(errors="replace")
 
 
-__all__ = ["PRIVATE", "account_env", "check_argv", "forget", "gpu_devices", "link_in_home", "log_header", "private_dir", "read_tail",
+__all__ = ["PRIVATE", "account_env", "check_argv", "forget", "gpu_devices", "link_in_home", "log_header", "private_dir", "read_tail", "reap",
            "remove_private", "write_private"]

@@ -57,6 +57,7 @@ class Runtime:
         # every workload runs as its owner's account under a root monitor that outlives the hub
         self.cgroups, self.accounts = detect(), Accounts(mode=default_mode())
         self.launcher = Launcher(Path(cfg.state_dir) / "run", self.cgroups)
+        self._reaping: list[asyncio.Future] = []  # what _recover_processes ends
         self.trainings = JobRunner(self.scheduler, self.Session, self.nodes, cfg.state_dir, cfg.preload_library,
                                    delivery=self.delivery, launcher=self.launcher, accounts=self.accounts)
 
@@ -139,6 +140,8 @@ class Runtime:
         row = self.store.get(w.name)
         if row is None:
             return None
+        if self._reaping:  # processes recovery ends: their names may be taken again after
+            await asyncio.gather(*self._reaping)
         pod = b.pods[0]
         node = next(n for n in self.nodes if n.name == pod.node)
         try:
@@ -198,16 +201,19 @@ class Runtime:
 
     def _recover_processes(self) -> None:
         """After a hub restart: hold again every command workload still running (same
-        process, same placement); settle one that ended while the hub was down."""
+        process, same placement); settle one that ended while the hub was down; end one
+        whose row no longer places it."""
         with self.Session() as s:
-            rows = s.scalars(select(WorkloadRow).where(
-                WorkloadRow.kind.in_(("training", "inference")),
-                WorkloadRow.state.in_(("running", "releasing", "stopping")))).all()
+            rows = s.scalars(select(WorkloadRow).where(WorkloadRow.kind.in_(("training", "inference")))).all()
             trainings = set(s.scalars(select(TrainingRow.name)).all())
             replicas = set(replica_rows(s))  # the inference controller adopts those
             rows = [r for r in rows if r.name not in trainings and r.name not in replicas]
         for row in rows:
             handle = self.launcher.adopt(row.name)
+            if row.state not in ("running", "releasing", "stopping"):
+                if handle is not None:  # a process its row no longer places: it cannot go on
+                    self._reaping.append(asyncio.ensure_future(launch.reap(self.launcher, handle)))
+                continue
             if handle is None or not row.placement:  # nothing of ours runs it
                 if row.state == "stopping":  # asked to stop before the restart: it has
                     self.store.set_state(row.name, "stopped", reason="stopped", placement=[], pid=None)
@@ -222,7 +228,7 @@ class Runtime:
                 self.scheduler.adopt(w, handle.terminate)
             except (ValidationError, GpupoolError) as e:  # its node is gone; no account
                 log.warning("workload %s cannot be adopted: %s", row.name, e)
-                asyncio.ensure_future(_reap(self.launcher, handle))
+                self._reaping.append(asyncio.ensure_future(launch.reap(self.launcher, handle)))
                 self.store.set_state(row.name, "failed", reason=f"could not be adopted: {e}",
                                      placement=[], pid=None)
                 continue
@@ -262,8 +268,3 @@ class Runtime:
 
     def workload_row(self, name: str) -> WorkloadRow | None:
         return self.store.get(name)
-
-
-async def _reap(launcher: Launcher, handle: Handle) -> None:
-    await handle.terminate(0.01)
-    await launch.forget(launcher, handle)

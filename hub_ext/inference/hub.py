@@ -130,10 +130,8 @@ class HubInference:
                 spec = None
             if row.state == "running" and spec is not None and self.controller.adopt(spec, name, row):
                 kept += 1
-                continue
-            self.rt.store.remove_workload(name)
-            if name in self.rt.scheduler.snapshot.workloads:  # a cycle took the row in already
-                self.rt.scheduler.release(name, "its replica was gone after a hub restart")
+            else:
+                self.controller.backend.discard(name)
         if rows:
             log.info("inference: %d of %d replicas adopted after the restart", kept, len(rows))
 

@@ -318,6 +318,8 @@ class Job:
     # -- processes -----------------------------------------------------------------------
     async def _start_gang(self, spec: TrainingSpec, bind: Bind, attempt: int, ckpt_dir: Path,
                           resumed: bool, owner: str, account: Account) -> None:
+        if self.runner.reaping:  # the same names may be taken again only once those are gone
+            await asyncio.gather(*self.runner.reaping)
         workdir = self.runner.workdir(self.name, account)
         attached = {}  # credentials and data sources (attach.py), once per gang start
         if self.runner.delivery is not None:
@@ -401,12 +403,6 @@ def worker_name(job: str, rank: int) -> str:
     return f"{job}-w{rank}"
 
 
-async def _reap(launcher: Launcher, handles: list[Handle]) -> None:
-    """Stop workers left from a gang that cannot go on, and forget them."""
-    await asyncio.gather(*(h.terminate(0.01) for h in handles if h.alive()))
-    await asyncio.gather(*(launch.forget(launcher, h) for h in handles))
-
-
 def _latest_step(ckpt_dir: Path) -> int | None:
     # gpupool.checkpoint is standard library only; importing it here keeps one reader.
     from gpupool.checkpoint import latest_step
@@ -427,6 +423,7 @@ class JobRunner:
         self.state_dir = Path(state_dir)
         self.preload, self.poll_s = preload, poll_s
         self.jobs: dict[str, Job] = {}
+        self.reaping: list[asyncio.Future] = []  # workers recover ends: gone before a gang starts
         self._task: asyncio.Task | None = None
 
     def workdir(self, name: str, account: Account) -> Path:
@@ -471,7 +468,7 @@ class JobRunner:
                         adopted.append(job)
                         continue
                 if handles:  # part of a gang, or asked to stop: stop what is left
-                    asyncio.ensure_future(_reap(self.launcher, handles))
+                    self.reaping.append(asyncio.ensure_future(launch.reap(self.launcher, *handles)))
                 if w is not None and w.state == "stopping":  # stopped through the workloads API
                     w.state, w.placement, w.pid = "stopped", [], None
                     set_status(s, t.name, "Suspended", "stopped through the workloads API", "suspended")

@@ -111,16 +111,14 @@ class EmbeddedBackend:
     # -- after a hub restart ---------------------------------------------------------------
     def adopt(self, svc: Service, r: Replica, row) -> bool:
         """Take back replica ``r`` (its workload ``row``) that outlived the hub: True when
-        its process still runs at its stored placement; else its row and GPUs go."""
+        its process still runs at its stored placement; else it is discarded."""
         proc = self.launcher.adopt(r.name)
         try:
             where = json.loads((self.records / f"{r.name}.json").read_text())
         except (OSError, ValueError):
             where = None
         if proc is None or not proc.alive() or where is None or not row.placement:
-            if proc is not None:
-                asyncio.ensure_future(self._reap(proc))
-            self._drop_row(r.name)
+            self.discard(r.name)
             return False
         h = r.handle = _Handle()
         h.proc = proc
@@ -128,17 +126,27 @@ class EmbeddedBackend:
         w.state = State.RUNNING
         w.placement = placement_from_json(row.placement)
         try:
-            self.scheduler.adopt(w, lambda grace: self._evicted(h, grace))
             h.account = self.accounts.for_user(svc.spec.owner or "inference")
-        except (ValidationError, GpupoolError):
-            asyncio.ensure_future(self._reap(proc))
-            self.scheduler.release(r.name, "could not be adopted")
-            self._drop_row(r.name)
+            self.scheduler.adopt(w, lambda grace: self._evicted(h, grace))
+        except (ValidationError, GpupoolError):  # its node is gone; no account
+            self.discard(r.name)
             return False
         r.where = _where(w.placement[0])
         r.state, r.reason = RState.STARTING, "adopted after a hub restart; waiting for it to answer"
         h.task = asyncio.ensure_future(self._serve(svc, r, h, where["port"], where["socket"]))
         return True
+
+    def discard(self, name: str) -> None:
+        """A replica left from before a hub restart that is not taken back: its process (if
+        any) ends, its row, record and GPU share go."""
+        proc = self.launcher.adopt(name)
+        if proc is not None:
+            asyncio.ensure_future(launch.reap(self.launcher, proc))
+        if name in self.scheduler.snapshot.workloads:  # a cycle took its row in already
+            self.scheduler.release(name, "gone after a hub restart")
+        with contextlib.suppress(OSError):
+            (self.records / f"{name}.json").unlink()
+        self._drop_row(name)
 
     # -- one replica's life ----------------------------------------------------------------
     def _workload(self, svc: Service, r: Replica) -> Workload:
@@ -247,10 +255,6 @@ class EmbeddedBackend:
         if self.rows is not None:
             with contextlib.suppress(Exception):
                 self.rows.remove_workload(name)
-
-    async def _reap(self, proc: Handle) -> None:
-        await proc.terminate(0.01)
-        await launch.forget(self.launcher, proc)
 
     async def _evicted(self, h: _Handle, grace_s: float) -> None:
         if h.proc is not None and h.proc.alive():
