@@ -221,12 +221,13 @@ class Runtime:
                     self.store.set_state(row.name, "failed", reason="its process was gone after a hub "
                                          "restart", placement=[], pid=None)
                 continue
-            w = to_workload(row)
-            w.state, w.placement = State.RUNNING, placement_from_json(row.placement)
             try:
+                w = to_workload(row)
+                w.state, w.placement = State.RUNNING, placement_from_json(row.placement)
                 account = self.accounts.for_user(row.owner)
                 self.scheduler.adopt(w, handle.terminate)
-            except (ValidationError, GpupoolError) as e:  # its node is gone; no account
+            # its node is gone, no account, or a stored spec that is no longer valid
+            except (ValidationError, GpupoolError, TypeError, ValueError, KeyError) as e:
                 log.warning("workload %s cannot be adopted: %s", row.name, e)
                 self._reaping.append(asyncio.ensure_future(launch.reap(self.launcher, handle)))
                 self.store.set_state(row.name, "failed", reason=f"could not be adopted: {e}",

@@ -449,10 +449,15 @@ class JobRunner:
         with self.Session() as s:
             for t in s.query(TrainingRow).filter(TrainingRow.status.notin_(("Succeeded", "Failed"))):
                 w = s.get(WorkloadRow, t.name)
-                spec = TrainingSpec.from_dict(t.spec)
-                found = [self.launcher.adopt(worker_name(t.name, r)) for r in range(spec.workers)]
+                try:
+                    spec = TrainingSpec.from_dict(t.spec)
+                except (TypeError, ValueError, KeyError) as e:  # the job's task fails it with the reason
+                    log.warning("training %s cannot be adopted: %s", t.name, e)
+                    spec = None
+                workers = spec.workers if spec is not None else 0
+                found = [self.launcher.adopt(worker_name(t.name, r)) for r in range(workers)]
                 handles = [h for h in found if h is not None]
-                if (len(handles) == spec.workers and w is not None and w.placement
+                if (spec is not None and len(handles) == workers and w is not None and w.placement
                         and w.state in ("running", "releasing") and t.status in ("Running", "Resuming")):
                     job = Job(self, t.name)
                     job.procs, job.adopted, job.grace_s = handles, True, spec.grace_period_s
