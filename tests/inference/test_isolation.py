@@ -19,6 +19,7 @@ from .harness import MODEL_SERVER, OWNER, stack
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="accounts are made only as root")
 
+NAME = "iso-" + "x" * 56  # the longest name: its socket's path must still fit (107 bytes)
 CONNECT = """
 import socket, sys
 s = socket.socket(socket.AF_UNIX)
@@ -48,9 +49,9 @@ def test_a_socket_replica_runs_as_its_owner_and_only_the_activator_reaches_it(mo
 
     async def main():
         async with stack() as st:
-            svc = st.put(name="iso", max_replicas=1, scale_to_zero_after_s=60,
+            svc = st.put(name=NAME, max_replicas=1, scale_to_zero_after_s=60,
                          command=[sys.executable, MODEL_SERVER, "--socket", "{socket}", "--startup-s", "0"])
-            async with st.http.get(f"{st.url}/iso/predict", params={"client": "a"}) as r:
+            async with st.http.get(f"{st.url}/{NAME}/predict", params={"client": "a"}) as r:
                 assert r.status == 200, await r.text()
                 pid = json.loads(await r.read())["pid"]
             (replica,) = svc.ready()

@@ -11,8 +11,9 @@ free in the scheduler's snapshot before ``stop`` returns.
 
 Where a replica listens:
 
-- ``{socket}`` in the command: a unix socket in ``~/.gpupool/serve/REPLICA/`` of the
-  owner's account (mode 0700), also in ``$GPUPOOL_SOCKET``. Only that account and the
+- ``{socket}`` in the command: a unix socket in a 0700 folder of the owner's account
+  (``~/.gpupool/sock/DIGEST/s``: short, as a socket's path must be), also in
+  ``$GPUPOOL_SOCKET``. Only that account and the
   activator (the hub's root) can connect: every request passes the activator's token check.
 - otherwise TCP on 127.0.0.1 at ``$PORT`` (``{port}`` in the command is replaced too): any
   local account can connect to it, skipping the activator.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import socket
 from pathlib import Path
@@ -44,6 +46,7 @@ from scheduler.model import MILLI, Bind, Kind, State, ValidationError, Workload
 from ..service import Replica, RState, Service
 
 SOCKET = "{socket}"
+MAX_SOCKET_PATH = 107  # sockaddr_un.sun_path less its NUL
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -203,7 +206,7 @@ class EmbeddedBackend:
                "GPUPOOL_INFERENCE_SERVICE": spec.name, **attached}
         port, unix = 0, ""
         if any(SOCKET in c for c in spec.command):
-            unix = str(folder / "http.sock")
+            unix = socket_path(account, r.name)
             env["GPUPOOL_SOCKET"] = unix
             cmd = [c.replace(SOCKET, unix) for c in spec.command]
         else:
@@ -249,6 +252,9 @@ class EmbeddedBackend:
             (self.records / f"{r.name}.json").unlink()
         if self.delivery is not None:
             self.delivery.cleanup(r.name, h.account)
+        if h.account is not None:
+            with contextlib.suppress(OSError):  # a link the account put there: its own tree
+                launch.remove_private(h.account, "sock", _digest(r.name))
         self._drop_row(r.name)
 
     def _drop_row(self, name: str) -> None:
@@ -259,6 +265,20 @@ class EmbeddedBackend:
     async def _evicted(self, h: _Handle, grace_s: float) -> None:
         if h.proc is not None and h.proc.alive():
             await h.proc.terminate(grace_s)
+
+
+def socket_path(account: Account, replica: str) -> str:
+    """Where a ``{socket}`` replica listens: a short path (a unix socket's is at most 107
+    bytes) in a 0700 folder of the account's, ``~/.gpupool/sock/DIGEST/s``."""
+    path = str(launch.private_dir(account, "sock", _digest(replica)) / "s")
+    if len(path.encode()) > MAX_SOCKET_PATH:
+        raise ValueError(f"the replica's socket path {path!r} is longer than the {MAX_SOCKET_PATH} bytes "
+                         "a unix socket allows (a shorter home folder, or {port} instead)")
+    return path
+
+
+def _digest(replica: str) -> str:
+    return hashlib.sha256(replica.encode()).hexdigest()[:12]
 
 
 def proc_log(h: _Handle, r: Replica) -> str:
