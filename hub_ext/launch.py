@@ -25,7 +25,7 @@ from scheduler.model import Node, PodPlacement
 
 from .host.accounts import Account
 from .host.errors import LaunchError
-from .host.process import Handle, Launcher
+from .host.process import Handle, Launcher, Spec
 
 log = logging.getLogger("gpupool")
 
@@ -54,6 +54,21 @@ async def forget(launcher: Launcher, handle: Handle, timeout_s: float = 30.0) ->
         launcher.forget(handle.name)
     except LaunchError as e:  # still running after all: keep its record for a later hub
         log.warning("%s", e)
+
+
+async def start(launcher: Launcher, spec: Spec) -> Handle:
+    """``launcher.start(spec)``, but a caller cancelled meanwhile (a replica scaled down
+    while it started) does not leave the workload running unfollowed: it is ended."""
+    starting = asyncio.ensure_future(launcher.start(spec))
+    try:
+        return await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        def end(f: asyncio.Future) -> None:
+            if not f.cancelled() and f.exception() is None:
+                asyncio.ensure_future(reap(launcher, f.result()))
+
+        starting.add_done_callback(end)
+        raise
 
 
 async def reap(launcher: Launcher, *handles: Handle) -> None:
@@ -193,5 +208,5 @@ def read_tail(path: Path, uid: int, max_bytes: int) -> str:
         return f.read().decode(errors="replace")
 
 
-__all__ = ["PRIVATE", "account_env", "check_argv", "forget", "gpu_devices", "link_in_home", "log_header", "private_dir", "read_tail", "reap",
+__all__ = ["PRIVATE", "account_env", "check_argv", "forget", "gpu_devices", "link_in_home", "log_header", "private_dir", "read_tail", "reap", "start",
            "remove_private", "write_private"]

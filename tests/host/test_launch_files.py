@@ -4,14 +4,17 @@ the account's own, private, and never through a link the account planted -- a sy
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from hub_ext import launch
+from hub_ext.host.process import Spec
 
 from .conftest import needs_root
 
@@ -107,3 +110,23 @@ def test_the_log_reader_reads_only_the_accounts_own_plain_file(accounts, victim)
     assert launch.read_tail(d / "fifo.log", a.uid, 100) == ""  # never waits on a FIFO
     with pytest.raises(OSError):
         launch.log_header(a, ("workloads", "job"), "fifo.log", "x\n", fresh=True)
+
+
+def test_a_start_cancelled_halfway_leaves_nothing_running(launcher, alice):
+    spec = Spec(name="halfway", argv=[sys.executable, "-c", "import time; time.sleep(600)"],
+                env=launch.account_env(alice), cwd=None, account=alice)
+
+    async def run():
+        task = asyncio.ensure_future(launch.start(launcher, spec))
+        while not (launcher.run_dir / "halfway").exists():  # the monitor is being started
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(600):  # the start goes on, and what it started is ended and forgotten
+            if not launcher.names():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"left running: {launcher.names()}")
+
+    asyncio.run(run())

@@ -216,7 +216,7 @@ class EmbeddedBackend:
         launch.check_argv(cmd, env)
         self.records.mkdir(mode=0o700, parents=True, exist_ok=True)
         (self.records / f"{r.name}.json").write_text(json.dumps({"port": port, "socket": unix}))
-        h.proc = await self.launcher.start(Spec(
+        h.proc = await launch.start(self.launcher, Spec(
             name=r.name, argv=cmd, env=env, cwd=folder, account=account,
             limits=Limits(cpu=None, memory_bytes=None, gpu_devices=launch.gpu_devices(node, pod)),
             log_path=folder / "server.log"))
