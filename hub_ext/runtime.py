@@ -155,7 +155,7 @@ class Runtime:
             launch.check_argv(cmd, env)
             mem = row.spec.get("memory_gib")
             launch.log_header(account, ("workloads", w.name), "output.log", "", fresh=True)
-            handle = await self.launcher.start(Spec(
+            handle = await launch.start(self.launcher, Spec(
                 name=w.name, argv=cmd, env=env, cwd=workdir, account=account,
                 limits=HostLimits(cpu=row.spec.get("cpu"), memory_bytes=int(mem * 2**30) if mem else None,
                                   gpu_devices=launch.gpu_devices(node, pod)),

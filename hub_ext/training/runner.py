@@ -352,7 +352,7 @@ class Job:
             launch.log_header(account, ("workloads", self.name), worker.log_path.name,
                               f"--- gpupool: attempt {attempt}, rank {rank}, {time.ctime()}\n",
                               fresh=attempt == 1)  # a job of an earlier job's name: its own log
-            self.procs.append(await self.runner.launcher.start(worker))
+            self.procs.append(await launch.start(self.runner.launcher, worker))
 
     async def _watch(self):
         """Wait until every worker exits 0 ("ok"), one fails (("failed", rank, Exit)), or
