@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hub_ext import org  # noqa: E402
 from hub_ext.db import EventRow  # noqa: E402
+from hub_ext.host.accounts import Accounts, default_mode  # noqa: E402
+from hub_ext.host.process import Launcher  # noqa: E402
 from hub_ext.schema import make_sessionmaker  # noqa: E402
 from hub_ext.store import DbStore  # noqa: E402
 from hub_ext.training.db import TrainingRow  # noqa: E402
@@ -75,7 +77,10 @@ async def one_round(tmp: Path, grace_s: float) -> dict:
     store = DbStore(Session)
     store.set_nodes(nodes, "declared")
     sched = EmbeddedScheduler(store, nodes, period_s=2.0)
-    runner = JobRunner(sched, Session, nodes, tmp / "state")
+    # workers run as the account of user "u" (gpb-u, made as root and removed afterwards)
+    accounts = Accounts(mode=default_mode(), prefix="gpb-")
+    runner = JobRunner(sched, Session, nodes, tmp / "state", launcher=Launcher(tmp / "state" / "run"),
+                       accounts=accounts)
     sched.start()
     runner.start()
     try:
@@ -98,6 +103,8 @@ async def one_round(tmp: Path, grace_s: float) -> dict:
     finally:
         await runner.stop()
         await sched.stop()
+        if accounts.mode == "create":
+            accounts.remove("u")
 
 
 def main(argv=None) -> int:

@@ -4,12 +4,12 @@ delivery when it starts, and the Kubernetes objects that carry them.
 - ``check`` (submit): the names exist in the workload's project, no two environment
   credentials set the same variable, no two mount paths overlap. ``record_use`` writes a
   ``credential.used`` / ``datasource.used`` audit entry per attachment.
-- ``Delivery`` (embedded mode, in the hub process): environment variables, files (mode
-  0400 in folders of mode 0700 under STATE_DIR/secrets/WORKLOAD, removed by ``cleanup``)
-  and ``data/NAME`` symlinks. Every workload of embedded mode runs as the hub's own OS
-  user, so "readable only by the workload's user" means readable by that one user: other
-  users' workloads on the same hub could read the files too. Use Kubernetes (one pod per
-  workload) where that matters.
+- ``Delivery`` (embedded mode, in the hub process): environment variables, files and
+  ``data/NAME`` symlinks. A workload given its owner's account gets its files in
+  ``~/.gpupool/secrets/WORKLOAD/CRED/KEY`` of that account: owned by it, mode 0400, in
+  folders of mode 0700, so no other account reads them. Without an account (a workload
+  that runs as the hub's own user) they go under STATE_DIR/secrets/WORKLOAD. ``cleanup``
+  removes them.
 - ``secret_manifest`` / ``pod_parts`` (Kubernetes): one Secret per workload holding the
   attached values (``CRED.KEY`` entries); containers reference it by ``secretKeyRef``
   (``env`` delivery) or a secret volume with mode 0400 (``files``), and mount each data
@@ -19,13 +19,15 @@ delivery when it starts, and the Kubernetes objects that carry them.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import audit, credentials, datasources
+from . import audit, credentials, datasources, launch
 from .credentials import Vault
+from .host.accounts import Account
 from .requests import FieldError
 
 CREDENTIALS_MOUNT = "/var/run/gpupool/credentials"  # pods: one folder per files credential
@@ -107,11 +109,13 @@ class Delivery:
     def __init__(self, Session, vault: Vault, state_dir: str | Path):
         self.Session, self.vault = Session, vault
         self.root = Path(state_dir) / "secrets"
+        self._accounts: dict[str, Account] = {}  # workload -> the account its files went to
 
     def env(self, workload: str, actor: str, project: str, creds, sources,
-            workdir: str | Path | None = None) -> dict[str, str]:
-        """The environment of a starting workload; writes its credential files and data
-        symlinks; records the use. FieldError when an attachment is gone."""
+            workdir: str | Path | None = None, account: Account | None = None) -> dict[str, str]:
+        """The environment of a starting workload; writes its credential files (the
+        ``account``'s, when given) and data symlinks; records the use. FieldError when an
+        attachment is gone."""
         if not creds and not sources:
             return {}
         with self.Session() as s:
@@ -120,17 +124,25 @@ class Delivery:
             record_use(s, actor, workload, att, "deliver")
             s.commit()
         env: dict[str, str] = {}
-        self.cleanup(workload)
+        self.cleanup(workload, account)
+        if account is not None:
+            self._accounts[workload] = account
         for c in att.credentials:
             if c.delivery == "env":
                 env.update(vals[c.name])
+            elif account is not None:
+                where = launch.write_private(account, ("secrets", workload, c.name), vals[c.name])
+                env[env_name("GPUPOOL_CREDENTIALS_", c.name)] = str(where)
             else:
                 env[env_name("GPUPOOL_CREDENTIALS_", c.name)] = str(self._write(workload, c.name, vals[c.name]))
         links = Path(workdir) / "data" if workdir else None
         for d in att.datasources:
             where = datasources.describe(d.kind, d.spec)
             env[env_name("GPUPOOL_DATA_", d.name)] = where
-            if d.kind == "hostpath" and links is not None:
+            if d.kind == "hostpath" and links is not None and account is not None:
+                # in the account's tree: made without following a link it planted there
+                launch.link_in_home(account, links, d.name, d.spec["path"])
+            elif d.kind == "hostpath" and links is not None:
                 links.mkdir(parents=True, exist_ok=True)
                 link = links / d.name
                 if link.is_symlink():
@@ -152,9 +164,14 @@ class Delivery:
                 f.write(value)
         return folder
 
-    def cleanup(self, workload: str) -> None:
-        """Remove a workload's credential files (it has stopped, or starts again)."""
+    def cleanup(self, workload: str, account: Account | None = None) -> None:
+        """Remove a workload's credential files (it has stopped, or starts again); give
+        its ``account`` after a hub restart (the hub remembers it until then)."""
         shutil.rmtree(self.root / workload, ignore_errors=True)
+        account = account or self._accounts.pop(workload, None)
+        if account is not None:
+            with contextlib.suppress(OSError):  # a symlink the account put there: its own tree
+                launch.remove_private(account, "secrets", workload)
 
 
 # -- Kubernetes ----------------------------------------------------------------------------

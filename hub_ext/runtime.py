@@ -15,20 +15,23 @@ from pathlib import Path
 from sqlalchemy import delete, func, select
 
 from gpupool.errors import GpupoolError
-from scheduler.embedded import EmbeddedScheduler, gpu_env, terminate
-from scheduler.model import MILLI, Bind, Workload
+from scheduler.embedded import EmbeddedScheduler, gpu_env
+from scheduler.model import MILLI, Bind, State, ValidationError, Workload
 
-from . import accounting, attach, credentials, datasources, org, roles
+from . import accounting, attach, credentials, datasources, launch, org, roles
 from .config import Gpupool
 from .db import GpuSampleRow, SampleRow, WorkloadRow
-from .host.accounts import Accounts
+from .host.accounts import Account, Accounts
+from .host.cgroups import Limits as HostLimits
 from .host.cgroups import detect as detect_cgroups
-from .host.process import Launcher
+from .host.process import Handle, Launcher, Spec
+from .inference.db import replica_rows
 from .inventory import discover, gpu_utilization
 from .limits import limits_for
-from .requests import FieldError, Limits
+from .requests import Limits
 from .schema import make_sessionmaker
-from .store import DbStore, placement_json
+from .store import DbStore, placement_from_json, placement_json, to_workload
+from .training.db import TrainingRow
 from .training.runner import JobRunner
 
 log = logging.getLogger("gpupool")
@@ -68,9 +71,10 @@ class Runtime:
         self.scheduler.launch = self._launch_process
         # credentials and data sources reach workloads through this one object (attach.py)
         self.delivery = attach.Delivery(self.Session, credentials.vault_for(cfg), cfg.state_dir)
-        self.trainings = JobRunner(self.scheduler, self.Session, self.nodes, cfg.state_dir, cfg.preload_library,
-                                   delivery=self.delivery)
         self._started = False
+        self._reaping: list[asyncio.Future] = []  # what _recover_processes ends
+        self.trainings = JobRunner(self.scheduler, self.Session, self.nodes, cfg.state_dir, cfg.preload_library,
+                                   delivery=self.delivery, launcher=self.launcher, accounts=self.accounts)
 
     def surviving_workloads(self) -> set[str]:
         """Workloads with a process still running from before a restart (a training's
@@ -106,6 +110,7 @@ class Runtime:
     def start(self) -> None:
         if not self._started:
             self._started = True
+            self._recover_processes()
             self.scheduler.start()
             self.trainings.start()
             asyncio.ensure_future(self._sample_loop())
@@ -170,29 +175,32 @@ class Runtime:
 
     # -- trainings and inferences submitted through the API ------------------------------
     async def _launch_process(self, w: Workload, b: Bind):
+        """Start a command workload through the host launcher as its owner's account, in
+        ``~/.gpupool/workloads/NAME`` (cwd, ``output.log``, checkpoints)."""
         row = self.store.get(w.name)
         if row is None:
             return None
-        cmd = row.spec.get("command") or []
-        workdir = Path(self.cfg.state_dir) / "workloads" / w.name
-        workdir.mkdir(parents=True, exist_ok=True)
+        if self._reaping:  # processes recovery ends: their names may be taken again after
+            await asyncio.gather(*self._reaping)
+        pod = b.pods[0]
+        node = next(n for n in self.nodes if n.name == pod.node)
         try:
+            account = self.accounts.for_user(row.owner)
+            workdir = launch.private_dir(account, "workloads", w.name)
             attached = self.delivery.env(w.name, row.owner, w.project, row.spec.get("credentials") or [],
-                                         row.spec.get("datasources") or [], workdir)
-        except FieldError as e:
-            self.store.set_state(w.name, "failed", reason=f"could not start: {e}", placement=[])
-            self.scheduler.release(w.name, "failed to start")
-            return None
-        env = {**os.environ, **self.env_for(w, b), "GPUPOOL_WORKLOAD": w.name,
-               "GPUPOOL_PROJECT": w.project, "GPUPOOL_CHECKPOINT_DIR": str(workdir), **attached}
-        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-        logf = open(workdir / "output.log", "ab")  # noqa: SIM115 (closed when the process exits)
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *cmd, cwd=workdir, env=env, stdout=logf, stderr=logf, start_new_session=True
-            )
-        except (OSError, ValueError, TypeError) as e:  # no such program, a NUL byte, no command
-            logf.close()
+                                         row.spec.get("datasources") or [], workdir, account=account)
+            env = {**launch.account_env(account), **self.env_for(w, b), "GPUPOOL_WORKLOAD": w.name,
+                   "GPUPOOL_PROJECT": w.project, "GPUPOOL_CHECKPOINT_DIR": str(workdir), **attached}
+            cmd = list(row.spec.get("command") or [])
+            launch.check_argv(cmd, env)
+            mem = row.spec.get("memory_gib")
+            launch.log_header(account, ("workloads", w.name), "output.log", "", fresh=True)
+            handle = await launch.start(self.launcher, Spec(
+                name=w.name, argv=cmd, env=env, cwd=workdir, account=account,
+                limits=HostLimits(cpu=row.spec.get("cpu"), memory_bytes=int(mem * 2**30) if mem else None,
+                                  gpu_devices=launch.gpu_devices(node, pod)),
+                log_path=workdir / "output.log"))
+        except (OSError, ValueError, TypeError, GpupoolError) as e:  # FieldError, AccountError, LaunchError
             self.delivery.cleanup(w.name)
             self.store.set_state(w.name, "failed", reason=f"could not start: {e}", placement=[], pid=None)
             self.store.event("failed", f"{w.name} could not start: {e}", w.name, w.project)
@@ -200,28 +208,75 @@ class Runtime:
             return None
         # With its placement in the same write: the cycle records its binds only after every
         # launch, and a reader in between must not see "running" without GPUs.
-        self.store.set_state(w.name, "running", pid=proc.pid, placement=placement_json(b.pods), over_quota=b.over_quota)
+        self.store.set_state(w.name, "running", pid=handle.pid, placement=placement_json(b.pods),
+                             over_quota=b.over_quota)
+        return self._follow(w, handle, account)
+
+    def _follow(self, w: Workload, handle: Handle, account: Account):
+        """Watch a started (or adopted) command workload; its evictor."""
 
         async def watch():
-            code = await proc.wait()
-            logf.close()
-            self.delivery.cleanup(w.name)
+            end = await handle.wait()
+            await launch.forget(self.launcher, handle)
+            self.delivery.cleanup(w.name, account)
             current = self.store.get(w.name)
             if current is not None and current.state == "releasing":
                 self.scheduler.requeue(w.name)  # preempted: back in the queue
                 return
-            state = "succeeded" if code == 0 else "failed"
+            state = "succeeded" if end.code == 0 else "failed"
             if current is not None and current.state == "stopping":
                 state = "stopped"
-            self.store.set_state(w.name, state, reason=f"exit code {code}", placement=[], pid=None)
+            if state != "succeeded":
+                self.store.event("oom-killed" if end.oom else "exited", f"{w.name} {end.describe()}",
+                                 w.name, w.project)
+            self.store.set_state(w.name, state, reason=end.describe(), placement=[], pid=None)
             self.scheduler.release(w.name, state)
 
         asyncio.ensure_future(watch())
 
         async def evict(grace_s: float) -> None:
-            await terminate(proc.pid, grace_s, lambda: proc.returncode is None)
+            await handle.terminate(grace_s)
 
         return evict
+
+    def _recover_processes(self) -> None:
+        """After a hub restart: hold again every command workload still running (same
+        process, same placement); settle one that ended while the hub was down; end one
+        whose row no longer places it."""
+        with self.Session() as s:
+            rows = s.scalars(select(WorkloadRow).where(WorkloadRow.kind.in_(("training", "inference")))).all()
+            trainings = set(s.scalars(select(TrainingRow.name)).all())
+            replicas = set(replica_rows(s))  # the inference controller adopts those
+            rows = [r for r in rows if r.name not in trainings and r.name not in replicas]
+        for row in rows:
+            handle = self.launcher.adopt(row.name)
+            if row.state not in ("running", "releasing", "stopping"):
+                if handle is not None:  # a process its row no longer places: it cannot go on
+                    self._reaping.append(asyncio.ensure_future(launch.reap(self.launcher, handle)))
+                continue
+            if handle is None or not row.placement:  # nothing of ours runs it
+                if row.state == "stopping":  # asked to stop before the restart: it has
+                    self.store.set_state(row.name, "stopped", reason="stopped", placement=[], pid=None)
+                else:
+                    self.store.set_state(row.name, "failed", reason="its process was gone after a hub "
+                                         "restart", placement=[], pid=None)
+                continue
+            try:
+                w = to_workload(row)
+                w.state, w.placement = State.RUNNING, placement_from_json(row.placement)
+                account = self.accounts.for_user(row.owner)
+                self.scheduler.adopt(w, handle.terminate)
+            # its node is gone, no account, or a stored spec that is no longer valid
+            except (ValidationError, GpupoolError, TypeError, ValueError, KeyError) as e:
+                log.warning("workload %s cannot be adopted: %s", row.name, e)
+                self._reaping.append(asyncio.ensure_future(launch.reap(self.launcher, handle)))
+                self.store.set_state(row.name, "failed", reason=f"could not be adopted: {e}",
+                                     placement=[], pid=None)
+                continue
+            self._follow(w, handle, account)  # one that ended meanwhile is settled at once
+            if row.state == "stopping":  # asked to stop just before the restart
+                asyncio.ensure_future(handle.terminate(w.grace_period_s))
+            log.info("workload %s: adopted its running process %d", row.name, handle.pid)
 
     # -- allocation / utilization over time ----------------------------------------------
     async def _sample_loop(self) -> None:

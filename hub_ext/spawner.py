@@ -136,7 +136,7 @@ class GpupoolSpawnerMixin(Spawner):
         try:
             self.gpupool_env = {**rt.env_for(w, bind), **rt.delivery.env(
                 self.workload, self.user.name, req.project, req.credentials, req.datasources,
-                getattr(self, "home_dir", None))}
+                getattr(self, "home_dir", None), account=getattr(self, "account", None))}
             if req.credentials or req.datasources:
                 self._emit(75, f"Attached credentials: {', '.join(req.credentials) or '(none)'}; "
                                f"data sources: {', '.join(req.datasources) or '(none)'}")
@@ -305,15 +305,17 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
         rt.store.event(kind, f"{self.workload} ended: {end.describe()}", self.workload, project)
         rt.scheduler.release(self.workload, end.describe())
         rt.store.remove_workload(self.workload)
-        rt.delivery.cleanup(self.workload)
+        rt.delivery.cleanup(self.workload, getattr(self, "account", None))
 
     def _adopted(self):
         """The handle of the running process, found again after a hub restart."""
         handle = getattr(self, "_handle", None)
         if handle is None and self.pid:
             handle = self._handle = self.gpupool.launcher.adopt(self.workload)
-            if handle is not None:
-                self.gpupool.scheduler.adopt(self.workload, self._evict)
+            row = self.gpupool.store.get(self.workload)
+            if handle is not None and row is not None:
+                self.account = self.gpupool.accounts.for_user(self.user.name)
+                self.gpupool.scheduler.adopt(to_workload(row), self._evict)
                 self._watch = asyncio.ensure_future(self._watch_exit(handle))
         return handle
 
@@ -353,7 +355,7 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
         finally:
             self.gpupool.scheduler.release(self.workload, reason)
             self.gpupool.store.remove_workload(self.workload)
-            self.gpupool.delivery.cleanup(self.workload)
+            self.gpupool.delivery.cleanup(self.workload, getattr(self, "account", None))
         if handle is not None:
             with contextlib.suppress(LaunchError):  # still running: its run folder stays
                 self.gpupool.launcher.forget(handle.name)

@@ -32,15 +32,17 @@ def to_workload(row: WorkloadRow) -> Workload:
     )
     if row.state in ("running", "releasing") and row.placement:
         w.state = State.RUNNING if row.state == "running" else State.RELEASING
-        w.placement = tuple(
-            PodPlacement(p["node"], tuple(p["gpu_indices"]), p["gpu_milli"]) for p in row.placement
-        )
+        w.placement = placement_from_json(row.placement)
         w.over_quota = row.over_quota
     return w
 
 
 def placement_json(pods) -> list[dict]:
     return [{"node": p.node, "gpu_indices": list(p.gpu_indices), "gpu_milli": p.gpu_milli} for p in pods]
+
+
+def placement_from_json(items: list[dict]) -> tuple[PodPlacement, ...]:
+    return tuple(PodPlacement(p["node"], tuple(p["gpu_indices"]), p["gpu_milli"]) for p in items)
 
 
 class DbStore:
@@ -170,17 +172,13 @@ class DbStore:
             s.commit()
 
     def reset_after_restart(self, running: set[str] = frozenset()) -> None:
-        """After a hub restart: workloads in ``running`` (their processes outlived the hub)
-        keep their rows and placements; of the rest, workspaces are dropped and other work is
-        requeued."""
+        """After a hub restart: a workspace whose server did not outlive the hub (not in
+        ``running``) is dropped. Other work is settled by its owner as it starts (the job
+        runner, the inference controller, ``Runtime._recover_processes``): taken back,
+        reported as ended, or queued again."""
         gone = WorkloadRow.name.not_in(running) if running else true()
         with self.Session() as s:
             s.execute(delete(WorkloadRow).where(WorkloadRow.kind == "workspace", gone))
-            s.execute(update(WorkloadRow).where(WorkloadRow.state.in_(("running", "releasing")), gone)
-                      .values(state="pending", placement=[], pid=None))
-            # Asked to stop before the restart: nothing runs it now, so it has stopped.
-            s.execute(update(WorkloadRow).where(WorkloadRow.state == "stopping", gone)
-                      .values(state="stopped", placement=[], pid=None, reason="stopped"))
             bump_version(s)
             s.commit()
 

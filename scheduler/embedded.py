@@ -153,14 +153,14 @@ class EmbeddedScheduler:
         self.poke()
         return waiter
 
-    def adopt(self, name: str, evict: Evictor) -> None:
-        """A workload that kept running through a hub restart (its stored placement is in
-        the snapshot already): whoever runs it again answers its evictions."""
-        w = self.snapshot.workloads.get(name)
-        if w is None or not w.placement:
-            return
-        waiter = self.waiters[name] = Waiter(asyncio.get_running_loop().create_future(), evict)
-        waiter.bound.set_result(Bind(name, w.placement, w.over_quota))
+    def adopt(self, w: Workload, evict: Evictor) -> Waiter:
+        """Hold again a workload that kept running through a hub restart: ``w`` in state
+        running at its stored placement; ``evict`` stops it when the core evicts it."""
+        self.snapshot.upsert_workload(w)
+        waiter = self.waiters[w.name] = Waiter(asyncio.get_running_loop().create_future(), evict)
+        waiter.bound.set_result(Bind(w.name, w.placement, w.over_quota))
+        self.poke()
+        return waiter
 
     def release(self, name: str, reason: str = "stopped") -> None:
         """The workload has stopped: its GPUs go back to the pool at once."""

@@ -9,8 +9,10 @@
     gpupool inference describe NAME [--json]
     gpupool inference delete NAME
 
-Embedded replicas get ``$PORT`` (``{port}`` in COMMAND is replaced too). The service
-answers at ``$GPUPOOL_URL/services/gpupool-serve/NAME/`` with a JupyterHub token.
+Embedded replicas listen where COMMAND says: ``{socket}`` is replaced with a unix socket
+that only the owner's account and the activator reach (also ``$GPUPOOL_SOCKET``); without
+it they get ``$PORT`` on 127.0.0.1 (``{port}`` is replaced too), which every local account
+can reach. The service answers at ``$GPUPOOL_URL/services/gpupool-serve/NAME/`` with a JupyterHub token.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def _submit(args, api: ApiCall, parser: argparse.ArgumentParser) -> int:
     parser.parse_args([*rest[:cut], args.name], namespace=args)
     if not command:
         sys.exit("gpupool: inference submit needs the model server's command after -- "
-                 "(for example: -- python serve.py --port {port})")
+                 "(for example: -- python serve.py --socket {socket})")
     body: dict = {"name": args.name, "command": command}
     for attr, key in OPTIONS:
         if getattr(args, attr) is not None:

@@ -57,6 +57,17 @@ class Controller:
         self.activate(svc)
         return svc
 
+    def adopt(self, spec: ServiceSpec, name: str, row) -> bool:
+        """Put replica ``name`` (workload ``row``), which outlived a hub restart, back in
+        its service, before the service's first reconcile counts what runs. A backend
+        that can adopt (the embedded one) says whether it still runs."""
+        svc = self.put(spec)
+        r = Replica(name, spec.name)
+        if not self.backend.adopt(svc, r, row):
+            return False
+        svc.replicas.append(r)
+        return True
+
     async def remove(self, name: str) -> None:
         from .service import Gone
 

@@ -7,12 +7,15 @@ and pending reasons, the autoscaler's last decision) for ``describe``.
 
 from __future__ import annotations
 
+import re
 import time
 
-from sqlalchemy import JSON, Float, String
+from sqlalchemy import JSON, Float, String, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from hub_ext.db import Base
+from hub_ext.db import Base, WorkloadRow
+
+REPLICA = re.compile(r"^(.+)-[0-9a-f]{6}$")  # a replica's name: SERVICE-hex (controller.py)
 
 
 class InferenceRow(Base):
@@ -25,4 +28,11 @@ class InferenceRow(Base):
     status: Mapped[dict] = mapped_column(JSON, default=dict)  # Service.status()
 
 
-__all__ = ["InferenceRow"]
+def replica_rows(s) -> dict[str, WorkloadRow]:
+    """The workload rows of the services' replicas (kind inference, named SERVICE-hex)."""
+    services = set(s.scalars(select(InferenceRow.name)).all())
+    rows = s.scalars(select(WorkloadRow).where(WorkloadRow.kind == "inference")).all()
+    return {r.name: r for r in rows if (m := REPLICA.match(r.name)) and m.group(1) in services}
+
+
+__all__ = ["REPLICA", "InferenceRow", "replica_rows"]

@@ -28,7 +28,7 @@ from . import activator
 from .activator import Exchange
 from .backends.embedded import EmbeddedBackend, free_port
 from .controller import Controller
-from .db import InferenceRow
+from .db import REPLICA, InferenceRow, replica_rows
 from .service import Service
 from .spec import parse_spec
 
@@ -95,9 +95,9 @@ class HubTokenAuth:
 class HubInference:
     def __init__(self, rt, port: int, token: str, poll_s: float = 1.0):
         self.rt, self.port, self.token, self.poll_s = rt, port, token, poll_s
-        backend = EmbeddedBackend(rt.scheduler, rows=rt.store, preload=rt.cfg.preload_library,
-                                  log_dir=str(Path(rt.cfg.state_dir) / "inference"),
-                                  delivery=rt.delivery)
+        backend = EmbeddedBackend(rt.scheduler, launcher=rt.launcher, accounts=rt.accounts,
+                                  state_dir=Path(rt.cfg.state_dir) / "inference", rows=rt.store,
+                                  preload=rt.cfg.preload_library, delivery=rt.delivery)
         self.controller = Controller(backend)
         self._status: dict[str, dict] = {}
 
@@ -109,8 +109,31 @@ class HubInference:
         self.server = activator.Server(self.controller, f"/services/{NAME}/",
                                        HubTokenAuth(hub_auth, self.rt.Session))
         asyncio.ensure_future(self.server.listen(self.port)).add_done_callback(self._listening)
+        self.recover()
         self.controller.start()
         asyncio.ensure_future(self._follow())
+
+    def recover(self) -> None:
+        """After a hub restart, before the scheduler's first cycle: replicas that outlived
+        the hub serve again (once they answer their probe) instead of new ones; the rows
+        of the others go, so nothing else starts them."""
+        with self.rt.Session() as s:
+            specs = {r.name: r.spec for r in s.scalars(select(InferenceRow)).all()}
+            rows = replica_rows(s)
+        kept = 0
+        for name, row in rows.items():
+            service = REPLICA.match(name).group(1)
+            try:
+                spec = parse_spec(specs[service])
+            except Exception as e:  # a row written by an older version: say why, drop it
+                log.warning("inference service %s: %s", service, e)
+                spec = None
+            if row.state == "running" and spec is not None and self.controller.adopt(spec, name, row):
+                kept += 1
+            else:
+                self.controller.backend.discard(name)
+        if rows:
+            log.info("inference: %d of %d replicas adopted after the restart", kept, len(rows))
 
     def _listening(self, fut: asyncio.Future) -> None:
         if fut.cancelled() or fut.exception() is None:

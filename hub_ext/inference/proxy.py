@@ -103,7 +103,7 @@ class Upstream(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         sock = transport.get_extra_info("socket")
-        if sock is not None:
+        if sock is not None and sock.family != socket.AF_UNIX:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
@@ -196,12 +196,13 @@ class Upstream(asyncio.Protocol):
 
 
 class Pool:
-    """Idle keep-alive connections to one replica."""
+    """Idle keep-alive connections to one replica: at ``host:port``, or at the unix socket
+    ``socket`` when given."""
 
-    def __init__(self, host: str, port: int, size: int = 256):
-        self.host, self.port, self.size = host, port, size
+    def __init__(self, host: str, port: int, size: int = 256, socket: str = ""):
+        self.host, self.port, self.size, self.socket = host, port, size, socket
         self.idle: list[Upstream] = []
-        self.hostport = f"{host}:{port}".encode()
+        self.hostport = b"localhost" if socket else f"{host}:{port}".encode()
 
     def take(self) -> Upstream | None:
         while self.idle:
@@ -213,9 +214,13 @@ class Pool:
     async def connect(self) -> Upstream:
         loop = asyncio.get_running_loop()
         try:
-            _, u = await loop.create_connection(lambda: Upstream(self), self.host, self.port)
+            if self.socket:
+                _, u = await loop.create_unix_connection(lambda: Upstream(self), self.socket)
+            else:
+                _, u = await loop.create_connection(lambda: Upstream(self), self.host, self.port)
         except OSError as e:
-            raise NotSent(f"cannot connect to {self.host}:{self.port}: {e}", refused=True) from None
+            where = self.socket or f"{self.host}:{self.port}"
+            raise NotSent(f"cannot connect to {where}: {e}", refused=True) from None
         return u
 
     def put(self, u: Upstream) -> None:

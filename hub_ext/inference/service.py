@@ -57,6 +57,7 @@ class Replica:
     reason: str = "waiting for the scheduler"
     host: str = ""
     port: int = 0
+    socket: str = ""  # a unix socket's path, instead of host and port
     where: str = ""  # node and GPU, once placed
     inflight: int = 0
     cooldown_until: float = 0.0  # refused a connection: not routed to until then
@@ -64,9 +65,12 @@ class Replica:
     pool: Pool | None = None
     handle: Any = None  # the backend's
 
+    def endpoint(self) -> str:
+        return f"unix:{self.socket}" if self.socket else f"{self.host}:{self.port}" if self.port else ""
+
     def to_dict(self) -> dict:
         return {"name": self.name, "state": self.state.value, "reason": self.reason,
-                "placement": self.where, "endpoint": f"{self.host}:{self.port}" if self.port else "",
+                "placement": self.where, "endpoint": self.endpoint(),
                 "in_flight": self.inflight, "created": self.created}
 
 
@@ -180,9 +184,9 @@ class Service:
             if not fut.done():
                 fut.set_exception(exc)
 
-    def replica_ready(self, r: Replica, host: str, port: int) -> None:
-        r.host, r.port, r.state, r.reason = host, port, RState.READY, ""
-        r.pool = Pool(host, port)
+    def replica_ready(self, r: Replica, host: str, port: int, socket: str = "") -> None:
+        r.host, r.port, r.socket, r.state, r.reason = host, port, socket, RState.READY, ""
+        r.pool = Pool(host, port, socket=socket)
         if self.cold_since is not None:
             metrics.cold_start(self.spec.name, self.clock() - self.cold_since)
             self.cold_since = None

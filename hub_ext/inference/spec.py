@@ -30,7 +30,7 @@ class ServiceSpec:
     stable_window_s: float = 60.0
     panic_window_pct: float = 10.0
     panic_threshold_pct: float = 200.0
-    port: int = 8000  # where the server listens in a pod; embedded replicas get $PORT
+    port: int = 8000  # where the server listens in a pod; embedded: {socket} or $PORT (backends/embedded.py)
     ready_path: str = "/"
     queue_limit: int = 1000  # requests held while no replica is ready
     request_timeout_s: float = 120.0  # longest a request is held waiting for a replica

@@ -20,7 +20,12 @@ import json
 import logging
 import os
 import signal
+import tempfile
+from pathlib import Path
 
+from hub_ext.host.accounts import Accounts, default_mode
+from hub_ext.host.cgroups import detect
+from hub_ext.host.process import Launcher
 from scheduler.embedded import EmbeddedScheduler
 from scheduler.model import DEFAULT_POOL, GPU, Department, Node, Project, Quota
 
@@ -67,7 +72,10 @@ async def serve(args) -> None:
     sched = EmbeddedScheduler(OrgStore({s.project for s in specs}, args.quota), [node], 0.5)
     sched.start()
     await sched.cycle()
-    controller = Controller(EmbeddedBackend(sched), tick_s=args.tick)
+    state = Path(tempfile.mkdtemp(prefix="gpupool-inference-"))  # the hub's state dir's part
+    backend = EmbeddedBackend(sched, launcher=Launcher(state / "run", detect()),
+                              accounts=Accounts(mode=default_mode()), state_dir=state)
+    controller = Controller(backend, tick_s=args.tick)
     controller.start()
     for s in specs:
         controller.put(s)

@@ -8,12 +8,11 @@ in their own projects; the owner or an admin may delete, suspend or resume.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from sqlalchemy import select
 
 from .. import org, roles, validation
 from ..db import EventRow, WorkloadRow
+from ..launch import read_tail
 from ..limits import limits_for
 from ..training.db import (
     STATUSES,
@@ -21,6 +20,7 @@ from ..training.db import (
     add_training,
     is_active,
     training_dict,
+    worker_log,
 )
 from ..training.spec import MAX_WORKERS, parse_training
 from ..validation import FieldError
@@ -121,12 +121,8 @@ class TrainingLogsHandler(_Base):
             workers = int(t.spec.get("workers", 1))
         if not 0 <= rank < workers:
             raise FieldError("rank", f"must be from 0 to {workers - 1}, got {rank}")
-        path = Path(self.ctx.cfg.state_dir) / "trainings" / name / f"worker-{rank}.log"
-        text = ""
-        if path.exists():
-            with open(path, "rb") as f:
-                f.seek(max(0, path.stat().st_size - MAX_LOG_BYTES))
-                text = f.read().decode(errors="replace")
+        where = worker_log(self.ctx.cfg.state_dir, name, rank)
+        text = read_tail(*where, MAX_LOG_BYTES) if where else ""  # the account's file, read safely
         lines = text.splitlines()[-tail:]
         self.send({"name": name, "rank": rank, "lines": lines})
 

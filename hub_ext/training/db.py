@@ -9,7 +9,9 @@ state the scheduler loop does not adopt by itself (``submitted``, ``backoff``,
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 from sqlalchemy import JSON, Float, Integer, String, Text, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
@@ -23,6 +25,9 @@ from .spec import TrainingSpec
 STATUSES = ("Pending", "Running", "Preempted", "Resuming", "Succeeded", "Failed", "Suspended")
 FINAL = ("Succeeded", "Failed")
 SUBMITTED = "submitted"  # WorkloadRow.state before the runner takes the job
+# STATE_DIR/trainings/JOB/logs.json (the hub's): {"dir": the job's folder in its owner's
+# home, "uid": that account}, written by the runner when the job starts
+LOGS = "logs.json"
 
 
 class TrainingRow(Base):
@@ -98,3 +103,13 @@ def set_status(s, name: str, status: str, reason: str = "", event: str | None = 
 
 def pending_requests(s) -> list[TrainingRow]:
     return list(s.scalars(select(TrainingRow).where(TrainingRow.request != "")).all())
+
+
+def worker_log(state_dir: str | Path, name: str, rank: int) -> tuple[Path, int] | None:
+    """Where worker ``rank`` of job ``name`` logs, and the account that owns the file;
+    None before the job first started."""
+    try:
+        where = json.loads((Path(state_dir) / "trainings" / name / LOGS).read_text())
+        return Path(where["dir"]) / f"worker-{rank}.log", int(where["uid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -13,30 +13,43 @@ One asyncio task per job walks its lifecycle:
 The job is held in the scheduler through ``EmbeddedScheduler.submit`` with its full
 workload (gang size, priority, node pool, grace period), so the scheduler's own launcher
 never sees it; binds arrive on the waiter's future and evictions through the evictor the
-job hands in. Workers are local processes, one per pod, each with the GPU environment of
+job hands in. Workers are local processes, one per pod, started through the host launcher
+(``hub_ext.host.process``) as ``JOB-wRANK`` under the owner's account, in its private folder
+``~/.gpupool/workloads/JOB`` (logs ``worker-RANK.log``, default checkpoints), with an
+environment built from scratch: the account's (``hub_ext.launch``), the GPU environment of
 its placement (``scheduler.embedded.gpu_env``) and the ``torchrun`` environment
-(``gang.py``). Control requests (suspend, resume, delete) arrive from the service process
-through ``TrainingRow.request``; the runner polls for them and for new jobs.
+(``gang.py``); CPU, memory and GPU devices are limited by its cgroup. Control requests
+(suspend, resume, delete) arrive from the service process through
+``TrainingRow.request``; the runner polls for them and for new jobs.
+
+Workers outlive the hub. After a restart ``recover`` adopts a running job whose workers
+are all still alive (same processes, same placement, held again in the scheduler); one
+whose workers ended meanwhile counts as succeeded (all exited 0) or as a failed attempt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
+from gpupool.errors import GpupoolError
 from scheduler.embedded import EmbeddedScheduler, gpu_env
 from scheduler.model import Bind, Kind, Node, State, ValidationError, Workload
 
+from .. import launch
 from ..db import WorkloadRow
 from ..events import add_event
-from ..store import placement_json
-from .db import SUBMITTED, TrainingRow, add_training, set_status
+from ..host.accounts import Account, Accounts
+from ..host.cgroups import Limits
+from ..host.process import Exit, Handle, Launcher, Spec
+from ..store import placement_from_json, placement_json
+from .db import LOGS, SUBMITTED, TrainingRow, add_training, set_status
 from .gang import free_port, gang_env
 from .spec import TrainingSpec
 
@@ -48,7 +61,9 @@ MAX_BACKOFF_S = 300.0
 class Job:
     def __init__(self, runner: JobRunner, name: str):
         self.runner, self.name = runner, name
-        self.procs: list[asyncio.subprocess.Process] = []
+        self.procs: list[Handle] = []
+        self.adopted = False  # workers kept running through a hub restart: watch them first
+        self.account: Account | None = None  # the owner's, once known: its files are cleaned up
         self.stop: str | None = None  # preempted | suspend | delete | stopped
         self.stop_reason = ""
         self.kick = asyncio.Event()
@@ -118,7 +133,7 @@ class Job:
         finally:
             self.runner.jobs.pop(self.name, None)
             if self.runner.delivery is not None:
-                self.runner.delivery.cleanup(self.name)
+                self.runner.delivery.cleanup(self.name, self.account)
 
     async def _run(self) -> None:
         while True:
@@ -127,6 +142,11 @@ class Job:
                 return
             spec = TrainingSpec.from_dict(t.spec)
             self.grace_s = spec.grace_period_s
+            if self.adopted:
+                self.adopted = False
+                if await self._outcome(t, spec, await self._watch()) == "done":
+                    return
+                continue
             if self.stop == "delete":
                 return self._delete()
             if self.stop in ("suspend", "stopped"):
@@ -190,7 +210,11 @@ class Job:
     async def _attempt(self, t: TrainingRow, spec: TrainingSpec, bind: Bind) -> str:
         resumed = t.preemptions > 0 and t.status == "Preempted"
         attempt = t.attempt + 1
-        ckpt_dir = self.runner.checkpoint_dir(self.name, spec)
+        try:
+            account = self.account = self.runner.accounts.for_user(t.owner)
+            ckpt_dir = self.runner.checkpoint_dir(self.name, spec, account)
+        except (OSError, GpupoolError) as e:  # AccountError; a folder of the home it cannot make
+            return await self._failed_start(e)
         if resumed:
             step = _latest_step(ckpt_dir)
             where = f"checkpoint step {step}" if step is not None else "the start (no checkpoint yet)"
@@ -201,12 +225,9 @@ class Job:
             self.status("Running", "", "started", f"{self.name} started {spec.workers} worker"
                         f"{'s' if spec.workers > 1 else ''} (attempt {attempt})", attempt=attempt)
         try:
-            await self._start_gang(spec, bind, attempt, ckpt_dir, resumed, t.owner)
-        except (OSError, ValueError, TypeError) as e:  # FieldError too; a NUL byte is a ValueError
-            await self._terminate(0)
-            self.sched.release(self.name, "failed to start")
-            self.status("Failed", f"could not start the workers: {e}", "failed", workload_state="failed")
-            return "done"
+            await self._start_gang(spec, bind, attempt, ckpt_dir, resumed, t.owner, account)
+        except (OSError, ValueError, TypeError, GpupoolError) as e:  # FieldError; a NUL byte
+            return await self._failed_start(e)
         if resumed:
             self.status("Running", "", workload_state="running", bind=bind)
         else:
@@ -215,9 +236,18 @@ class Job:
                 if w is not None:
                     w.pid = self.procs[0].pid
                     s.commit()
-        result = await self._watch()
+        return await self._outcome(t, spec, await self._watch())
+
+    async def _failed_start(self, e: Exception) -> str:
+        await self._terminate(0)
+        self.sched.release(self.name, "failed to start")
+        self.status("Failed", f"could not start the workers: {e}", "failed", workload_state="failed")
+        return "done"
+
+    async def _outcome(self, t: TrainingRow, spec: TrainingSpec, result) -> str:
+        """Act on how the gang's run ended (``_watch``): "done" or "again"."""
         if result == "ok":
-            self.procs = []
+            await self._forget()
             self.sched.release(self.name, "succeeded")
             self.status("Succeeded", "all workers exited 0", "succeeded", workload_state="succeeded")
             return "done"
@@ -238,11 +268,12 @@ class Job:
                 return "again"
             self.sched.release(self.name, stop or "stopped")
             return "again"  # _run handles suspend / delete / stopped
-        _, rank, code = result
+        _, rank, end = result
         await self._terminate(spec.grace_period_s)
         self.sched.release(self.name, "failed")
         failures = t.failures + 1
-        why = f"worker {rank} exited with code {code}"
+        why = f"worker {rank} ended: {end.describe()}"
+        self.event("oom-killed" if end.oom else "exited", f"{self.name} {why}", t.project)
         if spec.restart_policy == "Never" or failures > spec.backoff_limit:
             limit = "restart policy Never" if spec.restart_policy == "Never" else \
                 f"backoff limit {spec.backoff_limit} reached"
@@ -286,46 +317,49 @@ class Job:
 
     # -- processes -----------------------------------------------------------------------
     async def _start_gang(self, spec: TrainingSpec, bind: Bind, attempt: int, ckpt_dir: Path,
-                          resumed: bool, owner: str = "") -> None:
-        workdir = self.runner.workdir(self.name)
+                          resumed: bool, owner: str, account: Account) -> None:
+        if self.runner.reaping:  # the same names may be taken again only once those are gone
+            await asyncio.gather(*self.runner.reaping)
+        workdir = self.runner.workdir(self.name, account)
         attached = {}  # credentials and data sources (attach.py), once per gang start
         if self.runner.delivery is not None:
             attached = self.runner.delivery.env(self.name, owner, spec.project, spec.credentials,
-                                                spec.datasources, workdir)
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
+                                                spec.datasources, workdir, account=account)
         port = free_port()
         dist = gang_env(bind.pods, "127.0.0.1", port, attempt - 1, f"{self.name}-{attempt}")
         demand = spec.demand()
-        self.procs = []
+        specs = []
         for rank, pod in enumerate(bind.pods):
             node = self.runner.nodes[pod.node]
             env = {
-                **os.environ, **spec.env, **dist[rank],
+                **launch.account_env(account), **spec.env, **dist[rank],
                 **gpu_env(node, pod, demand.gpu_memory_mib, self.runner.preload,
                           f"{self.name}-{rank}"),
                 "GPUPOOL_WORKLOAD": self.name, "GPUPOOL_PROJECT": spec.project,
                 "GPUPOOL_CHECKPOINT_DIR": str(ckpt_dir), "GPUPOOL_ATTEMPT": str(attempt),
                 "GPUPOOL_RESUMED": "1" if resumed else "0", **attached,
             }
-            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-            logf = open(workdir / f"worker-{rank}.log", "ab")  # noqa: SIM115 (closed below)
-            logf.write(f"--- gpupool: attempt {attempt}, rank {rank}, {time.ctime()}\n".encode())
-            logf.flush()
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    *spec.command, cwd=workdir, env=env, stdout=logf, stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            finally:
-                logf.close()  # the child holds its own copy
-            self.procs.append(proc)
+            # gpupool's own package (gpupool.checkpoint) importable in every worker
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), spec.env.get("PYTHONPATH")]))
+            launch.check_argv(list(spec.command), env)
+            limits = Limits(cpu=spec.cpu, memory_bytes=int(spec.memory_gib * 2**30),
+                            gpu_devices=launch.gpu_devices(node, pod))
+            specs.append(Spec(name=worker_name(self.name, rank), argv=list(spec.command), env=env,
+                              cwd=workdir, account=account, limits=limits,
+                              log_path=workdir / f"worker-{rank}.log"))
+        self.procs = []
+        for rank, worker in enumerate(specs):
+            launch.log_header(account, ("workloads", self.name), worker.log_path.name,
+                              f"--- gpupool: attempt {attempt}, rank {rank}, {time.ctime()}\n",
+                              fresh=attempt == 1)  # a job of an earlier job's name: its own log
+            self.procs.append(await launch.start(self.runner.launcher, worker))
 
     async def _watch(self):
-        """Wait until every worker exits 0 ("ok"), one fails (("failed", rank, code)), or
+        """Wait until every worker exits 0 ("ok"), one fails (("failed", rank, Exit)), or
         a request or eviction arrives ("stop")."""
-        waits = {asyncio.ensure_future(p.wait()): rank for rank, p in enumerate(self.procs)}
+        waits = {asyncio.ensure_future(h.wait()): rank for rank, h in enumerate(self.procs)}
         pending = set(waits)
+        ended: dict[int, Exit] = {}
         try:
             while pending:
                 if self.stop is not None:
@@ -335,46 +369,38 @@ class Job:
                 pending.discard(kick)
                 kick.cancel()
                 self.kick.clear()
-                if all(p.returncode == 0 for p in self.procs):
+                ended.update((waits[d], d.result()) for d in done if d in waits)
+                if all((e := h.exit()) is not None and e.code == 0 for h in self.procs):
                     return "ok"  # finished, even if a stop arrived at the same time
                 if self.stop is not None:
                     return "stop"
-                for d in sorted(done - {kick}, key=lambda d: waits[d]):
-                    if d.result() != 0:
-                        return ("failed", waits[d], d.result())
+                for rank in sorted(ended):
+                    if ended[rank].code != 0:
+                        return ("failed", rank, ended[rank])
             return "ok"
         finally:
             for f in pending:
                 f.cancel()
 
     async def _terminate(self, grace_s: float) -> bool:
-        """SIGTERM every worker's process group, SIGKILL whatever is left after the grace
-        period. Returns whether SIGKILL was needed."""
-        alive = [p for p in self.procs if p.returncode is None]
-        killed = False
+        """SIGTERM every worker's process group, SIGKILL whatever is left in its cgroup
+        after the grace period. Returns whether SIGKILL was needed."""
+        alive = [h for h in self.procs if h.alive()]
         if alive:
-            for p in alive:
-                _signal(p.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(asyncio.gather(*(p.wait() for p in alive)), grace_s or 0.01)
-            except asyncio.TimeoutError:
-                killed = True
-                for p in alive:
-                    if p.returncode is None:
-                        _signal(p.pid, signal.SIGKILL)
-                await asyncio.gather(*(p.wait() for p in alive))
-        for p in self.procs:  # leftovers of the groups (children of workers)
-            _signal(p.pid, signal.SIGKILL)
-        self.procs = []
+            await asyncio.gather(*(h.terminate(grace_s or 0.01) for h in alive))
+        killed = any((e := h.exit()) is not None and e.signal == signal.SIGKILL for h in alive)
+        await self._forget()
         return killed
 
+    async def _forget(self) -> None:
+        """The workers' ends are handled: the launcher may drop what it keeps of them."""
+        procs, self.procs = self.procs, []
+        await asyncio.gather(*(launch.forget(self.runner.launcher, h) for h in procs))
 
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+
+def worker_name(job: str, rank: int) -> str:
+    """The launcher's name of one worker process."""
+    return f"{job}-w{rank}"
 
 
 def _latest_step(ckpt_dir: Path) -> int | None:
@@ -388,39 +414,96 @@ class JobRunner:
     """Runs the training jobs of the embedded backend; one per hub process."""
 
     def __init__(self, scheduler: EmbeddedScheduler, Session, nodes: list[Node], state_dir: str | Path,
-                 preload: str = "", poll_s: float = 0.5, delivery=None):
+                 preload: str = "", poll_s: float = 0.5, delivery=None, *, launcher: Launcher,
+                 accounts: Accounts):
         self.scheduler, self.Session = scheduler, Session
         self.delivery = delivery  # attach.Delivery: credentials and data sources
+        self.launcher, self.accounts = launcher, accounts
         self.nodes = {n.name: n for n in nodes}
         self.state_dir = Path(state_dir)
         self.preload, self.poll_s = preload, poll_s
         self.jobs: dict[str, Job] = {}
+        self.reaping: list[asyncio.Future] = []  # workers recover ends: gone before a gang starts
         self._task: asyncio.Task | None = None
-        self.recover()
 
-    def workdir(self, name: str) -> Path:
-        d = self.state_dir / "trainings" / name
-        d.mkdir(parents=True, exist_ok=True)
+    def workdir(self, name: str, account: Account) -> Path:
+        """The job's folder in its owner's home (the workers' cwd and logs), recorded where
+        the log API finds it."""
+        d = launch.private_dir(account, "workloads", name)
+        record = self.state_dir / "trainings" / name
+        record.mkdir(parents=True, exist_ok=True)
+        (record / LOGS).write_text(json.dumps({"dir": str(d), "uid": account.uid}))
         return d
 
-    def checkpoint_dir(self, name: str, spec: TrainingSpec) -> Path:
-        return Path(spec.checkpoint_dir) if spec.checkpoint_dir else self.workdir(name) / "checkpoints"
+    def checkpoint_dir(self, name: str, spec: TrainingSpec, account: Account) -> Path:
+        if spec.checkpoint_dir:  # the job's own choice: the workers make it as their account
+            return Path(spec.checkpoint_dir)
+        return launch.private_dir(account, "workloads", name, "checkpoints")
 
     def recover(self) -> None:
-        """After a hub restart nothing of ours runs: hand every active job back to the
-        runner (the scheduler loop must not adopt them with the hub's simple launcher)."""
+        """After a hub restart: adopt every job whose workers all outlived the hub (held
+        again in the scheduler at its stored placement; the job's task settles one whose
+        workers ended meanwhile); hand every other active job back to the runner's queue
+        (the scheduler loop must not adopt them with the hub's simple launcher)."""
+        adopted: list[Job] = []
         with self.Session() as s:
             for t in s.query(TrainingRow).filter(TrainingRow.status.notin_(("Succeeded", "Failed"))):
                 w = s.get(WorkloadRow, t.name)
+                try:
+                    spec = TrainingSpec.from_dict(t.spec)
+                except (TypeError, ValueError, KeyError) as e:  # the job's task fails it with the reason
+                    log.warning("training %s cannot be adopted: %s", t.name, e)
+                    spec = None
+                workers = spec.workers if spec is not None else 0
+                found = [self.launcher.adopt(worker_name(t.name, r)) for r in range(workers)]
+                handles = [h for h in found if h is not None]
+                if (spec is not None and len(handles) == workers and w is not None and w.placement
+                        and w.state in ("running", "releasing") and t.status in ("Running", "Resuming")):
+                    job = Job(self, t.name)
+                    job.procs, job.adopted, job.grace_s = handles, True, spec.grace_period_s
+                    try:
+                        job.account = self.accounts.for_user(t.owner)
+                        self.scheduler.adopt(self._workload(t, w, spec), job.evict)
+                    except (ValidationError, GpupoolError) as e:  # its node is gone; no account
+                        log.warning("training %s cannot be adopted: %s", t.name, e)
+                    else:
+                        w.state = "running"
+                        if t.status == "Resuming":  # its workers had started: it runs
+                            set_status(s, t.name, "Running")
+                        adopted.append(job)
+                        continue
+                if handles:  # part of a gang, or asked to stop: stop what is left
+                    self.reaping.append(asyncio.ensure_future(launch.reap(self.launcher, *handles)))
+                if w is not None and w.state == "stopping":  # stopped through the workloads API
+                    w.state, w.placement, w.pid = "stopped", [], None
+                    set_status(s, t.name, "Suspended", "stopped through the workloads API", "suspended")
+                    continue
                 if w is not None and w.state in ("pending", "running", "releasing", "backoff"):
                     w.state, w.placement, w.pid = SUBMITTED, [], None
                 if t.status in ("Running", "Resuming"):
                     set_status(s, t.name, "Pending", "the hub restarted; queued again")
             s.commit()
+        for job in adopted:
+            self.jobs[job.name] = job
+            job.task = asyncio.ensure_future(job.run())
+            log.info("training %s: adopted its %d running worker(s)", job.name, len(job.procs))
+
+    @staticmethod
+    def _workload(t: TrainingRow, w: WorkloadRow, spec: TrainingSpec) -> Workload:
+        """The scheduler's view of a job running at its stored placement."""
+        return Workload(
+            name=t.name, project=t.project, kind=Kind.TRAINING, demand=spec.demand(),
+            pods=spec.workers, priority=spec.priority, resumed=t.preemptions > 0,
+            preemptible=spec.preemptible, allow_over_quota=spec.preemptible,
+            node_pool=spec.node_pool, submit_time=t.created, grace_period_s=spec.grace_period_s,
+            state=State.RUNNING, over_quota=w.over_quota, started_at=w.start_time or time.time(),
+            placement=placement_from_json(w.placement),
+        )
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
         if self._task is None:
+            self.recover()
             self._task = asyncio.ensure_future(self._loop())
 
     async def stop(self) -> None:

@@ -40,7 +40,7 @@ class TrainingSpec:
     workers: int = 1
     preemptible: bool = True
     node_pool: str | None = None
-    checkpoint_dir: str = ""  # empty: STATE_DIR/trainings/NAME/checkpoints
+    checkpoint_dir: str = ""  # empty: ~/.gpupool/workloads/NAME/checkpoints of the owner's account
     image: str = ""  # Kubernetes only; embedded runs the hub's Python
     env: dict[str, str] = field(default_factory=dict)
     restart_policy: str = "OnFailure"

@@ -30,6 +30,7 @@ from hubkernel import run_code
 from hubproc import ADMIN_PW, USER_PW
 from openapi_check import spec, validate
 
+from hub_ext.host.accounts import Accounts, default_mode
 from tests import chromium
 
 from .conftest import api
@@ -70,6 +71,11 @@ def ensure_credentials(hub) -> None:
     if "registry" not in have:
         call(hub, "admin", "POST", "/projects/nlp/credentials",
              {"name": "registry", "delivery": "files", "data": {"password": PASSWORD}}, expect=201)
+
+
+def home_of(user: str) -> Path:
+    """The home of the Unix account the hub runs ``user``'s workloads as (made by now)."""
+    return Accounts(mode=default_mode()).for_user(user).home
 
 
 def run_training(hub, user, body: dict, timeout: float = 120) -> dict:
@@ -168,9 +174,9 @@ def test_training_gets_env_and_files(gov_hub):
                                           "command": [sys.executable, "-c", CHECK]})
     assert job["status"] == "Succeeded", job
     assert [ln for ln in job["lines"] if not ln.startswith("---")] == expected_lines()
-    # credential files are removed when the job ends
-    folder = Path(gov_hub.workdir) / "state" / "secrets" / "cred-train"
-    assert not folder.exists()
+    # credential files are the account's, in its home, and removed when the job ends
+    assert not (home_of("alice") / ".gpupool" / "secrets" / "cred-train").exists()
+    assert (home_of("alice") / ".gpupool" / "workloads" / "cred-train").is_dir()
 
 
 def test_workloads_api_training_gets_them(gov_hub):
@@ -185,10 +191,10 @@ def test_workloads_api_training_gets_them(gov_hub):
         if w["state"] in ("succeeded", "failed"):
             break
         time.sleep(0.3)
-    out = Path(gov_hub.workdir) / "state" / "workloads" / "cred-wl" / "output.log"
+    out = home_of("alice") / ".gpupool" / "workloads" / "cred-wl" / "output.log"  # the account's
     assert w["state"] == "succeeded", (w, out.read_text())
     assert out.read_text().splitlines() == expected_lines()
-    assert not (Path(gov_hub.workdir) / "state" / "secrets" / "cred-wl").exists()
+    assert not (home_of("alice") / ".gpupool" / "secrets" / "cred-wl").exists()
 
 
 # The same check as a model server: the replica answers every GET with CHECK's lines.

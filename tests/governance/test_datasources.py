@@ -5,7 +5,10 @@ is described, not mounted, in embedded mode; mount paths of one workload may not
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -22,10 +25,13 @@ print("nfs", os.environ["GPUPOOL_DATA_SCRATCH"])
 
 
 @pytest.fixture(scope="module")
-def shared(gov_hub, tmp_path_factory):
-    """nlp's data sources: ``shared`` (a host folder with hello.txt), ``scratch`` (NFS)."""
-    folder = tmp_path_factory.mktemp("shared")
+def shared(gov_hub):
+    """nlp's data sources: ``shared`` (a host folder with hello.txt that every account may
+    read: the workloads run as their owners' accounts), ``scratch`` (NFS)."""
+    folder = Path(tempfile.mkdtemp(prefix="gpupool-shared-"))
+    folder.chmod(0o755)
     (folder / "hello.txt").write_text("hello from the host")
+    (folder / "hello.txt").chmod(0o644)
     have = {d["name"] for d in call(gov_hub, "admin", "GET", "/projects/nlp/datasources", expect=200)["items"]}
     if "shared" not in have:
         call(gov_hub, "admin", "POST", "/projects/nlp/datasources",
@@ -34,7 +40,8 @@ def shared(gov_hub, tmp_path_factory):
         call(gov_hub, "admin", "POST", "/projects/nlp/datasources",
              {"name": "scratch", "kind": "nfs", "server": "nfs.example.org", "path": "/export/scratch",
               "mount_path": "/scratch", "read_only": False}, expect=201)
-    return folder
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_create_list_and_describe(gov_hub, shared):

@@ -224,17 +224,21 @@ def test_submitting_for_another_user_with_an_object_as_project_is_refused(hhub, 
 
 
 def test_work_asked_to_stop_before_a_hub_restart_is_stopped_after_it(tmp_path):
-    from hub_ext.db import WorkloadRow
-    from hub_ext.schema import make_sessionmaker
-    from hub_ext.store import DbStore
+    from traitlets.config import Config
 
-    Session = make_sessionmaker(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
+    from hub_ext.config import Gpupool
+    from hub_ext.db import WorkloadRow
+    from hub_ext.runtime import Runtime
+    from hub_ext.schema import make_sessionmaker
+
+    cfg = Gpupool(config=Config({"Gpupool": {"state_dir": str(tmp_path)}}))
+    Session = make_sessionmaker(cfg.db_url)
     placement = [{"node": "local", "gpu_indices": [0], "gpu_milli": 1000}]
     with Session() as s:
         s.add(WorkloadRow(name="halfway", owner="alice", project="nlp", kind="training", spec={},
                           state="stopping", placement=placement, pid=2**22 + 1))
         s.commit()
-    DbStore(Session).reset_after_restart()
+    Runtime(cfg)._recover_processes()  # what a restarted hub does first: no process runs it
     with Session() as s:
         w = s.get(WorkloadRow, "halfway")
         assert (w.state, w.placement, w.pid) == ("stopped", [], None)

@@ -1,6 +1,6 @@
 """A small real model server for the inference tests and the benchmark.
 
-    python model_server.py [--port N | $PORT] [--startup-s 0.3] [--delay-ms 0]
+    python model_server.py [--port N | $PORT | --socket PATH] [--startup-s 0.3] [--delay-ms 0]
 
 Sleeps ``--startup-s`` before it listens (a model load). Routes:
 ``/health``; ``/predict?client=C&seq=S&ms=M`` answers JSON with its pid after M ms
@@ -16,7 +16,7 @@ import json
 import os
 import time
 
-from tornado import web
+from tornado import httpserver, netutil, web
 
 
 class Health(web.RequestHandler):
@@ -65,13 +65,17 @@ def main():
     p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
     p.add_argument("--startup-s", type=float, default=0.3)
     p.add_argument("--delay-ms", type=float, default=0.0)
+    p.add_argument("--socket", default="", help="listen on this unix socket instead of a port")
     a = p.parse_args()
     time.sleep(a.startup_s)
 
     async def run():
         app = web.Application([("/health", Health), ("/predict", Predict), ("/stream", Stream),
                                ("/big", Big), ("/headers", Headers)], delay_ms=a.delay_ms)
-        app.listen(a.port, "127.0.0.1")
+        if a.socket:
+            httpserver.HTTPServer(app).add_socket(netutil.bind_unix_socket(a.socket, mode=0o600))
+        else:
+            app.listen(a.port, "127.0.0.1")
         await asyncio.Event().wait()
 
     asyncio.run(run())

@@ -17,6 +17,8 @@ from tornado.netutil import bind_sockets
 
 from hub_ext import org
 from hub_ext.config import Gpupool
+from hub_ext.host.accounts import Accounts, default_mode
+from hub_ext.host.process import Launcher
 from hub_ext.inference.hub import HubInference
 from hub_ext.schema import make_sessionmaker
 from hub_ext.service import base
@@ -27,6 +29,7 @@ from scheduler.model import GPU, Node
 from tests.hub.openapi_check import validate
 
 from .harness import MODEL_SERVER, until
+from .harness import PREFIX as ACCOUNT_PREFIX
 
 PREFIX = "/services/gpupool/"
 
@@ -108,7 +111,9 @@ def test_hub_follows_the_table_and_describe_shows_why_a_replica_waits(tmp_path):
         sched = EmbeddedScheduler(store, nodes, period_s=0.05)
         sched.start()
         cfg = Gpupool(state_dir=str(tmp_path / "state"))
-        rt = SimpleNamespace(scheduler=sched, store=store, cfg=cfg, Session=Session, delivery=None)
+        rt = SimpleNamespace(scheduler=sched, store=store, cfg=cfg, Session=Session, delivery=None,
+                             launcher=Launcher(tmp_path / "state" / "run"),
+                             accounts=Accounts(mode=default_mode(), prefix=ACCOUNT_PREFIX))
         hub = HubInference(rt, port=0, token="t")
         from hub_ext.inference.db import InferenceRow
 

@@ -102,7 +102,7 @@ def test_killing_a_replica_mid_load_loses_no_unsent_request():
             # only requests the replica already had may fail, each with a clear 502
             assert len(failed) <= in_flight_at_kill
             assert all(r[2] == 502 and b"failed" in r[3] for r in failed)
-            assert victim.state == RState.FAILED and "exited" in victim.reason
+            assert victim.state == RState.FAILED and "killed by SIGKILL" in victim.reason
             await until(lambda: len(svc.ready()) == 2, what="a replacement replica")
 
     run(main())

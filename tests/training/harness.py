@@ -1,6 +1,7 @@
 """An embedded gpupool without JupyterHub for the training tests and the benchmark: a
 SQLite database with an organisation, the embedded scheduler loop on the hub's DbStore,
-and the training-job runner."""
+and the training-job runner, whose workers run through the host launcher as the owner's
+account (made for the test as root, ``gpat-alice``, and removed afterwards)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from hub_ext import org
+from hub_ext import launch, org
 from hub_ext.db import EventRow
+from hub_ext.host.accounts import Account, Accounts, default_mode
+from hub_ext.host.process import Launcher
 from hub_ext.schema import make_sessionmaker
 from hub_ext.store import DbStore
 from hub_ext.training.db import TrainingRow
@@ -21,18 +24,24 @@ from scheduler.embedded import EmbeddedScheduler
 from scheduler.model import GPU, Node
 
 SCRIPT = Path(__file__).with_name("train_linear.py")
+PREFIX = "gpat-"  # the test accounts' prefix: apart from the hub's own accounts
 
 
 class Cluster:
     """``projects``: name -> quota in GPUs (all in one department)."""
 
     def __init__(self, tmp: Path, gpus: int = 1, projects: dict[str, float] | None = None,
-                 period_s: float = 0.1):
+                 period_s: float = 0.1, restart: bool = False):
+        """``restart``: the database and run folder of an earlier Cluster in ``tmp`` (a hub
+        started again); else a new organisation."""
         projects = projects or {"research": 0.0, "prod": 1.0}
         self.tmp = Path(tmp)
         self.Session = make_sessionmaker(f"sqlite:///{self.tmp / 'gpupool.sqlite'}")
         with self.Session() as s:
-            org.create_department(s, {"name": "lab", "gpus": sum(projects.values())})
+            if restart:
+                projects = {}
+            if projects:
+                org.create_department(s, {"name": "lab", "gpus": sum(projects.values())})
             for name, q in projects.items():
                 org.create_project(s, {"name": name, "department": "lab", "gpus": q, "members": ["alice", "bob"]})
             s.commit()
@@ -40,7 +49,10 @@ class Cluster:
         self.store = DbStore(self.Session)
         self.store.set_nodes(self.nodes, "declared")
         self.scheduler = EmbeddedScheduler(self.store, self.nodes, period_s=period_s)
-        self.runner = JobRunner(self.scheduler, self.Session, self.nodes, self.tmp / "state", poll_s=0.1)
+        self.accounts = Accounts(mode=default_mode(), prefix=PREFIX)
+        self.launcher = Launcher(self.tmp / "state" / "run")
+        self.runner = JobRunner(self.scheduler, self.Session, self.nodes, self.tmp / "state", poll_s=0.1,
+                                launcher=self.launcher, accounts=self.accounts)
 
     async def __aenter__(self) -> Cluster:
         self.scheduler.start()
@@ -50,6 +62,15 @@ class Cluster:
     async def __aexit__(self, *exc) -> None:
         await self.runner.stop()
         await self.scheduler.stop()
+        if self.accounts.mode == "create":
+            self.accounts.remove("alice")
+
+    def account(self, user: str = "alice") -> Account:
+        return self.accounts.for_user(user)
+
+    def outbox(self, user: str = "alice") -> Path:
+        """A folder the workers of ``user``'s jobs can write (their account's) and the test reads."""
+        return launch.private_dir(self.account(user), "test-out")
 
     def submit(self, name: str, project: str, command: list[str], **kw) -> None:
         spec = TrainingSpec(name=name, project=project, command=command, **kw)

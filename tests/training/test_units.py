@@ -235,15 +235,17 @@ def test_a_failed_worker_restarts_the_whole_gang_up_to_the_backoff_limit(tmp_pat
             c.submit("flaky", "research", [sys.executable, "-c", FLAKY], gpu=1, workers=2,
                      restart_policy=policy, backoff_limit=limit, backoff_s=0.05, grace_period_s=5)
             t = await c.wait_for("flaky", "Failed", timeout=120)
-            return t, c.events("flaky"), c.runner.workdir("flaky")
+            workdir = c.runner.workdir("flaky", c.account())  # the account's: read before it goes
+            return t, c.events("flaky"), [(workdir / f"starts-{rank}").read_text() for rank in (0, 1)]
 
-    t, events, workdir = asyncio.run(run())
+    t, events, starts_of = asyncio.run(run())
     assert t.failures == failures and t.attempt == starts
-    assert "worker 1 exited with code 3" in t.reason
+    assert "worker 1 ended: exit code 3" in t.reason
+    assert ("exited", "flaky worker 1 ended: exit code 3") in events
     assert ("backoff limit 2 reached" if policy == "OnFailure" else "restart policy Never") in t.reason
     # both workers started every attempt: the whole gang restarts
     for rank in (0, 1):
-        assert (workdir / f"starts-{rank}").read_text().split() == [str(i) for i in range(1, starts + 1)]
+        assert starts_of[rank].split() == [str(i) for i in range(1, starts + 1)]
     assert sum(1 for k, _ in events if k == "restarting") == starts - 1
 
 
