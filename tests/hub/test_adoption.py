@@ -143,7 +143,9 @@ def test_a_hub_sigkill_stops_nothing_and_the_restarted_hub_adopts_everything(hub
     launcher = Launcher(hub.workdir / "state" / "run")
     names = ["adopt-train-w0", "adopt-train-w1", "adopt-cmd"]
     replica = next(n for n in launcher.names() if n.startswith("adopt-serve-"))
-    pids = {n: launcher.adopt(n).pid for n in [*names, replica]}
+    handles = {n: launcher.adopt(n) for n in [*names, replica]}
+    assert all(handles.values()), (handles, launcher.names())
+    pids = {n: h.pid for n, h in handles.items()}
     account = Accounts(mode="create").for_user(USER)
     assert {n: proc_uid(p) for n, p in pids.items()} == dict.fromkeys(pids, account.uid)
     assert first["pid"] == pids[replica]

@@ -195,7 +195,7 @@ def site():
         assert status == 202, body
         status, body = call(hub.url, tokens["bob"], "POST", "/inferences", {
             "name": SERVICE, "project": "nlp", "gpu": 0.25, "min_replicas": 1, "max_replicas": 1,
-            "command": [sys.executable, MODEL_SERVER, "--startup-s", "0.3"],
+            "command": [sys.executable, MODEL_SERVER, "--socket", "{socket}", "--startup-s", "0.3"],
             "ready_path": "/health", "scale_to_zero_after_s": 3600})
         assert status == 201, body
 
