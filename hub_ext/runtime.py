@@ -97,10 +97,6 @@ class Runtime:
         if not self.cgroups.enforced:
             log.warning("gpupool: CPU and memory limits are not enforced: %s", self.cgroups.reason)
 
-    def gpu_devices(self, b: Bind) -> tuple[str, ...]:
-        """The indices of a placement's GPUs: the device cgroup opens only their /dev/nvidiaN."""
-        return tuple(str(i) for p in b.pods for i in p.gpu_indices)
-
     @classmethod
     def instance(cls, cfg: Gpupool | None = None) -> Runtime:
         if cls._instance is None:

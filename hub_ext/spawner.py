@@ -24,6 +24,7 @@ from traitlets import default
 from scheduler.embedded import terminate
 from scheduler.model import MILLI, Bind, ValidationError
 
+from . import launch
 from .form import render_form
 from .host.accounts import AccountError
 from .host.cgroups import Limits
@@ -272,13 +273,14 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
         self.cpu_limit, self.mem_limit = req.cpu, int(req.memory_gib * 1024**3)
         t0 = time.monotonic()
         self.port = self.port or random_port()
-        env = {**self.get_env(), **account_env(self.account)}
+        env = {**launch.account_env(self.account), **self.get_env()}
         spec = Spec(name=self.workload, argv=[*self.cmd, *self.get_args()], env=env,
                     cwd=str(self.account.home), account=self.account,
                     limits=Limits(cpu=req.cpu, memory_bytes=self.mem_limit,
-                                  gpu_devices=rt.gpu_devices(bind)),
+                                  gpu_devices=tuple(d for p in bind.pods for d in launch.gpu_devices(
+                                      rt.scheduler.snapshot.nodes[p.node], p))),
                     log_path=str(self.account.home / ".gpupool" / "logs" / f"{self.workload}.log"))
-        self._handle = await rt.launcher.start(spec)
+        self._handle = await launch.start(rt.launcher, spec)
         self.pid = self._handle.pid
         self._watch = asyncio.ensure_future(self._watch_exit(self._handle))
         self.log.info("gpupool: %s launched in %.2fs as %s", self.workload, time.monotonic() - t0,
@@ -366,9 +368,3 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
     async def _evict(self, grace_s: float) -> None:
         self._emit(90, "Evicted by the scheduler")
         await self._end(grace_s, "evicted")
-
-
-def account_env(account) -> dict[str, str]:
-    """What a login shell of the account would have: HOME, USER, LOGNAME, SHELL."""
-    return {"HOME": str(account.home), "USER": account.name, "LOGNAME": account.name,
-            "SHELL": "/bin/bash"}
