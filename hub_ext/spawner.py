@@ -21,6 +21,7 @@ from jupyterhub.spawner import Spawner, SpawnException
 from jupyterhub.utils import random_port
 from traitlets import default
 
+from gpupool.errors import GpupoolError
 from scheduler.embedded import terminate
 from scheduler.model import MILLI, Bind, ValidationError
 
@@ -36,7 +37,7 @@ from .runtime import Runtime
 from .store import to_workload
 
 
-class Refused(SpawnException, RuntimeError):
+class Refused(SpawnException, GpupoolError, RuntimeError):
     """A spawn that gpupool refuses (a bad request) or that left the queue: JupyterHub logs
     it without a traceback, answers its status and shows the message as it is."""
 
