@@ -20,6 +20,7 @@ from hub_ext.db import EventRow, GpuSampleRow, NodeRow
 from hub_ext.requests import FieldError
 from hub_ext.schema import make_sessionmaker
 from tests import chromium
+from tests.waits import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hub"))
 
@@ -203,14 +204,6 @@ def _api(hub, user, method, path, body=None, expect=None):
     return data
 
 
-def _wait(what, pred, timeout=180):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _events(hub, workload):
@@ -237,15 +230,15 @@ def test_gpu_hours_of_workspaces_on_a_real_hub(ahub):
         _api(ahub, user, "POST", "/workloads",
              {"kind": "workspace", "project": project, "server_name": server, **req}, expect=202)
     for user, server, *_ in WORKSPACES:
-        _wait(f"{user}/{server} ready", lambda u=user, s=server: _ready(ahub, u, s))
+        wait_for(lambda u=user, s=server: _ready(ahub, u, s), f"{user}/{server} ready", 180)
     time.sleep(3)  # some GPU-hours to count
     for user, server, *_ in WORKSPACES:
         _api(ahub, user, "DELETE", f"/workloads/ws-{user}-{server}", expect=204)
     expected = {}
     for user, server, project, dept, _, gpus in WORKSPACES:
-        events = _wait(f"ws-{user}-{server} released",
-                       lambda n=f"ws-{user}-{server}": (ev := _events(ahub, n))
-                       and any(e["kind"] == "released" for e in ev) and ev)
+        events = wait_for(lambda n=f"ws-{user}-{server}": (ev := _events(ahub, n))
+                          and any(e["kind"] == "released" for e in ev) and ev,
+                          f"ws-{user}-{server} released", 180)
         placed = min(e["ts"] for e in events if e["kind"] == "placed")
         released = max(e["ts"] for e in events if e["kind"] == "released")
         assert released > placed
@@ -300,9 +293,9 @@ def _run_training(hub, name: str) -> None:
     cmd = [sys.executable, "-c", "import time; time.sleep(120)"]
     _api(hub, "alice", "POST", "/workloads", {"kind": "training", "project": "nlp", "name": name,
                                                "gpu_fraction": 0.5, "command": cmd}, expect=201)
-    _wait(f"{name} running", lambda: _api(hub, "alice", "GET", f"/workloads/{name}")["state"] == "running")
+    wait_for(lambda: _api(hub, "alice", "GET", f"/workloads/{name}")["state"] == "running", f"{name} running", 180)
     _api(hub, "alice", "DELETE", f"/workloads/{name}", expect=204)
-    _wait(f"{name} released", lambda: any(e["kind"] == "released" for e in _events(hub, name)))
+    wait_for(lambda: any(e["kind"] == "released" for e in _events(hub, name)), f"{name} released", 180)
 
 
 @pytest.mark.slow

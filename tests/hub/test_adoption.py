@@ -22,6 +22,7 @@ from hubproc import USER_PW, Hub, free_ports
 
 from hub_ext.host.accounts import Accounts
 from hub_ext.host.process import Launcher
+from tests.waits import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
               pytest.mark.skipif(os.geteuid() != 0, reason="accounts are made only as root")]
@@ -41,14 +42,6 @@ departments:
 WAIT_FOR_GO = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.2)\nprint('done')"
 
 
-def wait_for(fn, what: str, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = fn()
-        if out:
-            return out
-        time.sleep(0.3)
-    raise AssertionError(f"never: {what}")
 
 
 def proc_uid(pid: int) -> int:

@@ -15,6 +15,8 @@ from hubclient import HubClient, call
 from hubproc import ADMIN_PW, USER_PW, Hub
 from openapi_check import validate
 
+from tests.waits import wait_for
+
 pytestmark = pytest.mark.slow
 
 API = "/services/gpupool/api/v1"
@@ -47,14 +49,6 @@ def sql(hub, statement: str, *args) -> None:
         db.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'version'")
 
 
-def wait_for(fn, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = fn()
-        if out:
-            return out
-        time.sleep(0.2)
-    raise AssertionError(f"never: {what}")
 
 
 def submit(hub, user, name, project, gpus=1, command=SLEEP):

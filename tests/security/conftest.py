@@ -31,6 +31,8 @@ sys.path.insert(0, str(HERE.parent / "hub"))
 from hubclient import HubClient, call  # noqa: E402
 from hubproc import ADMIN_PW, ROOT, USER_PW, Hub  # noqa: E402
 
+from tests.waits import wait_for  # noqa: E402
+
 from .attacks import find, has_args, in_kernel, processes  # noqa: E402
 
 ORG = HERE / "org.yaml"
@@ -107,14 +109,8 @@ def sha(text: str) -> str:
 
 
 def _wait(what: str, check, hub: Hub, timeout: float = 240):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.5)
-    raise AssertionError(f"{what} did not happen in {timeout:g}s; hub log:\n"
-                         f"{hub.log.read_text(errors='replace')[-3000:]}")
+    return wait_for(check, what, timeout, every=0.5,
+                    detail=lambda: f"; hub log:\n{hub.log.read_text(errors='replace')[-3000:]}")
 
 
 def _server_ready(site: Site, user: str) -> bool:
