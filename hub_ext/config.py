@@ -154,8 +154,13 @@ class Gpupool(Configurable):
         return "create" if os.geteuid() == 0 else "personal"
 
     account_prefix = Unicode(
-        "gpupool-", help="Prefix of the OS accounts made for users (accounts = create)."
+        help="Prefix of the OS accounts made for users (accounts = create). Default: "
+        "$GPUPOOL_ACCOUNT_PREFIX, else 'gpupool-'.",
     ).tag(config=True)
+
+    @default("account_prefix")
+    def _account_prefix(self):
+        return os.environ.get("GPUPOOL_ACCOUNT_PREFIX", "gpupool-")
     account_template = Unicode(
         "",
         help="The OS account of a hub user: {prefix} is ACCOUNT_PREFIX, {username} the hub "

@@ -111,14 +111,14 @@ def shots(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def _remove_workload_accounts():
-    """OS accounts that embedded mode made for test users (prefix gpupool-) go at the end."""
+    """OS accounts that embedded mode made for test users (their prefix) go at the end."""
     def accounts() -> set[str]:
         return {line.split(":", 1)[0] for line in Path("/etc/passwd").read_text().splitlines() if line}
 
     before = accounts()
     yield
-    from tests.hub.hubproc import remove_account
+    from tests.hub.hubproc import ACCOUNT_PREFIX, remove_account
 
     for name in sorted(accounts() - before):
-        if name.startswith("gpupool-"):
+        if name.startswith(ACCOUNT_PREFIX):
             remove_account(name)

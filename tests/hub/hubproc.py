@@ -16,6 +16,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 USER_PW = "gpupool-user"
 ADMIN_PW = "gpupool-admin-password-change-me"
+# The prefix of the OS accounts test hubs make: set GPUPOOL_ACCOUNT_PREFIX to keep two test
+# runs on one host out of each other's accounts.
+ACCOUNT_PREFIX = os.environ.get("GPUPOOL_ACCOUNT_PREFIX", "gpupool-")
+
+
+def account(user: str) -> str:
+    """The OS account a test hub makes for hub user ``user``."""
+    return ACCOUNT_PREFIX + user
 
 
 def free_ports(n: int) -> list[int]:
@@ -84,7 +92,7 @@ class Hub:
         finally:
             _end_workloads(self.workdir / "state" / "run")
             for name in _accounts() - self.accounts_before:
-                if name.startswith("gpupool-"):  # the hub's default account prefix
+                if name.startswith(ACCOUNT_PREFIX):
                     remove_account(name)
 
     def _stop_hub(self) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hubclient import HubClient, call
 from hubkernel import run_code
-from hubproc import ADMIN_PW, ROOT, USER_PW, Hub
+from hubproc import ADMIN_PW, ROOT, USER_PW, Hub, account
 
 pytestmark = pytest.mark.slow
 
@@ -68,14 +68,14 @@ def events(h: Hub, name: str) -> list[dict]:
 
 def test_workspace_runs_as_its_owners_account_in_a_private_home(rhub):
     start_workspace(rhub, "alice", "nlp")
-    account = pwd.getpwnam("gpupool-alice")
-    assert uid_of(server_pid(rhub, "ws-alice")) == account.pw_uid != 0
+    entry = pwd.getpwnam(account("alice"))
+    assert uid_of(server_pid(rhub, "ws-alice")) == entry.pw_uid != 0
     out = json.loads(run_code(rhub.url, "/user/alice/", rhub.tokens["alice"],
                               "import json, os, pwd; print(json.dumps({'uid': os.getuid(), 'home': "
                               "os.environ['HOME'], 'cwd': os.getcwd(), 'user': pwd.getpwuid(os.getuid()).pw_name}))"))
-    assert out == {"uid": account.pw_uid, "home": account.pw_dir, "cwd": account.pw_dir, "user": "gpupool-alice"}
-    home = Path(account.pw_dir)
-    assert stat.S_IMODE(home.stat().st_mode) == 0o700 and home.stat().st_uid == account.pw_uid
+    assert out == {"uid": entry.pw_uid, "home": entry.pw_dir, "cwd": entry.pw_dir, "user": account("alice")}
+    home = Path(entry.pw_dir)
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700 and home.stat().st_uid == entry.pw_uid
     assert ROOT not in home.parents
     state = rhub.workdir / "state"
     assert stat.S_IMODE(state.stat().st_mode) == 0o700 and state.stat().st_uid == 0
@@ -85,7 +85,7 @@ def test_workspace_outlives_a_hub_sigkill(rhub):
     start_workspace(rhub, "alice", "nlp")
     pid, before = server_pid(rhub, "ws-alice"), workload(rhub, "ws-alice")
     rhub.kill()
-    assert uid_of(pid) == pwd.getpwnam("gpupool-alice").pw_uid  # still running, hub gone
+    assert uid_of(pid) == pwd.getpwnam(account("alice")).pw_uid  # still running, hub gone
     rhub.start()
     login(rhub)
     after = workload(rhub, "ws-alice")

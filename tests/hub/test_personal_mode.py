@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 from hubclient import HubClient, call
-from hubproc import ADMIN_PW, USER_PW, Hub, remove_account
+from hubproc import ACCOUNT_PREFIX, ADMIN_PW, USER_PW, Hub, remove_account
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make the ordinary user")]
-ME = "gpupool-personal"
+ME = ACCOUNT_PREFIX + "personal"
 
 
 @pytest.fixture(scope="module")

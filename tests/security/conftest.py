@@ -6,7 +6,8 @@ a 0600 file in his home.
 
 The hub's folder is world-traversable, so that every denial the tests see comes from the
 hub's own state folder and the users' own homes, not from a private parent folder. The
-accounts the hub creates (``gpupool-alice``, ``gpupool-bob``) are removed afterwards.
+accounts the hub creates (``gpupool-alice``, ``gpupool-bob`` with the default prefix) are
+removed afterwards.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "hub"))
 
 from hubclient import HubClient, call  # noqa: E402
-from hubproc import ADMIN_PW, ROOT, USER_PW, Hub  # noqa: E402
+from hubproc import ADMIN_PW, ROOT, USER_PW, Hub, account  # noqa: E402
 
 from tests.waits import wait_for  # noqa: E402
 
@@ -37,7 +38,7 @@ from .attacks import find, has_args, in_kernel, processes  # noqa: E402
 
 ORG = HERE / "org.yaml"
 MODEL_SERVER = str(ROOT / "tests" / "inference" / "model_server.py")  # the test replica
-ACCOUNTS = {"alice": "gpupool-alice", "bob": "gpupool-bob"}  # the default prefix "gpupool-"
+ACCOUNTS = {"alice": account("alice"), "bob": account("bob")}
 SERVICE = "bob-model"
 TRAINING = "bob-train"
 CREDENTIAL, CREDENTIAL_KEY, CREDENTIAL_VALUE = "vault", "token", "nlp-object-store-secret-5e1f"
