@@ -141,6 +141,29 @@ class Gpupool(Configurable):
         local = ROOT / ".tools" / "bin" / "code-server"
         return found or (str(local) if local.exists() else "")
 
+    backend = Enum(
+        ["embedded", "kubernetes"],
+        help="Where workloads run. embedded: processes on this server, placed by the hub's own "
+        "scheduler on its GPUs; kubernetes: pods bound by gpupool-scheduler, with the "
+        "organisation kept in the Department/Project objects. Default: $GPUPOOL_BACKEND, "
+        "else embedded (the chart sets kubernetes).",
+    ).tag(config=True)
+
+    @default("backend")
+    def _backend_default(self):
+        return os.environ.get("GPUPOOL_BACKEND", "embedded")
+
+    namespace = Unicode(
+        help="Kubernetes namespace of the release, where workload pods and services go "
+        "(backend = kubernetes). Default: $POD_NAMESPACE, else the pod's service-account "
+        "namespace, else 'default'.",
+    ).tag(config=True)
+
+    @default("namespace")
+    def _namespace_default(self):
+        sa = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        return os.environ.get("POD_NAMESPACE") or (sa.read_text().strip() if sa.exists() else "default")
+
     accounts = Enum(
         ["create", "existing", "personal"],
         help="Which OS account runs each user's workloads. create: an account per user, made on "
