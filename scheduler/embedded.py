@@ -68,6 +68,12 @@ class Waiter:
     updates: asyncio.Queue = field(default_factory=asyncio.Queue)
 
 
+def region_path(workload: str) -> str:
+    """The interception library's shared account of one workload (GPUPOOL_SHARED_REGION):
+    its memory account and its launch and allocation counters (hub_ext/activity.py)."""
+    return f"/dev/shm/gpupool-{workload}"
+
+
 def gpu_env(node: Node, pod: PodPlacement, demand_memory_mib: int, preload: str = "",
             workload: str = "") -> dict:
     """Environment of a process placed on ``pod``: visible GPUs, the memory cap for the
@@ -88,7 +94,7 @@ def gpu_env(node: Node, pod: PodPlacement, demand_memory_mib: int, preload: str 
         cap = demand_memory_mib or gpus[0].memory_mib * pod.gpu_milli // MILLI
         env["GPUPOOL_MEMORY_LIMIT"] = f"{cap}M"
         env["GPUPOOL_COMPUTE_SHARE"] = str(max(1, min(100, round(pod.gpu_milli / 10))))
-        env["GPUPOOL_SHARED_REGION"] = f"/dev/shm/gpupool-{workload or node.name}"
+        env["GPUPOOL_SHARED_REGION"] = region_path(workload or node.name)
         if preload and os.path.exists(preload):
             env["LD_PRELOAD"] = preload
     return env

@@ -1,8 +1,11 @@
 """Idle culler: stop workspaces idle longer than ``cull_idle_s``.
 
-Idle means: where the GPUs are real (NVML), GPU utilization at or under
-``cull_gpu_util_pct`` since the last check on every GPU the workspace holds; without
-GPUs, no JupyterHub activity (``last_activity``) for that long.
+Idle means, for a workspace on a fraction of a GPU: no kernel launch and no allocation
+counted by the interception library in the workspace's own shared account since the last
+check (a neighbour on the same GPU does not count, NVML cannot tell them apart); on whole
+GPUs found through NVML, GPU utilization at or under ``cull_gpu_util_pct`` since the last
+check on every GPU the workspace holds; without GPUs, no JupyterHub activity
+(``last_activity``) for that long.
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy import select
 
+from ..activity import Activity, is_fraction, workload_activity
 from ..db import WorkloadRow
 from ..inventory import gpu_utilization
 from ..requests import workload_name
@@ -28,9 +33,13 @@ def _ts(iso: str | None) -> float:
 
 
 def idle_servers(users: list[dict], rows: dict[str, WorkloadRow], util: dict[int, float] | None,
-                 busy_since: dict[str, float], now: float, idle_s: float, util_pct: float) -> list:
+                 busy_since: dict[str, float], now: float, idle_s: float, util_pct: float,
+                 activity: Callable[[str], Activity | None] = workload_activity,
+                 counts: dict[str, int] | None = None) -> list:
     """(user, server) pairs to stop. ``busy_since`` remembers the last time a workspace's
-    GPUs were busy (updated here)."""
+    GPUs were busy, ``counts`` the launch and allocation count of each fraction at that
+    check (both updated here)."""
+    counts = {} if counts is None else counts
     out = []
     for u in users:
         for server, model in (u.get("servers") or {}).items():
@@ -39,7 +48,13 @@ def idle_servers(users: list[dict], rows: dict[str, WorkloadRow], util: dict[int
             name = workload_name(u["name"], server)
             row = rows.get(name)
             last = _ts(model.get("last_activity"))
-            if util is not None and row is not None and row.placement:
+            act = activity(name) if row is not None and is_fraction(row.placement) else None
+            if act is not None:
+                if counts.get(name) != act.count or name not in busy_since:
+                    busy_since[name] = now
+                counts[name] = act.count
+                last = busy_since[name]
+            elif util is not None and row is not None and row.placement:
                 gpus = [i for p in row.placement for i in p["gpu_indices"]]
                 if any(util.get(i, 0.0) > util_pct for i in gpus) or name not in busy_since:
                     busy_since[name] = now
@@ -51,6 +66,7 @@ def idle_servers(users: list[dict], rows: dict[str, WorkloadRow], util: dict[int
 
 async def run(ctx) -> None:
     busy_since: dict[str, float] = {}
+    counts: dict[str, int] = {}
     while True:
         await asyncio.sleep(ctx.cfg.cull_every_s)
         try:
@@ -60,7 +76,8 @@ async def run(ctx) -> None:
             with ctx.Session() as s:
                 rows = {w.name: w for w in s.scalars(select(WorkloadRow).where(WorkloadRow.kind == "workspace"))}
             for user, server in idle_servers(users, rows, gpu_utilization(), busy_since, time.time(),
-                                             ctx.cfg.cull_idle_s, ctx.cfg.cull_gpu_util_pct):
+                                             ctx.cfg.cull_idle_s, ctx.cfg.cull_gpu_util_pct,
+                                             counts=counts):
                 log.info("culling idle workspace %s/%s", user, server)
                 await ctx.hub.stop_server(user, server)
         except Exception:

@@ -22,7 +22,7 @@
 
 #include "gpupool.h"
 
-#define GP_REGION_MAGIC 0x67707031u /* "gpp1" */
+#define GP_REGION_MAGIC 0x67707032u /* "gpp2" */
 #define GP_MAX_PROCS 512
 
 struct gp_slot {
@@ -32,9 +32,15 @@ struct gp_slot {
     uint64_t used[GP_MAX_DEV];
 };
 
+/* The activity counters sit at fixed offsets right after the header, outside the lock:
+ * the hub's culler reads them from the file (hub_ext/activity.py) without taking part in
+ * the account. Launches and allocations of every process of the container add to them. */
 struct gp_region {
     uint32_t magic;
-    uint32_t layout; /* sizeof(struct gp_region): processes must agree */
+    uint32_t layout;          /* sizeof(struct gp_region): processes must agree */
+    uint64_t launches;        /* offset 8: kernel and graph launches */
+    uint64_t allocs;          /* offset 16: allocations and frees */
+    uint64_t last_active_ms;  /* offset 24: wall clock (ms since the epoch) of the last one */
     pthread_mutex_t lock;
     uint64_t last_reap_ns;
     uint64_t used[GP_MAX_DEV];
@@ -252,6 +258,30 @@ static struct gp_region *attach(void)
     return (R && my_slot >= 0) ? R : NULL;
 }
 
+static void touch_activity(uint64_t *counter)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    __atomic_add_fetch(counter, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&R->last_active_ms, (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u,
+                     __ATOMIC_RELAXED);
+}
+
+/* only where the library has something to enforce: without a limit nothing is touched */
+void gp_activity_launch(void)
+{
+    if (gp_cfg.mode != GP_MODE_LIMIT && !gp_compute_on)
+        return;
+    if (GP_LIKELY(R != NULL) || attach())
+        touch_activity(&R->launches);
+}
+
+static void activity_alloc(void)
+{
+    if (R)
+        touch_activity(&R->allocs);
+}
+
 int gp_account_reserve(int dev, uint64_t bytes)
 {
     uint64_t limit = gp_limit(dev);
@@ -268,6 +298,7 @@ int gp_account_reserve(int dev, uint64_t bytes)
         ok = bytes <= limit && R->used[dev] <= limit - bytes;
     }
     if (ok) {
+        activity_alloc();
         R->used[dev] += bytes;
         test_stall_locked();
         R->slots[my_slot].used[dev] += bytes;
@@ -282,6 +313,7 @@ void gp_account_adjust(int dev, int64_t delta)
         lock_region() != 0)
         return;
     struct gp_slot *s = &R->slots[my_slot];
+    activity_alloc();
     if (delta < 0) {
         uint64_t d = (uint64_t)-delta;
         if (d > s->used[dev])

@@ -79,6 +79,7 @@ int gp_account_reserve(int dev, uint64_t bytes);  /* 0, or -1: over the limit (n
 void gp_account_release(int dev, uint64_t bytes);
 void gp_account_adjust(int dev, int64_t delta);   /* no limit check (pitch rounding) */
 uint64_t gp_account_used(int dev);                /* whole container, after reaping the dead */
+void gp_activity_launch(void);                    /* counts a launch in the shared account */
 
 enum gp_track_kind { GP_TRACK_PTR = 1, GP_TRACK_HANDLE = 2, GP_TRACK_ARRAY = 3, GP_TRACK_MIPMAP = 4 };
 int gp_track_add(uint64_t key, int kind, int dev, uint64_t bytes);

@@ -33,6 +33,7 @@ void gp_compute_wait(void)
 static inline void gate(void)
 {
     gp_config_load();
+    gp_activity_launch();
     if (GP_UNLIKELY(gp_compute_on))
         gp_compute_wait();
 }

@@ -1,13 +1,15 @@
-"""The idle culler's choice: GPU utilization where NVML is there, activity otherwise."""
+"""The idle culler's choice: the library's launch count on a fraction, GPU utilization on
+whole GPUs where NVML is there, activity otherwise."""
 
 from types import SimpleNamespace
 
+from hub_ext.activity import NONE, Activity
 from hub_ext.service.culler import idle_servers
 
 NOW = 10_000.0
 USERS = [{"name": "alice", "servers": {"": {"ready": True, "last_activity": "1970-01-01T02:30:00Z"}}},
          {"name": "bob", "servers": {"": {"ready": True, "last_activity": "1970-01-01T00:10:00Z"}}}]
-ROWS = {"ws-alice": SimpleNamespace(placement=[{"node": "n", "gpu_indices": [0], "gpu_milli": 250}]),
+ROWS = {"ws-alice": SimpleNamespace(placement=[{"node": "n", "gpu_indices": [0], "gpu_milli": 1000}]),
         "ws-bob": SimpleNamespace(placement=[{"node": "n", "gpu_indices": [1], "gpu_milli": 1000}])}
 
 
@@ -21,3 +23,16 @@ def test_gpu_use_decides_where_nvml_is_there():
     # GPU 1 (bob) is busy now, GPU 0 (alice) has been idle for two hours
     out = idle_servers(USERS, ROWS, {0: 0.0, 1: 80.0}, busy, NOW, 3600, 1.0)
     assert out == [("alice", "")] and busy["ws-bob"] == NOW
+
+
+def test_a_fraction_is_judged_by_its_own_launches_not_by_nvml():
+    rows = {"ws-alice": SimpleNamespace(placement=[{"node": "n", "gpu_indices": [0], "gpu_milli": 250}]),
+            "ws-bob": SimpleNamespace(placement=[{"node": "n", "gpu_indices": [0], "gpu_milli": 250}])}
+    seen = {"ws-alice": Activity(5, 1, NOW), "ws-bob": NONE}
+    busy: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    # first sight: both count as busy, whatever NVML says
+    assert idle_servers(USERS, rows, {0: 0.0}, busy, NOW, 3600, 1.0, seen.get, counts) == []
+    seen["ws-alice"] = Activity(9, 1, NOW + 3000)
+    out = idle_servers(USERS, rows, {0: 95.0}, busy, NOW + 3601, 3600, 1.0, seen.get, counts)
+    assert out == [("bob", "")] and busy["ws-alice"] == NOW + 3601
