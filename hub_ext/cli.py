@@ -19,11 +19,13 @@ import json
 import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 from hub_ext.inference import cli as inference_cli
 
+from . import humanize
 from .cli_common import name_arg
 from .config import ROOT, Gpupool
 from .training import cli as training_cli
@@ -114,12 +116,35 @@ def cmd_roles(args) -> int:
     return 0
 
 
+def workspace_url(args, owner: str, server: str) -> str:
+    """Where the browser opens a workspace: JupyterHub's /user/OWNER/[SERVER/]."""
+    path = "/".join(urllib.parse.quote(p, safe="") for p in (owner, server) if p)
+    return f"{args.url.rstrip('/')}/user/{path}/"
+
+
+def _print_workspace(args, w: dict) -> None:
+    print(f"{w['name']}: {w['state']}")
+    if w["state"] == "pending":
+        print(f"  {humanize.row_waiting(w)}")
+    print(f"  {workspace_url(args, w['owner'], w.get('server') or '')}")
+
+
 def cmd_workspace(args) -> int:
     if args.action == "list":
         for w in _api(args, "GET", "/workloads?kind=workspace")["items"]:
-            why = f"  ({w['reason']}, position {w['queue_position']})" if w["state"] == "pending" else ""
+            why = f"  {humanize.row_waiting(w)}" if w["state"] == "pending" else ""
             print(f"{w['name']:<24} {w['project']:<12} {w['state']:<9} {w['gpu_allocated']:g} GPU{why}")
     elif args.action == "start":
+        # One server per name: the same start again reports the running one (and its URL)
+        # rather than failing; --name starts another beside it.
+        me = _api(args, "GET", "/me")["name"]
+        server = args.name or ""
+        for w in _api(args, "GET", "/workloads?kind=workspace")["items"]:
+            if w["owner"] == me and (w.get("server") or "") == server and w["state"] in ("pending", "running"):
+                print(f"{w['name']} is already {w['state']} in project {w['project']} "
+                      f"({w['gpu_allocated']:g} GPU); stop it first, or pass --name NAME to start another")
+                _print_workspace(args, w)
+                return 0
         body = {"kind": "workspace", "server_name": args.name or "", "workspace_kind": args.kind}
         if args.project:
             body["project"] = args.project
@@ -132,7 +157,7 @@ def cmd_workspace(args) -> int:
         if args.preemptible:
             body["preemptible"] = True
         w = _api(args, "POST", "/workloads", body)
-        print(f"{w['name']}: {w['state']}")
+        _print_workspace(args, {"owner": me, "server": server, **w})
     else:
         queued = _api(args, "GET", f"/workloads/{args.name}").get("state") == "pending"
         _api(args, "DELETE", f"/workloads/{args.name}")

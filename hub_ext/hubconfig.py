@@ -14,6 +14,7 @@ from sqlalchemy import select
 from . import roles
 from .config import ROOT, Gpupool
 from .db import MemberRow
+from .home import home_context
 from .org import org_users
 from .runtime import Runtime, personal_notice
 
@@ -51,8 +52,11 @@ def configure(c) -> Runtime:
     c.JupyterHub.default_url = "/hub/home"
     # Workloads outlive the hub (hub_ext.host): a restart finds the servers again.
     c.JupyterHub.cleanup_servers = False
-    # gpupool's versions of JupyterHub pages (the spawn progress page with Cancel)
+    # gpupool's versions of JupyterHub pages (the home page with the user's workloads and
+    # quotas, the spawn progress page with its steps and Cancel)
     c.JupyterHub.template_paths = [str(Path(__file__).parent / "templates" / "hub")]
+    # a function, called only by the home page (every page gets the template variables)
+    c.JupyterHub.template_vars = {"gpupool_home": lambda user: lambda: home_context(rt, user)}
 
     sso = cfg.auth == "oidc"
     if sso:  # single sign-on: who gets in and their roles come from the groups claim
@@ -71,7 +75,7 @@ def configure(c) -> Runtime:
         admins = {me}
         c.Authenticator.admin_users = admins
         c.Authenticator.allowed_users = admins
-        c.JupyterHub.template_vars = {"announcement_login": f"Personal mode: {personal_notice()}."}
+        c.JupyterHub.template_vars["announcement_login"] = f"Personal mode: {personal_notice()}."
 
     c.JupyterHub.spawner_class = "hub_ext.spawner.GpupoolLocalSpawner"
     c.Spawner.start_timeout = cfg.start_timeout_s

@@ -47,7 +47,7 @@ from traitlets import Dict, Unicode, default
 
 from gpupool.errors import GpupoolError
 
-from . import attach
+from . import attach, humanize
 from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest
 from .spawner import GpupoolSpawnerMixin, Refused
 
@@ -292,7 +292,7 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
         time it changes while the pod waits."""
         msg = getattr(self, "_gp_submitted", None)
         if msg:
-            yield {"progress": 5, "message": msg}
+            yield {"progress": 5, "message": msg, "step": "submitted"}
         queue: asyncio.Queue = asyncio.Queue()
 
         async def events():
@@ -317,7 +317,7 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
                 reason = pending_reason(self._reflected_pod())
                 if reason and reason != last:
                     last = reason
-                    yield {"message": f"Waiting for gpupool-scheduler: {reason}"}
+                    yield {"message": humanize.waiting(reason, None), "step": "waiting"}
         finally:
             task.cancel()
 

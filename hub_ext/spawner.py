@@ -25,7 +25,7 @@ from gpupool.errors import GpupoolError
 from scheduler.embedded import terminate
 from scheduler.model import MILLI, Bind, ValidationError
 
-from . import launch
+from . import humanize, launch
 from .form import render_form
 from .host.accounts import AccountError
 from .host.cgroups import Limits
@@ -86,10 +86,15 @@ class GpupoolSpawnerMixin(Spawner):
         return parse_request(options, self.gpupool.limits(self.user.name, self.hub_scopes))
 
     # -- progress ------------------------------------------------------------------------
-    def _emit(self, progress: int, message: str) -> None:
+    def _emit(self, progress: int, message: str, step: str = "") -> None:
+        """One progress event; ``step`` (submitted, waiting, placed, starting) names the line
+        of the progress page's step list it fills in (templates/hub/spawn_pending.html)."""
         if not hasattr(self, "_gp_events"):
             self._gp_events, self._gp_new = [], asyncio.Event()
-        self._gp_events.append({"progress": progress, "message": message})
+        event: dict = {"progress": progress, "message": message}
+        if step:
+            event["step"] = step
+        self._gp_events.append(event)
         self._gp_new.set()
 
     async def progress(self):
@@ -116,7 +121,7 @@ class GpupoolSpawnerMixin(Spawner):
         rt.store.save_options(self.user.name, req.to_dict())
         kind = WORKSPACE_KINDS[req.workspace_kind]
         self._emit(5, f"Submitted {kind} to project {req.project}: {req.gpu_label()}, "
-                      f"{req.cpu:g} CPU, {req.memory_gib:g} GiB memory")
+                      f"{req.cpu:g} CPU, {humanize.gib(req.memory_gib)} memory", "submitted")
         rt.store.add_workload(self.workload, self.user.name, req, notify=False, server=self.name)
         w = to_workload(rt.store.get(self.workload))
         try:
@@ -133,8 +138,9 @@ class GpupoolSpawnerMixin(Spawner):
         pod = bind.pods[0]
         where = f"{pod.node}, GPU {','.join(map(str, pod.gpu_indices))}" if pod.gpu_indices else pod.node
         share = f" ({pod.gpu_milli / MILLI:g} of each)" if pod.gpu_indices else ""
-        self._emit(50, f"Placed on {where}{share}{' over quota: may be reclaimed' if bind.over_quota else ''}")
-        self._emit(70, f"Starting {kind}")
+        self._emit(50, f"Placed on {where}{share}{' over quota: may be reclaimed' if bind.over_quota else ''}",
+                   "placed")
+        self._emit(70, f"Starting {kind}", "starting")
         try:
             self.gpupool_env = {**rt.env_for(w, bind), **rt.delivery.env(
                 self.workload, self.user.name, req.project, req.credentials, req.datasources,
@@ -165,7 +171,7 @@ class GpupoolSpawnerMixin(Spawner):
             p = get.result()
             if (p.reason, p.queue_position) != last:
                 last = (p.reason, p.queue_position)
-                self._emit(20, f"Waiting in the queue (position {p.queue_position}): {p.reason}")
+                self._emit(20, humanize.waiting(p.reason, p.queue_position), "waiting")
         if waiter.bound.cancelled():  # released by someone else while our task goes on
             raise Refused("Cancelled: the request left the queue", reason="cancelled", status_code=409)
         return waiter.bound.result()

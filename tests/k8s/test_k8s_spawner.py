@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from hub_ext import humanize
 from hub_ext.requests import WorkloadRequest
 from scheduler.k8s.objects import parse_pod
 from scheduler.k8s.testcluster import ClusterInfo
@@ -389,7 +390,7 @@ def test_progress_shows_the_scheduler_reason(k8s_cluster: ClusterInfo, ns, sched
                 async def follow():
                     async for ev in sp.progress():
                         messages.append(ev["message"])
-                        if ev["message"].startswith("Waiting for gpupool-scheduler: "):
+                        if ev.get("step") == "waiting":
                             return ev["message"]
 
                 waiting = await asyncio.wait_for(follow(), 120)
@@ -405,7 +406,7 @@ def test_progress_shows_the_scheduler_reason(k8s_cluster: ClusterInfo, ns, sched
     assert messages[0].startswith("Submitted JupyterLab to project p-kwait")
     cond = next(x for x in pod["status"]["conditions"] if x["type"] == "PodScheduled")
     assert cond["status"] == "False"
-    assert waiting == f"Waiting for gpupool-scheduler: {cond['message']}"
+    assert waiting == humanize.waiting(cond["message"], None)
     assert not pod["spec"].get("nodeName")
 
 

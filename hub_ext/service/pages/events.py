@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 from sqlalchemy import select
 from tornado import web
 
-from ... import roles
+from ... import humanize, roles
 from ...db import EventRow
 from .base import PageHandler
 
@@ -24,7 +22,7 @@ class EventsPage(PageHandler):
             if mine is not None:
                 q = q.where(EventRow.project.in_(mine))
             events = s.scalars(q).all()
-        fmt = [(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.ts)), e) for e in events]
+        fmt = [(humanize.when(e.ts), e) for e in events]
         self.render_page("events.html", events=fmt, kind=kind)
 
 

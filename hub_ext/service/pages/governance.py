@@ -9,18 +9,16 @@ pages as ``GET /api/v1/audit``.
 
 from __future__ import annotations
 
-import time
-
 from tornado import web
 
-from ... import audit, credentials, datasources, org, roles
+from ... import audit, credentials, datasources, humanize, org, roles
 from ...requests import FieldError
 from ..governance_api import audit_scope
 from .base import PageHandler
 
 
 def _when(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else ""
+    return humanize.when(ts) if ts else ""
 
 
 class CredentialsPage(PageHandler):

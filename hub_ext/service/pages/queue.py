@@ -1,4 +1,5 @@
-"""Queue: pending workloads with the scheduler's reason and position, then running ones."""
+"""Queue: pending workloads with the scheduler's reason and position, then the ones that
+hold or may hold GPUs, then the finished ones."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from sqlalchemy import func, select
 from tornado import web
 
 from ... import roles, validation
-from ...db import WorkloadRow
+from ...db import FINISHED, WorkloadRow
 from .base import PageHandler
 
 
@@ -26,11 +27,14 @@ class QueuePage(PageHandler):
             pending = s.scalars(base.where(WorkloadRow.state == "pending")
                                 .order_by(WorkloadRow.project, WorkloadRow.queue_position)
                                 .offset(page * size).limit(size)).all()
-            running = s.scalars(base.where(WorkloadRow.state != "pending")
+            running = s.scalars(base.where(WorkloadRow.state.not_in(("pending", *FINISHED)))
                                 .order_by(WorkloadRow.start_time.desc())
                                 .offset(page * size).limit(size)).all()
+            finished = s.scalars(base.where(WorkloadRow.state.in_(FINISHED))
+                                 .order_by(WorkloadRow.start_time.desc())
+                                 .offset(page * size).limit(size)).all()
             total = s.scalar(select(func.count()).select_from(base.subquery()))
-        self.render_page("queue.html", pending=pending, running=running, page=page, size=size,
+        self.render_page("queue.html", pending=pending, running=running, finished=finished, page=page, size=size,
                          total=total)
 
 
