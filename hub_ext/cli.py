@@ -136,13 +136,13 @@ def cmd_workspace(args) -> int:
             print(f"{w['name']:<24} {w['project']:<12} {w['state']:<9} {w['gpu_allocated']:g} GPU{why}")
     elif args.action == "start":
         # One server per name: the same start again reports the running one (and its URL)
-        # rather than failing; --name starts another beside it.
+        # rather than failing; a NAME starts another server beside it.
         me = _api(args, "GET", "/me")["name"]
         server = args.name or ""
         for w in _api(args, "GET", "/workloads?kind=workspace")["items"]:
             if w["owner"] == me and (w.get("server") or "") == server and w["state"] in ("pending", "running"):
                 print(f"{w['name']} is already {w['state']} in project {w['project']} "
-                      f"({w['gpu_allocated']:g} GPU); stop it first, or pass --name NAME to start another")
+                      f"({w['gpu_allocated']:g} GPU); stop it first, or name another server (gpupool workspace start NAME ...)")
                 _print_workspace(args, w)
                 return 0
         body = {"kind": "workspace", "server_name": args.name or "", "workspace_kind": args.kind}

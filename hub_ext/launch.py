@@ -164,6 +164,22 @@ def log_header(account: Account, parts: tuple[str, ...], name: str, text: str, f
             os.close(fd)
 
 
+def seed_file(account: Account, parts: tuple[str, ...], name: str, text: str) -> bool:
+    """Write HOME/PARTS/NAME (folders made where missing) as a new file the account owns,
+    unless something is already there: the account's own version wins. Whether written."""
+    with _opened(account, parts, create=True) as dfd:
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
+        except FileExistsError:
+            return False
+        try:
+            os.fchown(fd, account.uid, account.gid)
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+    return True
+
+
 def remove_private(account: Account, *parts: str) -> None:
     """Remove HOME/.gpupool/PARTS and everything in it (nothing if it is not there)."""
     *parents, last = parts

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -221,6 +222,23 @@ class GpupoolSpawnerMixin(Spawner):
         raise NotImplementedError
 
 
+# VS Code opens the home as a trusted folder (workspace trust guards against code from
+# strangers; a user's own home is not that) and looks for no repository above it.
+VSCODE_CONFIG = "disable-workspace-trust: true\n"
+VSCODE_MACHINE_SETTINGS = {"security.workspace.trust.enabled": False, "git.openRepositoryInParentFolders": "never"}
+
+
+def vscode_settings(account) -> dict[str, str]:
+    """code-server's configuration for one start, and its machine settings seeded once in
+    the account's home (the user may change them there); the environment that points
+    code-server at the configuration."""
+    launch.remove_private(account, "code-server")
+    folder = launch.write_private(account, ("code-server",), {"config.yaml": VSCODE_CONFIG})
+    launch.seed_file(account, (".local", "share", "code-server", "Machine"), "settings.json",
+                     json.dumps(VSCODE_MACHINE_SETTINGS, indent=2) + "\n")
+    return {"CODE_SERVER_CONFIG": str(folder / "config.yaml")}
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -275,6 +293,7 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
             if not rt.cfg.code_server or not shutil.which(rt.cfg.code_server):
                 raise RuntimeError("VS Code is not installed on this hub (code-server missing)")
             self.default_url = "/vscode/"
+            self.gpupool_env = {**getattr(self, "gpupool_env", {}), **vscode_settings(self.account)}
         else:
             self.default_url = "/lab"
         self.cpu_limit, self.mem_limit = req.cpu, int(req.memory_gib * 1024**3)
