@@ -81,6 +81,7 @@ def test_progress_shows_steps_and_the_one_waiting_text(hhub, browser, shots):
     bob.check("input[name=gpu_mode][value=whole]")
     bob.fill("#gp-gpus", "1")
     bob.dispatch_event("#gp-gpus", "input")
+    forecast = bob.inner_text("#gp-verdict").removeprefix("Will wait: ").split(" (")[0]
     bob.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
     bob.wait_for_url(re.compile(r".*/hub/spawn-pending/bob.*"), timeout=60_000)
     bob.wait_for_selector("#gp-step-waiting.gp-now", timeout=60_000)
@@ -88,6 +89,7 @@ def test_progress_shows_steps_and_the_one_waiting_text(hhub, browser, shots):
     assert "project nlp" in bob.inner_text("#gp-step-submitted .gp-step-text")
     waiting = bob.inner_text("#gp-step-waiting .gp-step-text")
     assert waiting.startswith("Waiting in the queue (position 1): ") and "quota" in waiting, waiting
+    assert forecast in waiting  # the form said it in the scheduler's words
     assert "gp-now" not in (bob.get_attribute("#gp-step-placed", "class") or "")
     bob.screenshot(path=str(shots / "spawn-steps.png"), full_page=True)
 
