@@ -9,7 +9,7 @@ import re
 import shutil
 
 import pytest
-from hubclient import HubClient, call
+from hubclient import HubClient
 from hubproc import ADMIN_PW, USER_PW, Hub
 from test_workspaces import cli, wait_ready
 
