@@ -244,7 +244,7 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
         self._gp_attached = att
         kind = WORKSPACE_KINDS[req.workspace_kind]
         self._gp_submitted = (f"Submitted {kind} to project {req.project}: {req.gpu_label()}, "
-                              f"{req.cpu:g} CPU, {req.memory_gib:g} GiB memory; "
+                              f"{req.cpu:g} CPU, {humanize.gib(req.memory_gib)} memory; "
                               f"waiting for gpupool-scheduler")
         if att:
             self._gp_submitted += (

@@ -325,7 +325,7 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
         while (end := handle.exit()) is None:
             if (n := handle.group.oom_kills()) > ooms:
                 ooms = n
-                limit = f"{handle.memory_limit_bytes / 2**30:g} GiB" if handle.memory_limit_bytes else "none"
+                limit = humanize.size(handle.memory_limit_bytes) if handle.memory_limit_bytes else "none"
                 rt.store.event("oom-killed", f"a process of {self.workload} was killed: out of memory "
                                f"(limit {limit}); the workspace goes on", self.workload, project)
             await asyncio.sleep(poll_s)

@@ -7,7 +7,7 @@ import time
 from sqlalchemy import func, select
 from tornado import web
 
-from ... import org, roles
+from ... import humanize, org, roles
 from ...db import SampleRow, WorkloadRow
 from .base import PageHandler
 
@@ -23,9 +23,7 @@ def chart_points(samples, width=760, height=180) -> dict:
 
     alloc = " ".join(xy(s.ts, s.allocated_milli / 1000) for s in samples)
     util = " ".join(xy(s.ts, (s.utilization_pct or 0) / 100 * cap) for s in samples if s.utilization_pct is not None)
-    fmt = "%H:%M"
-    return {"alloc": alloc, "util": util, "cap": cap, "t0": time.strftime(fmt, time.localtime(t0)),
-            "t1": time.strftime(fmt, time.localtime(t1))}
+    return {"alloc": alloc, "util": util, "cap": cap, "t0": humanize.when(t0), "t1": humanize.when(t1)}
 
 
 class OverviewPage(PageHandler):
