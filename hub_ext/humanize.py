@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 
 def size(n_bytes: float | None) -> str:

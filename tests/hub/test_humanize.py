@@ -24,7 +24,7 @@ def test_sizes_keep_one_decimal_and_drop_a_zero():
 @given(st.floats(min_value=0, max_value=2**60, allow_nan=False))
 def test_a_size_is_a_short_number_and_a_unit(n):
     number, unit = humanize.size(n).split(" ")
-    assert unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    assert unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
     assert len(number.partition(".")[2]) <= 1 and float(number) < 1024
 
 
