@@ -105,8 +105,9 @@ class Gpupool(Configurable):
 
     cull_idle_s = Integer(
         3600,
-        help="Stop workspaces idle this long (GPU use from NVML where there is a GPU, "
-        "JupyterHub activity otherwise). 0 disables culling.",
+        help="Stop workspaces idle this long: on a GPU fraction, no kernel launch or "
+        "allocation of its own (counted by the interception library); on whole GPUs, GPU use "
+        "from NVML where there is a GPU; JupyterHub activity otherwise. 0 disables culling.",
     ).tag(config=True)
     cull_gpu_util_pct = Float(
         1.0, help="GPU utilization (percent) at or under which a GPU workspace counts as idle."

@@ -40,6 +40,11 @@ def idle_servers(users: list[dict], rows: dict[str, WorkloadRow], util: dict[int
     GPUs were busy, ``counts`` the launch and allocation count of each fraction at that
     check (both updated here)."""
     counts = {} if counts is None else counts
+    # a workspace stopped since the last pass starts afresh when it comes back (its account
+    # file keeps the old count)
+    for gone in [n for n in busy_since if n not in rows]:
+        busy_since.pop(gone, None)
+        counts.pop(gone, None)
     out = []
     for u in users:
         for server, model in (u.get("servers") or {}).items():

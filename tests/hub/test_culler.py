@@ -36,3 +36,15 @@ def test_a_fraction_is_judged_by_its_own_launches_not_by_nvml():
     seen["ws-alice"] = Activity(9, 1, NOW + 3000)
     out = idle_servers(USERS, rows, {0: 95.0}, busy, NOW + 3601, 3600, 1.0, seen.get, counts)
     assert out == [("bob", "")] and busy["ws-alice"] == NOW + 3601
+
+
+def test_a_workspace_started_again_is_seen_afresh():
+    rows = {"ws-bob": SimpleNamespace(placement=[{"node": "n", "gpu_indices": [0], "gpu_milli": 250}])}
+    seen = {"ws-bob": Activity(7, 0, NOW)}
+    busy: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    assert idle_servers(USERS[1:], rows, None, busy, NOW, 3600, 1.0, seen.get, counts) == []
+    # stopped (no row) at one pass, started again later with the same count in its file
+    assert idle_servers([], {}, None, busy, NOW + 100, 3600, 1.0, seen.get, counts) == []
+    assert idle_servers(USERS[1:], rows, None, busy, NOW + 4000, 3600, 1.0, seen.get, counts) == []
+    assert idle_servers(USERS[1:], rows, None, busy, NOW + 7601, 3600, 1.0, seen.get, counts) == [("bob", "")]
