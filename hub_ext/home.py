@@ -5,6 +5,7 @@ their projects. Given to the template through ``JupyterHub.template_vars``."""
 from __future__ import annotations
 
 import logging
+from urllib.parse import quote
 
 from sqlalchemy import select
 
@@ -36,6 +37,9 @@ def workload_view(w: WorkloadRow) -> dict:
         "waiting": humanize.row_waiting(w) if w.state == "pending" else "",
         "since": humanize.when(w.start_time or w.submit_time),
         "finished": w.state in FINISHED,
+        # JupyterHub's path of a running workspace (under the hub's public prefix)
+        "path": ("user/" + "/".join(quote(p, safe="") for p in (w.owner, w.server) if p) + "/")
+        if w.kind == "workspace" and w.state == "running" else "",
     }
 
 

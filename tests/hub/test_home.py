@@ -64,6 +64,7 @@ def test_home_lists_workloads_quota_use_and_the_panel(hhub, browser, shots):
     first = page.inner_text("#gp-workloads tr[data-name=ws-alice]")
     assert "nlp" in first and "0.25 GPU" in first and "running" in first and "GPU" in first
     assert "today" in first and "UTC" in first  # a human date, not an ISO string
+    assert page.get_attribute("#gp-workloads tr[data-name=ws-alice-two] a.gp-open", "href") == "/user/alice/two/"
     assert "0.5 GPU" in page.inner_text("#gp-quotas tr[data-project=nlp] .gp-used")
     assert page.get_attribute("#gp-panel-link", "href") == "/services/gpupool/"
     # JupyterHub's own server list is still there below
