@@ -165,6 +165,15 @@ class Gpupool(Configurable):
         sa = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
         return os.environ.get("POD_NAMESPACE") or (sa.read_text().strip() if sa.exists() else "default")
 
+    kubeconfig = Unicode(
+        help="kubeconfig file the hub and its service reach the API server with (backend = "
+        "kubernetes). Default: $GPUPOOL_KUBECONFIG; empty: the pod's service account.",
+    ).tag(config=True)
+
+    @default("kubeconfig")
+    def _kubeconfig_default(self):
+        return os.environ.get("GPUPOOL_KUBECONFIG", "")
+
     accounts = Enum(
         ["create", "existing", "personal"],
         help="Which OS account runs each user's workloads. create: an account per user, made on "

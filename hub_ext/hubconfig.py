@@ -93,7 +93,8 @@ def configure(c) -> Runtime:
         {"name": "gpupool-service", "scopes": ["admin:servers", "read:users", "list:users"],
          "services": ["gpupool"]},
     ]
-    env = {k: v for k, v in os.environ.items() if k.startswith("GPUPOOL_")}
+    # KUBERNETES_SERVICE_*: the service reaches the API server with the pod's service account
+    env = {k: v for k, v in os.environ.items() if k.startswith(("GPUPOOL_", "KUBERNETES_SERVICE_"))}
     env["GPUPOOL_STATE_DIR"] = cfg.state_dir
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     c.JupyterHub.services = [

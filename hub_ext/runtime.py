@@ -50,8 +50,11 @@ class Runtime:
         self.store = DbStore(self.Session)
         with self.Session() as s:
             self.org_file = org.load_starter(s, cfg.org_file)
-        self.nodes, self.inventory_source = discover(cfg.declared_gpus, cfg.use_nvml)
-        self.store.set_nodes(self.nodes, self.inventory_source)
+        if cfg.backend == "kubernetes":  # the nodes come from the cluster (k8s_inventory)
+            self.nodes, self.inventory_source = [], "kubernetes"
+        else:
+            self.nodes, self.inventory_source = discover(cfg.declared_gpus, cfg.use_nvml)
+            self.store.set_nodes(self.nodes, self.inventory_source)
         # Workloads run as their owners' OS accounts under a monitor that outlives the hub
         # (hub_ext.host); what still runs from before a restart is kept, not dropped.
         if cfg.accounts == "personal" and os.geteuid() == 0:
@@ -110,6 +113,10 @@ class Runtime:
             self.scheduler.start()
             self.trainings.start()
             asyncio.ensure_future(self._sample_loop())
+            if self.cfg.backend == "kubernetes":
+                from . import k8s_cluster  # the organisation and the inventory from the cluster
+
+                self.cluster = asyncio.ensure_future(k8s_cluster.follow(self.cfg, self.Session))
 
     # -- what the form and the rules need ------------------------------------------------
     def limits(self, user: str, scopes=()) -> Limits:

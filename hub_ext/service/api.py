@@ -13,10 +13,11 @@ from pathlib import Path
 
 import yaml
 from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
 
 from hub_ext.inference import api as inference_api
 
-from .. import attach, org, roles, validation
+from .. import attach, audit, k8s_org, org, roles, validation
 from ..db import EventRow, SampleRow, WorkloadRow, bump_version
 from ..events import add_event
 from ..limits import limits_for
@@ -60,45 +61,87 @@ class MeHandler(ApiHandler):
         self.send({"name": self.username, "admin": self.is_admin, "projects": projects})
 
 
-class DepartmentsHandler(ApiHandler):
+class OrgWriter(ApiHandler):
+    """Writes to the organisation. On Kubernetes the Department/Project object is written
+    first (hub_ext.k8s_org: the truth), checked beforehand against the database's copy with
+    the same rules; the copy, its event and its audit entry follow."""
+
+    kind = "project"
+
+    async def change_org(self, change, name: str | None, *args, deleted: bool = False):
+        if self.ctx.cfg.backend != "kubernetes":
+            return await self.off_loop(self._commit, change, args)
+        out = await self.off_loop(self._check, change, args)
+        name = name or out["name"]
+        await k8s_org.publish(await k8s_org.client(self.ctx.cfg.kubeconfig), self.kind, name,
+                              None if deleted else out)
+        try:
+            return await self.off_loop(self._commit, change, args)
+        except (org.Conflict, org.NotFound, IntegrityError):  # the watch copied the object first
+            if deleted:
+                return None
+            if change in (org.create_department, org.create_project):  # the rest: members
+                return await self.off_loop(self._created_by_watch, name, args[0])
+            with self.Session() as s:
+                return getattr(org, f"get_{self.kind}")(s, name)
+
+    def _check(self, change, args):
+        with self.Session() as s:
+            out = change(s, *args, actor=self.username)
+            s.rollback()
+        return out
+
+    def _created_by_watch(self, name: str, data: dict) -> dict:
+        rest = {k: v for k, v in data.items() if k != "name"}
+        with self.Session() as s:
+            out = getattr(org, f"update_{self.kind}")(s, name, rest, actor=self.username)
+            audit.record(s, self.username, f"{self.kind}.created", name, rest,
+                         name if self.kind == "project" else "")
+            s.commit()
+        return out
+
+    def _commit(self, change, args):
+        with self.Session() as s:
+            out = change(s, *args, actor=self.username)
+            s.commit()
+        return out
+
+
+class DepartmentsHandler(OrgWriter):
+    kind = "department"
+
     def get(self):
         seen = roles.visible_departments(self.who)
         with self.Session() as s:
             depts = [d for d in org.list_departments(s) if seen is None or d["name"] in seen]
         self.send({"items": depts})
 
-    def post(self):
+    async def post(self):
         self.require("manage_department")
-        with self.Session() as s:
-            d = org.create_department(s, self.body(), actor=self.username)
-            s.commit()
-        self.send(d, 201)
+        self.send(await self.change_org(org.create_department, None, self.body()), 201)
 
 
-class DepartmentHandler(ApiHandler):
+class DepartmentHandler(OrgWriter):
+    kind = "department"
+
     def get(self, name):
         with self.Session() as s:
             d = org.get_department(s, name)
         self.require("view", department=name)
         self.send(d)
 
-    def patch(self, name):
+    async def patch(self, name):
         self.require("manage_department", department=name)
-        with self.Session() as s:
-            d = org.update_department(s, name, self.body(), actor=self.username)
-            s.commit()
-        self.send(d)
+        self.send(await self.change_org(org.update_department, name, name, self.body()))
 
-    def delete(self, name):
+    async def delete(self, name):
         self.require("manage_department", department=name)
-        with self.Session() as s:
-            org.delete_department(s, name, actor=self.username)
-            s.commit()
+        await self.change_org(org.delete_department, name, name, deleted=True)
         self.set_status(204)
         self.finish()
 
 
-class ProjectsHandler(ApiHandler):
+class ProjectsHandler(OrgWriter):
     def get(self):
         with self.Session() as s:
             self.send({"items": org.list_projects(s, roles.visible_projects(self.who))})
@@ -107,16 +150,10 @@ class ProjectsHandler(ApiHandler):
         data = self.body()
         dept = data.get("department")
         self.require("manage_project", department=dept if isinstance(dept, str) else "")
-        self.send(await self.off_loop(self._create, data), 201)
-
-    def _create(self, data: dict) -> dict:
-        with self.Session() as s:
-            p = org.create_project(s, data, actor=self.username)
-            s.commit()
-        return p
+        self.send(await self.change_org(org.create_project, None, data), 201)
 
 
-class ProjectHandler(ApiHandler):
+class ProjectHandler(OrgWriter):
     def get(self, name):
         self.require_project("view", name)
         with self.Session() as s:
@@ -127,19 +164,11 @@ class ProjectHandler(ApiHandler):
         self.require_project("manage_project", name)
         if isinstance(data.get("department"), str):  # moving it: the new department's admin too
             self.require("manage_project", department=data["department"])
-        self.send(await self.off_loop(self._update, name, data))
+        self.send(await self.change_org(org.update_project, name, name, data))
 
-    def _update(self, name: str, data: dict) -> dict:
-        with self.Session() as s:
-            p = org.update_project(s, name, data, actor=self.username)
-            s.commit()
-        return p
-
-    def delete(self, name):
+    async def delete(self, name):
         self.require_project("manage_project", name)
-        with self.Session() as s:
-            org.delete_project(s, name, actor=self.username)
-            s.commit()
+        await self.change_org(org.delete_project, name, name, deleted=True)
         self.set_status(204)
         self.finish()
 
@@ -261,7 +290,7 @@ class NodesHandler(ApiHandler):
             for g in n.gpus:
                 users = share.get((n.name, g["index"]), [])
                 users = [{k: u[k] for k in ("workload", "project", "gpu")} for u in users]
-                gpus.append({**g, "allocated": round(sum(u["gpu"] for u in users), 3), "workloads": users})
+                gpus.append({**{k: v for k, v in g.items() if k != "pods"}, "allocated": round(sum(u["gpu"] for u in users), 3), "workloads": users})
             items.append({"name": n.name, "pool": n.pool, "source": n.source, "cpu_milli": n.cpu_milli,
                           "memory_mib": n.memory_mib, "gpus": gpus})
         self.send({"items": items})

@@ -1,0 +1,16 @@
+"""What the hub follows in the cluster when ``Gpupool.backend`` is kubernetes: the
+organisation (hub_ext.k8s_org) and the inventory (hub_ext.k8s_inventory)."""
+
+from __future__ import annotations
+
+from .config import Gpupool
+from .k8s_inventory import InventorySync
+from .k8s_org import OrgSync, client
+
+
+async def follow(cfg: Gpupool, Session) -> tuple[OrgSync, InventorySync]:
+    kc = await client(cfg.kubeconfig)
+    org, inventory = OrgSync(kc, Session), InventorySync(kc, Session, cfg.namespace)
+    org.start()
+    inventory.start()
+    return org, inventory

@@ -1,0 +1,160 @@
+"""The cluster's own inventory on Kubernetes: nodes and their GPUs as gpupool-node-agent
+publishes them on the Node objects, and the pods gpupool-scheduler placed on each GPU (its
+bind annotations). Watched through the API server and copied into the ``nodes`` table, which
+the admin panel and the REST API read; there are no declared GPUs on Kubernetes.
+
+Each GPU of a node row carries ``pods``: ``[{pod, namespace, project, gpu, over_quota}]``, the pods
+sharing it (``gpu`` in GPUs, e.g. 0.5 for half of one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from sqlalchemy import delete, select
+
+from scheduler.k8s.client import ApiError, KubeClient
+from scheduler.k8s.objects import A, parse_node
+from scheduler.model import MILLI
+
+from .db import NodeRow
+
+log = logging.getLogger("gpupool.k8s_inventory")
+
+SOURCE = "kubernetes"
+NODE_GPUS = "gpupool.io/gpus"  # the node agent's JSON list: index, uuid, model, memory_mib
+
+
+def node_gpus(node: dict) -> list[dict]:
+    """The node's GPUs: count, model and memory from its labels and allocatable (what
+    gpupool-scheduler reads), each GPU's own model, memory and UUID from the node agent's
+    ``gpupool.io/gpus`` annotation where it has one."""
+    parsed = parse_node(node)
+    detail: dict[int, dict] = {}
+    raw = ((node["metadata"].get("annotations") or {}).get(NODE_GPUS)) or ""
+    try:
+        for g in json.loads(raw) if raw else []:
+            detail[int(g["index"])] = g
+    except (ValueError, TypeError, KeyError):
+        log.warning("node %s: unreadable %s annotation", parsed.name, NODE_GPUS)
+    out = []
+    for g in parsed.gpus:
+        d = detail.get(g.index, {})
+        out.append({"index": g.index, "model": str(d.get("model") or g.model),
+                    "memory_mib": int(d.get("memory_mib") or g.memory_mib),
+                    "uuid": str(d.get("uuid") or g.uuid), "pods": []})
+    return out
+
+
+def pod_share(pod: dict) -> tuple[str, list[int], float] | None:
+    """(node, GPU indices, GPUs of each) of a pod gpupool-scheduler bound and that has not
+    ended; None for any other pod."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    ann = meta.get("annotations") or {}
+    node = spec.get("nodeName")
+    if not node or A.GPU_INDICES not in ann or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    try:
+        idx = [int(i) for i in ann[A.GPU_INDICES].split(",") if i.strip()]
+        milli = int(ann.get(A.GPU_MILLI, MILLI))
+    except ValueError:
+        return None
+    return node, idx, milli / MILLI
+
+
+def rows(nodes: dict[str, dict], pods: dict[str, dict]) -> list[NodeRow]:
+    out = {}
+    for n in nodes.values():
+        parsed = parse_node(n)
+        out[parsed.name] = NodeRow(name=parsed.name, pool=parsed.pool, gpus=node_gpus(n), cpu_milli=parsed.cpu_milli,
+                            memory_mib=parsed.memory_mib, source=SOURCE)
+    for _, p in sorted(pods.items()):
+        share = pod_share(p)
+        if share is None or share[0] not in out:
+            continue
+        node, idx, gpu = share
+        meta = p["metadata"]
+        ann, labels = meta.get("annotations") or {}, meta.get("labels") or {}
+        project = ann.get(A.PROJECT) or labels.get(A.PROJECT) or ""
+        for g in out[node].gpus:
+            if g["index"] in idx:
+                g["pods"].append({"pod": meta["name"], "namespace": meta.get("namespace", ""),
+                                  "project": project, "gpu": gpu,
+                                  "over_quota": ann.get(A.OVER_QUOTA_PLACED) == "true"})
+    return list(out.values())
+
+
+class InventorySync:
+    """Watches Nodes (cluster-wide) and the pods of ``namespace``; after each change the
+    ``nodes`` table is made equal to the cluster."""
+
+    def __init__(self, kc: KubeClient, Session, namespace: str, retry_s: float = 2.0):
+        self.kc = kc
+        self.Session = Session
+        self.paths = {"nodes": "/api/v1/nodes", "pods": f"/api/v1/namespaces/{namespace}/pods"}
+        self.retry_s = retry_s
+        self.objects: dict[str, dict[str, dict]] = {"nodes": {}, "pods": {}}
+        self.synced = {"nodes": False, "pods": False}
+        self._tasks: list[asyncio.Task] = []
+        self._last: list | None = None
+
+    def start(self) -> None:
+        self._tasks = [asyncio.ensure_future(self._follow(k)) for k in self.paths]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _follow(self, kind: str) -> None:
+        path = self.paths[kind]
+        while True:
+            try:
+                items, rv = await self.kc.list_all(path)
+                self.objects[kind] = {_key(o): o for o in items}
+                self.synced[kind] = True
+                self._apply()
+                while True:
+                    async for ev in self.kc.watch(path, rv):
+                        obj = ev.get("object") or {}
+                        rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
+                        if ev["type"] == "BOOKMARK":
+                            continue
+                        if ev["type"] == "DELETED":
+                            self.objects[kind].pop(_key(obj), None)
+                        else:
+                            self.objects[kind][_key(obj)] = obj
+                        self._apply()
+            except asyncio.CancelledError:
+                raise
+            except ApiError as e:
+                if e.status != 410:
+                    log.warning("watching %s: %s", path, e)
+                    await asyncio.sleep(self.retry_s)
+            except Exception:
+                log.exception("watching %s failed", path)
+                await asyncio.sleep(self.retry_s)
+
+    def _apply(self) -> None:
+        if not all(self.synced.values()):
+            return
+        new = rows(self.objects["nodes"], self.objects["pods"])
+        seen = [(r.name, r.pool, r.gpus, r.cpu_milli, r.memory_mib) for r in new]
+        if seen == self._last:  # kwok's and the kubelet's heartbeats change nothing shown
+            return
+        self._last = seen
+        with self.Session() as s:
+            names = {r.name for r in new}
+            for (name,) in s.execute(select(NodeRow.name)).all():
+                if name not in names:
+                    s.execute(delete(NodeRow).where(NodeRow.name == name))
+            for r in new:
+                s.merge(r)
+            s.commit()
+
+
+def _key(obj: dict) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"

@@ -1,0 +1,218 @@
+"""The organisation on Kubernetes: the Department/Project objects (gpupool.io/v1alpha1) are
+the truth for departments, projects and their quotas; the hub's database holds a copy.
+
+- ``publish`` writes one change to the API server (the REST API calls it before it writes
+  the copy), and turns the CRDs' validation errors (HTTP 422) into ``FieldError`` naming the
+  REST field.
+- ``OrgSync`` lists and watches the objects and makes the database's departments and projects
+  equal to them, whoever wrote them (the hub, kubectl, a GitOps tool).
+
+Members and role assignments are not in the objects: they stay in the database (decision
+record 0023). The hub edits the quota of one node pool, ``scheduler.model.DEFAULT_POOL``; the
+other pools of an object are kept as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from sqlalchemy import delete, select
+
+from scheduler.k8s.client import ApiError, KubeClient
+from scheduler.model import DEFAULT_POOL
+
+from .db import DepartmentRow, MemberRow, ProjectRow, bump_version
+from .events import add_event
+from .validation import FieldError
+
+log = logging.getLogger("gpupool.k8s_org")
+
+GROUP = "/apis/gpupool.io/v1alpha1"
+PATHS = {"department": f"{GROUP}/departments", "project": f"{GROUP}/projects"}
+KINDS = {"department": "Department", "project": "Project"}
+# CRD field -> REST field
+_FIELDS = {"gpus": "gpus", "overQuotaWeight": "over_quota_weight", "limit": "limit",
+           "department": "department", "name": "name"}
+_clients: dict[str, KubeClient] = {}
+
+
+async def client(kubeconfig: str) -> KubeClient:
+    """One client per process: ``kubeconfig``, or the pod's service account when empty."""
+    if kubeconfig not in _clients:
+        _clients[kubeconfig] = await KubeClient.from_kubeconfig(kubeconfig or None)
+    return _clients[kubeconfig]
+
+
+# -- the objects' shape ------------------------------------------------------------------
+def spec_of(kind: str, item: dict) -> dict:
+    """The spec written for an org dict (org.get_department / org.get_project)."""
+    quota: dict[str, Any] = {"gpus": item["gpus"], "overQuotaWeight": item["over_quota_weight"],
+                             "limit": item["limit"]}  # None: a merge patch removes the key
+    spec: dict[str, Any] = {"quotas": {DEFAULT_POOL: quota}}
+    if kind == "project":
+        spec["department"] = item["department"]
+    return spec
+
+
+def quota_of(obj: dict) -> dict:
+    """gpus, over_quota_weight and limit of the object's DEFAULT_POOL quota (0 GPUs without)."""
+    q = ((obj.get("spec") or {}).get("quotas") or {}).get(DEFAULT_POOL) or {}
+    limit = q.get("limit")
+    return {"gpus": float(q.get("gpus", 0)), "over_quota_weight": float(q.get("overQuotaWeight", 1)),
+            "limit": None if limit is None else float(limit)}
+
+
+def field_error(e: ApiError) -> FieldError:
+    """The API server's refusal as the REST API's 400: the first cause's field, named as the
+    REST API names it (``spec.quotas.default.limit`` -> ``limit``)."""
+    causes = ((e.body.get("details") or {}).get("causes")) or [{}]
+    cause = causes[0]
+    path = str(cause.get("field") or "")
+    last = path.rsplit(".", 1)[-1].split("[", 1)[0]
+    name = _FIELDS.get(last, path or "body")
+    return FieldError(name, str(cause.get("message") or e.message))
+
+
+# -- writes ------------------------------------------------------------------------------
+async def publish(kc: KubeClient, kind: str, name: str, item: dict | None) -> None:
+    """Make the object ``name`` say ``item`` (None: delete it). Raises FieldError when the API
+    server refuses the value (422 or 400)."""
+    path = PATHS[kind]
+    try:
+        if item is None:
+            try:
+                await kc.delete(f"{path}/{name}")
+            except ApiError as e:
+                if e.status != 404:
+                    raise
+            return
+        spec = spec_of(kind, item)
+        try:
+            await kc.patch(f"{path}/{name}", {"spec": spec})
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            spec["quotas"][DEFAULT_POOL] = {k: v for k, v in spec["quotas"][DEFAULT_POOL].items()
+                                            if v is not None}
+            await kc.post(path, {"apiVersion": "gpupool.io/v1alpha1", "kind": KINDS[kind],
+                                 "metadata": {"name": name}, "spec": spec})
+    except ApiError as e:
+        if e.status in (400, 422):
+            raise field_error(e) from None
+        raise
+
+
+# -- the copy in the database ------------------------------------------------------------
+def reconcile(s, departments: dict[str, dict], projects: dict[str, dict]) -> bool:
+    """Make the database's departments and projects equal to the objects (name -> object).
+    A project whose department has no object yet waits for it. True when anything changed."""
+    changed = False
+    for name, obj in departments.items():
+        q = quota_of(obj)
+        row = s.get(DepartmentRow, name)
+        if row is None:
+            s.add(DepartmentRow(name=name, **q))
+            add_event(s, "org", f"department {name} created in the cluster")
+        elif any(getattr(row, k) != v for k, v in q.items()):
+            for k, v in q.items():
+                setattr(row, k, v)
+        else:
+            continue
+        changed = True
+    s.flush()
+    for name, obj in projects.items():
+        dept = str((obj.get("spec") or {}).get("department", ""))
+        if dept not in departments:
+            continue
+        q = quota_of(obj)
+        row = s.get(ProjectRow, name)
+        if row is None:
+            s.add(ProjectRow(name=name, department=dept, **q))
+            add_event(s, "org", f"project {name} created in the cluster with {q['gpus']:g} GPUs",
+                      project=name)
+        elif row.department != dept or any(getattr(row, k) != v for k, v in q.items()):
+            if row.gpus != q["gpus"]:
+                add_event(s, "quota", f"project {name} quota {row.gpus:g} -> {q['gpus']:g} GPUs "
+                          "in the cluster", project=name)
+            row.department = dept
+            for k, v in q.items():
+                setattr(row, k, v)
+        else:
+            continue
+        changed = True
+    s.flush()
+    for (name,) in s.execute(select(ProjectRow.name)).all():
+        p = projects.get(name)
+        if p is None or str((p.get("spec") or {}).get("department", "")) not in departments:
+            s.execute(delete(MemberRow).where(MemberRow.project == name))
+            s.execute(delete(ProjectRow).where(ProjectRow.name == name))
+            add_event(s, "org", f"project {name} deleted in the cluster", project=name)
+            changed = True
+    for (name,) in s.execute(select(DepartmentRow.name)).all():
+        if name not in departments:
+            s.execute(delete(DepartmentRow).where(DepartmentRow.name == name))
+            add_event(s, "org", f"department {name} deleted in the cluster")
+            changed = True
+    if changed:
+        bump_version(s)
+    return changed
+
+
+class OrgSync:
+    """Lists and watches Departments and Projects; after each event the database copy is
+    made equal to what the API server holds."""
+
+    def __init__(self, kc: KubeClient, Session, retry_s: float = 2.0):
+        self.kc = kc
+        self.Session = Session
+        self.retry_s = retry_s
+        self.objects: dict[str, dict[str, dict]] = {"department": {}, "project": {}}
+        self.synced = {"department": False, "project": False}
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.ensure_future(self._follow(k)) for k in PATHS]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _follow(self, kind: str) -> None:
+        path = PATHS[kind]
+        while True:
+            try:
+                items, rv = await self.kc.list_all(path)
+                self.objects[kind] = {o["metadata"]["name"]: o for o in items}
+                self.synced[kind] = True
+                self._apply()
+                while True:  # a watch ends after its timeout: go on from the last version
+                    async for ev in self.kc.watch(path, rv):
+                        obj = ev.get("object") or {}
+                        rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
+                        if ev["type"] == "BOOKMARK":
+                            continue
+                        name = obj["metadata"]["name"]
+                        if ev["type"] == "DELETED":
+                            self.objects[kind].pop(name, None)
+                        else:
+                            self.objects[kind][name] = obj
+                        self._apply()
+            except asyncio.CancelledError:
+                raise
+            except ApiError as e:
+                if e.status != 410:  # 410: the version is too old, list again at once
+                    log.warning("watching %s: %s", path, e)
+                    await asyncio.sleep(self.retry_s)
+            except Exception:
+                log.exception("watching %s failed", path)
+                await asyncio.sleep(self.retry_s)
+
+    def _apply(self) -> None:
+        if not all(self.synced.values()):  # both lists first: else a project looks orphaned
+            return
+        with self.Session() as s:
+            if reconcile(s, self.objects["department"], self.objects["project"]):
+                s.commit()

@@ -1,0 +1,220 @@
+"""The organisation and the inventory on Kubernetes, through a real hub (backend kubernetes)
+that reaches the API server as the chart's hub ServiceAccount, with the chart's RBAC only:
+the Department/Project objects are the truth, the hub's database a copy fed by a watch."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+
+import pytest
+import yaml
+
+from hub_ext import k8s_org
+from hub_ext.validation import FieldError
+from scheduler.k8s.client import ApiError
+from scheduler.k8s.testcluster import ClusterInfo, script_path
+from tests.chart.chartlib import sa_kubeconfig
+from tests.hub.hubclient import HubClient, call
+from tests.hub.hubproc import ADMIN_PW, Hub
+from tests.waits import wait_for
+
+from .conftest import GPUS_PER_NODE, NODES
+from .helpers import GROUP, bound, delete_org, kube, list_pods, make_pod, run, scheduled_false
+
+RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+ORG = "admins: [admin]\nusers: [alice]\ndepartments: []\n"
+DEPT, KUBECTL, REST = "d-orgsync", "p-kubectl", "p-rest"
+
+
+def _chart_hub_rbac(ns: str) -> list[dict]:
+    helm = subprocess.run([str(script_path()), "helm-path"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    out = subprocess.run([helm, "template", "gpupool", "chart", "-n", ns, "--show-only",
+                          "templates/hub.yaml"], capture_output=True, text=True, check=True,
+                         cwd=script_path().parents[1]).stdout
+    return [d for d in yaml.safe_load_all(out) if d and d["kind"] in RBAC_KINDS]
+
+
+async def _apply_rbac(info: ClusterInfo, ns: str, objs: list[dict]) -> None:
+    paths = {"ServiceAccount": f"/api/v1/namespaces/{ns}/serviceaccounts",
+             "Role": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+             "RoleBinding": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+             "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+             "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"}
+    async with kube(info) as kc:
+        for o in objs:
+            try:
+                await kc.post(paths[o["kind"]], o)
+            except ApiError as e:
+                if e.status != 409:
+                    raise
+
+
+@pytest.fixture
+def hub(k8s_cluster: ClusterInfo, ns, sched, tmp_path):
+    """A hub with backend kubernetes in namespace ``ns``, as the chart's hub ServiceAccount;
+    the department DEPT exists (applied as kubectl would) before it starts."""
+    rbac = _chart_hub_rbac(ns)
+    (sa,) = [o["metadata"]["name"] for o in rbac if o["kind"] == "ServiceAccount"]
+
+    async def setup():
+        await _apply_rbac(k8s_cluster, ns, rbac)
+        async with kube(k8s_cluster) as kc:
+            await delete_org(kc, DEPT, [KUBECTL, REST])
+            await kc.post(f"{GROUP}/departments", {
+                "apiVersion": "gpupool.io/v1alpha1", "kind": "Department", "metadata": {"name": DEPT},
+                "spec": {"quotas": {"default": {"gpus": 4}}}})
+            return await sa_kubeconfig(kc, k8s_cluster, ns, sa, tmp_path / "hub-kubeconfig")
+
+    kubeconfig = run(setup())
+    (tmp_path / "org.yaml").write_text(ORG)
+    h = Hub(tmp_path / "hub", config=(
+        "c = get_config()  # noqa\n"
+        "c.Gpupool.backend = 'kubernetes'\n"
+        f"c.Gpupool.namespace = {ns!r}\n"
+        f"c.Gpupool.kubeconfig = {str(kubeconfig)!r}\n"
+        f"c.Gpupool.org_file = {str(tmp_path / 'org.yaml')!r}\n"
+        "c.Gpupool.use_nvml = False\n"))
+    h.start()
+    try:
+        yield h
+    finally:
+        h.stop()
+        lines = [x for x in h.log.read_text().splitlines() if " 200 GET " not in x]
+        print("--- hub log ---\n" + "\n".join(lines[-80:]))
+
+        async def teardown():
+            async with kube(k8s_cluster) as kc:
+                await delete_org(kc, DEPT, [KUBECTL, REST])
+                for o in rbac:
+                    if o["kind"].startswith("Cluster"):
+                        plural = o["kind"].lower() + "s"
+                        try:
+                            await kc.delete(f"/apis/rbac.authorization.k8s.io/v1/{plural}/{o['metadata']['name']}")
+                        except ApiError:
+                            pass
+
+        run(teardown())
+
+
+def _admin(h: Hub) -> tuple[HubClient, str]:
+    c = HubClient(h.url).login("admin", ADMIN_PW)
+    return c, c.token("admin")
+
+
+def _page(c: HubClient, h: Hub, page: str) -> str:
+    return c.opener.open(f"{h.url}/services/gpupool/{page}").read().decode()
+
+
+def test_organisation_and_inventory_come_from_the_cluster(k8s_cluster: ClusterInfo, ns, hub):
+    c, tok = _admin(hub)
+
+    # a Project applied in the cluster (as kubectl does) shows in the REST API and the panel
+    async def apply_project():
+        async with kube(k8s_cluster) as kc:
+            await kc.post(f"{GROUP}/projects", {
+                "apiVersion": "gpupool.io/v1alpha1", "kind": "Project", "metadata": {"name": KUBECTL},
+                "spec": {"department": DEPT, "quotas": {"default": {"gpus": 1, "limit": 2}}}})
+
+    run(apply_project())
+
+    def listed():
+        status, body = call(hub.url, tok, "GET", "/projects")
+        return status == 200 and {p["name"]: p for p in body["items"]}.get(KUBECTL)
+
+    p = wait_for(listed, "the kubectl-applied project in the REST API", timeout=60)
+    assert (p["department"], p["gpus"], p["limit"]) == (DEPT, 1, 2)
+    assert KUBECTL in _page(c, hub, "org")
+    assert "research" not in _page(c, hub, "org"), "departments without an object are not kept"
+
+    # a project made through the REST API is an object; its quota is 0 GPUs at first
+    status, body = call(hub.url, tok, "POST", "/projects",
+                        {"name": REST, "department": DEPT, "gpus": 0, "members": ["alice"]})
+    assert status == 201, body
+    assert body["members"] == ["alice"]
+
+    async def get_project(name):
+        async with kube(k8s_cluster) as kc:
+            return await kc.get(f"{GROUP}/projects/{name}")
+
+    obj = run(get_project(REST))
+    assert obj["spec"]["department"] == DEPT and obj["spec"]["quotas"]["default"]["gpus"] == 0
+
+    # a workspace of that project waits: gpupool-scheduler keeps it inside its quota of 0
+    async def create_pod():
+        async with kube(k8s_cluster) as kc:
+            await kc.post(f"/api/v1/namespaces/{ns}/pods",
+                          make_pod("ws-quota").ns(ns).project(REST).kind("workspace").gpus(1).obj())
+
+    async def pods():
+        async with kube(k8s_cluster) as kc:
+            return await list_pods(kc, ns)
+
+    run(create_pod())
+    wait_for(lambda: any(scheduled_false(p) for p in run(pods())), "the workspace refused for its quota",
+             timeout=120)
+    assert not bound(run(pods()))
+
+    # the quota edited through the REST API lands on the object, and the scheduler binds
+    status, body = call(hub.url, tok, "PATCH", f"/projects/{REST}", {"gpus": 1})
+    assert status == 200 and body["gpus"] == 1, body
+    assert run(get_project(REST))["spec"]["quotas"]["default"]["gpus"] == 1
+    (pod,) = wait_for(lambda: bound(run(pods())), "the workspace bound after the quota edit", timeout=120)
+
+    # a bad quota is a 400 naming the field, and the object keeps its quota
+    status, body = call(hub.url, tok, "PATCH", f"/projects/{REST}", {"gpus": 2, "limit": 1})
+    assert status == 400 and body["error"]["field"] == "limit", body
+    assert run(get_project(REST))["spec"]["quotas"]["default"]["gpus"] == 1
+
+    # the nodes are the cluster's, each GPU with the pods gpupool-scheduler put on it
+    def nodes_with_the_pod():
+        status, body = call(hub.url, tok, "GET", "/nodes")
+        items = body["items"] if status == 200 else []
+        holders = [w["workload"] for n in items for g in n["gpus"] for w in g["workloads"]]
+        return items if f"{ns}/ws-quota" in holders else None
+
+    items = wait_for(nodes_with_the_pod, "the bound pod on its GPU in the nodes API", timeout=60,
+                     detail=lambda: str(call(hub.url, tok, "GET", "/nodes"))[:3000])
+    kwok = [n for n in items if n["source"] == "kubernetes"]
+    assert len(kwok) >= NODES and all(len(n["gpus"]) == GPUS_PER_NODE for n in kwok)
+    assert {n["source"] for n in items} == {"kubernetes"}, "no declared GPUs on Kubernetes"
+    node = {n["name"]: n for n in items}[pod["spec"]["nodeName"]]
+    gpu = int(pod["metadata"]["annotations"]["gpupool.io/gpu-indices"])
+    assert node["gpus"][gpu]["allocated"] == 1
+    html = _page(c, hub, "nodes")
+    assert pod["spec"]["nodeName"] in html and f"{ns}/ws-quota" in html
+
+    # a project deleted in the cluster leaves the REST API
+    async def delete_kubectl_project():
+        async with kube(k8s_cluster) as kc:
+            await kc.delete(f"{GROUP}/projects/{KUBECTL}")
+
+    run(delete_kubectl_project())
+    wait_for(lambda: not listed(), "the deleted project gone from the REST API", timeout=60)
+
+
+def test_api_server_refusal_names_the_field(k8s_cluster: ClusterInfo):
+    """What the CRDs' validation refuses (422) comes back as the REST API's field names."""
+    item = {"name": "p-refused", "department": DEPT, "gpus": 2, "over_quota_weight": 1, "limit": 1}
+
+    async def publish(it):
+        async with kube(k8s_cluster) as kc:
+            await k8s_org.publish(kc, "project", "p-refused", it)
+
+    with pytest.raises(FieldError) as e:
+        run(publish(item))
+    assert e.value.field == "limit" and "greater than or equal" in e.value.message
+    with pytest.raises(FieldError) as e:
+        run(publish({**item, "limit": None, "gpus": -1}))
+    assert e.value.field == "gpus"
+
+    async def absent():
+        async with kube(k8s_cluster) as kc:
+            try:
+                await kc.get(f"{GROUP}/projects/p-refused")
+            except ApiError as err:
+                return err.status == 404
+        return False
+
+    assert asyncio.run(absent())
