@@ -13,6 +13,7 @@ import yaml
 from hub_ext import k8s_org
 from hub_ext.validation import FieldError
 from scheduler.k8s.client import ApiError
+from scheduler.k8s.node_agent import NodeAgent, file_inventory
 from scheduler.k8s.testcluster import ClusterInfo, script_path
 from tests.chart.chartlib import sa_kubeconfig
 from tests.hub.hubclient import HubClient, call
@@ -21,6 +22,7 @@ from tests.waits import wait_for
 
 from .conftest import GPUS_PER_NODE, NODES
 from .helpers import GROUP, bound, delete_org, kube, list_pods, make_pod, run, scheduled_false
+from .test_node_agent import _node
 
 RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
 ORG = "admins: [admin]\nusers: [alice]\ndepartments: []\n"
@@ -107,7 +109,7 @@ def _page(c: HubClient, h: Hub, page: str) -> str:
     return c.opener.open(f"{h.url}/services/gpupool/{page}").read().decode()
 
 
-def test_organisation_and_inventory_come_from_the_cluster(k8s_cluster: ClusterInfo, ns, hub):
+def test_organisation_and_inventory_come_from_the_cluster(k8s_cluster: ClusterInfo, ns, hub, tmp_path):
     c, tok = _admin(hub)
 
     # a Project applied in the cluster (as kubectl does) shows in the REST API and the panel
@@ -176,14 +178,44 @@ def test_organisation_and_inventory_come_from_the_cluster(k8s_cluster: ClusterIn
 
     items = wait_for(nodes_with_the_pod, "the bound pod on its GPU in the nodes API", timeout=60,
                      detail=lambda: str(call(hub.url, tok, "GET", "/nodes"))[:3000])
-    kwok = [n for n in items if n["source"] == "kubernetes"]
-    assert len(kwok) >= NODES and all(len(n["gpus"]) == GPUS_PER_NODE for n in kwok)
+    kwok = [n for n in items if n["name"].startswith("gpu-node-")]
+    assert len(kwok) == NODES and all(len(n["gpus"]) == GPUS_PER_NODE for n in kwok)
     assert {n["source"] for n in items} == {"kubernetes"}, "no declared GPUs on Kubernetes"
     node = {n["name"]: n for n in items}[pod["spec"]["nodeName"]]
     gpu = int(pod["metadata"]["annotations"]["gpupool.io/gpu-indices"])
     assert node["gpus"][gpu]["allocated"] == 1
     html = _page(c, hub, "nodes")
     assert pod["spec"]["nodeName"] in html and f"{ns}/ws-quota" in html
+
+    # a node the node agent publishes shows with each GPU's own model, memory and UUID
+    agent_node = f"agent-{ns[-8:]}"
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump({"gpus": [
+        {"index": i, "uuid": f"GPU-{agent_node}-{i}", "model": "NVIDIA A100-SXM4-40GB",
+         "memory_mib": 40960, "nvlink_peers": [1 - i]} for i in range(2)]}))
+
+    async def publish_node():
+        async with kube(k8s_cluster) as kc:
+            await kc.post("/api/v1/nodes", _node(agent_node, agent_node))
+            await NodeAgent(kc, agent_node, file_inventory(inv), advertise_capacity=True).sync()
+
+    async def delete_node():
+        async with kube(k8s_cluster) as kc:
+            await kc.delete(f"/api/v1/nodes/{agent_node}")
+
+    run(publish_node())
+    try:
+        def agent_gpus():
+            status, body = call(hub.url, tok, "GET", "/nodes")
+            return {n["name"]: n for n in body["items"]}.get(agent_node, {}).get("gpus")
+
+        gpus = wait_for(agent_gpus, "the agent's node in the nodes API", timeout=60)
+        assert [(g["uuid"], g["model"], g["memory_mib"]) for g in gpus] == [
+            (f"GPU-{agent_node}-{i}", "NVIDIA A100-SXM4-40GB", 40960) for i in range(2)]
+        assert agent_node in _page(c, hub, "nodes")
+    finally:
+        run(delete_node())
+    wait_for(lambda: agent_gpus() is None, "the deleted node gone from the nodes API", timeout=60)
 
     # a project deleted in the cluster leaves the REST API
     async def delete_kubectl_project():
@@ -192,6 +224,13 @@ def test_organisation_and_inventory_come_from_the_cluster(k8s_cluster: ClusterIn
 
     run(delete_kubectl_project())
     wait_for(lambda: not listed(), "the deleted project gone from the REST API", timeout=60)
+
+    # and one deleted through the REST API leaves the cluster
+    status, _ = call(hub.url, tok, "DELETE", f"/projects/{REST}")
+    assert status == 204
+    with pytest.raises(ApiError) as gone:
+        run(get_project(REST))
+    assert gone.value.status == 404
 
 
 def test_api_server_refusal_names_the_field(k8s_cluster: ClusterInfo):
