@@ -25,6 +25,8 @@ from scheduler.model import DEFAULT_POOL
 
 from .db import DepartmentRow, MemberRow, ProjectRow, bump_version
 from .events import add_event
+from .org import Conflict
+from .roles import Forbidden
 from .validation import FieldError
 
 log = logging.getLogger("gpupool.k8s_org")
@@ -77,8 +79,8 @@ def field_error(e: ApiError) -> FieldError:
 
 # -- writes ------------------------------------------------------------------------------
 async def publish(kc: KubeClient, kind: str, name: str, item: dict | None) -> None:
-    """Make the object ``name`` say ``item`` (None: delete it). Raises FieldError when the API
-    server refuses the value (422 or 400)."""
+    """Make the object ``name`` say ``item`` (None: delete it). The API server's refusals as
+    the REST API's: FieldError (its 422 or 400), Forbidden (403), Conflict (409)."""
     path = PATHS[kind]
     try:
         if item is None:
@@ -101,6 +103,10 @@ async def publish(kc: KubeClient, kind: str, name: str, item: dict | None) -> No
     except ApiError as e:
         if e.status in (400, 422):
             raise field_error(e) from None
+        if e.status == 403:  # the ClusterRole may leave the organisation to Git
+            raise Forbidden(f"the cluster refuses to change {kind} {name}: {e.message}") from None
+        if e.status == 409:
+            raise Conflict("name", f"{kind} {name!r} changed in the cluster meanwhile: {e.message}") from None
         raise
 
 

@@ -257,3 +257,23 @@ def test_api_server_refusal_names_the_field(k8s_cluster: ClusterInfo):
         return False
 
     assert asyncio.run(absent())
+
+
+def test_cluster_refusing_the_hub_is_a_403(k8s_cluster: ClusterInfo, ns, tmp_path):
+    """A ServiceAccount without the chart's ClusterRole (an organisation kept in Git) gets
+    the REST API's 403, not a failure."""
+    from hub_ext.roles import Forbidden
+    from scheduler.k8s.client import KubeClient
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            await kc.post(f"/api/v1/namespaces/{ns}/serviceaccounts",
+                          {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader"}})
+            path = await sa_kubeconfig(kc, k8s_cluster, ns, "reader", tmp_path / "kubeconfig")
+        async with await KubeClient.from_kubeconfig(str(path)) as sa:
+            await k8s_org.publish(sa, "department", "d-refused",
+                                  {"name": "d-refused", "gpus": 1, "over_quota_weight": 1, "limit": None})
+
+    with pytest.raises(Forbidden) as e:
+        run(go())
+    assert "d-refused" in e.value.reason
