@@ -5,28 +5,38 @@ the Department/Project objects are the truth, the hub's database a copy fed by a
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import yaml
+from playwright.sync_api import sync_playwright
 
 from hub_ext import k8s_org
 from hub_ext.validation import FieldError
 from scheduler.k8s.client import ApiError
 from scheduler.k8s.node_agent import NodeAgent, file_inventory
 from scheduler.k8s.testcluster import ClusterInfo, script_path
+from tests import chromium
 from tests.chart.chartlib import sa_kubeconfig
 from tests.hub.hubclient import HubClient, call
 from tests.hub.hubproc import ADMIN_PW, Hub
 from tests.waits import wait_for
 
 from .conftest import GPUS_PER_NODE, NODES
-from .helpers import GROUP, bound, delete_org, kube, list_pods, make_pod, run, scheduled_false
+from .helpers import GROUP, bound, delete_org, kube, list_pods, make_pod, scheduled_false
 from .test_node_agent import _node
 
 RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
 ORG = "admins: [admin]\nusers: [alice]\ndepartments: []\n"
 DEPT, KUBECTL, REST = "d-orgsync", "p-kubectl", "p-rest"
+
+
+def run(coro):
+    """Off the main thread: the browser's (Playwright's sync API) event loop runs there."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def _chart_hub_rbac(ns: str) -> list[dict]:
@@ -105,11 +115,31 @@ def _admin(h: Hub) -> tuple[HubClient, str]:
     return c, c.token("admin")
 
 
+def login(browser, hub: Hub, user: str, password: str):
+    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+    page.set_default_timeout(60_000)
+    page.goto(hub.url + "/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", password)
+    page.click("#login_submit")
+    page.wait_for_url(re.compile(r".*/hub/(home|spawn).*"))
+    return page
+
+
 def _page(c: HubClient, h: Hub, page: str) -> str:
     return c.opener.open(f"{h.url}/services/gpupool/{page}").read().decode()
 
 
 def test_organisation_and_inventory_come_from_the_cluster(k8s_cluster: ClusterInfo, ns, hub, tmp_path):
+    with sync_playwright() as p:
+        browser = chromium.launch(p)
+        try:
+            _organisation_and_inventory(k8s_cluster, ns, hub, tmp_path, browser)
+        finally:
+            browser.close()
+
+
+def _organisation_and_inventory(k8s_cluster: ClusterInfo, ns: str, hub: Hub, tmp_path, browser):
     c, tok = _admin(hub)
 
     # a Project applied in the cluster (as kubectl does) shows in the REST API and the panel
@@ -158,9 +188,13 @@ def test_organisation_and_inventory_come_from_the_cluster(k8s_cluster: ClusterIn
              timeout=120)
     assert not bound(run(pods()))
 
-    # the quota edited through the REST API lands on the object, and the scheduler binds
-    status, body = call(hub.url, tok, "PATCH", f"/projects/{REST}", {"gpus": 1})
-    assert status == 200 and body["gpus"] == 1, body
+    # the quota edited in the admin panel lands on the object, and the scheduler binds
+    admin = login(browser, hub, "admin", ADMIN_PW)
+    admin.goto(hub.url + "/services/gpupool/org")
+    row = admin.locator(f"#projects tr[data-name={REST}]")
+    row.locator("input[name=gpus]").fill("1")
+    row.locator("button", has_text="Save").click()
+    admin.wait_for_function(f"document.getElementById('msg').textContent.includes('Saved {REST}')")
     assert run(get_project(REST))["spec"]["quotas"]["default"]["gpus"] == 1
     (pod,) = wait_for(lambda: bound(run(pods())), "the workspace bound after the quota edit", timeout=120)
 
@@ -184,8 +218,8 @@ def test_organisation_and_inventory_come_from_the_cluster(k8s_cluster: ClusterIn
     node = {n["name"]: n for n in items}[pod["spec"]["nodeName"]]
     gpu = int(pod["metadata"]["annotations"]["gpupool.io/gpu-indices"])
     assert node["gpus"][gpu]["allocated"] == 1
-    html = _page(c, hub, "nodes")
-    assert pod["spec"]["nodeName"] in html and f"{ns}/ws-quota" in html
+    admin.goto(hub.url + "/services/gpupool/nodes")
+    assert f"{ns}/ws-quota (1)" in admin.inner_text("#gpus")
 
     # a node the node agent publishes shows with each GPU's own model, memory and UUID
     agent_node = f"agent-{ns[-8:]}"
