@@ -311,3 +311,61 @@ def test_cluster_refusing_the_hub_is_a_403(k8s_cluster: ClusterInfo, ns, tmp_pat
     with pytest.raises(Forbidden) as e:
         run(go())
     assert "d-refused" in e.value.reason
+
+
+# -- the copy, without a cluster -----------------------------------------------------------
+def _obj(name: str, gpus: float, department: str | None = None, **quota) -> dict:
+    spec: dict = {"quotas": {"default": {"gpus": gpus, **quota}, "other-pool": {"gpus": 99}}}
+    if department is not None:
+        spec["department"] = department
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def test_copy_follows_the_objects(tmp_path):
+    from hub_ext import org
+    from hub_ext.db import MemberRow
+    from hub_ext.schema import make_sessionmaker
+
+    Session = make_sessionmaker(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    depts = {"d": _obj("d", 4)}
+    projects = {"p": _obj("p", 1, "d", limit=2, overQuotaWeight=3), "orphan": _obj("orphan", 1, "nowhere")}
+    with Session() as s:
+        assert k8s_org.reconcile(s, depts, projects)
+        s.add(MemberRow(project="p", user="alice"))
+        s.commit()
+        (p,) = org.list_projects(s)
+        assert (p["name"], p["gpus"], p["limit"], p["over_quota_weight"], p["members"]) == ("p", 1, 2, 3, ["alice"])
+        assert not k8s_org.reconcile(s, depts, projects), "nothing changed, nothing written"
+        projects["p"] = _obj("p", 2, "d")  # limit removed, quota raised
+        assert k8s_org.reconcile(s, depts, projects)
+        (p,) = org.list_projects(s)
+        assert (p["gpus"], p["limit"], p["members"]) == (2, None, ["alice"])
+        assert k8s_org.reconcile(s, {}, projects)  # the department gone: its projects too
+        s.commit()
+        assert org.list_projects(s) == [] and org.list_departments(s) == []
+        assert s.query(MemberRow).count() == 0
+
+
+def test_inventory_rows_from_nodes_and_bound_pods():
+    from hub_ext import k8s_inventory
+
+    node = {"metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "H100", "nvidia.com/gpu.memory": "80000"},
+                         "annotations": {"gpupool.io/gpus": '[{"index": 1, "uuid": "GPU-1", "model": "NVIDIA H100", '
+                                                            '"memory_mib": 81559}]'}},
+            "status": {"allocatable": {"nvidia.com/gpu": "2", "cpu": "8", "memory": "16Gi"}}}
+
+    def pod(name, phase="Running", **ann):
+        return {"metadata": {"name": name, "namespace": "ns", "annotations": {"gpupool.io/project": "nlp", **ann}},
+                "spec": {"nodeName": "n1"}, "status": {"phase": phase}}
+
+    pods = {"a": pod("a", **{"gpupool.io/gpu-indices": "1", "gpupool.io/gpu-milli": "500"}),
+            "b": pod("b", **{"gpupool.io/gpu-indices": "0,1", "gpupool.io/over-quota": "true"}),
+            "done": pod("done", "Succeeded", **{"gpupool.io/gpu-indices": "0"}),
+            "unbound": {**pod("u"), "spec": {}}}
+    (row,) = k8s_inventory.rows({"/n1": node}, pods)
+    assert (row.name, row.source, row.cpu_milli) == ("n1", "kubernetes", 8000)
+    g0, g1 = row.gpus
+    assert (g0["model"], g0["memory_mib"], g0["uuid"]) == ("H100", 80000, "")
+    assert (g1["model"], g1["memory_mib"], g1["uuid"]) == ("NVIDIA H100", 81559, "GPU-1")
+    assert [(p["pod"], p["gpu"], p["over_quota"]) for p in g0["pods"]] == [("b", 1.0, True)]
+    assert [(p["pod"], p["gpu"]) for p in g1["pods"]] == [("a", 0.5), ("b", 1.0)]
