@@ -3,13 +3,22 @@ organisation (hub_ext.k8s_org) and the inventory (hub_ext.k8s_inventory)."""
 
 from __future__ import annotations
 
+import logging
+
 from .config import Gpupool
 from .k8s_inventory import InventorySync
 from .k8s_org import OrgSync, client
 
+log = logging.getLogger("gpupool.k8s")
+
 
 async def follow(cfg: Gpupool, Session) -> tuple[OrgSync, InventorySync]:
-    kc = await client(cfg.kubeconfig)
+    try:
+        kc = await client(cfg.kubeconfig)
+    except Exception:
+        log.exception("gpupool: cannot reach the Kubernetes API server (Gpupool.kubeconfig = %r)",
+                      cfg.kubeconfig)
+        raise
     org, inventory = OrgSync(kc, Session), InventorySync(kc, Session, cfg.namespace)
     org.start()
     inventory.start()

@@ -165,6 +165,8 @@ def _organisation_and_inventory(k8s_cluster: ClusterInfo, ns: str, hub: Hub, tmp
                         {"name": REST, "department": DEPT, "gpus": 0, "members": ["alice"]})
     assert status == 201, body
     assert body["members"] == ["alice"]
+    status, body = call(hub.url, tok, "GET", "/audit?action=project.created")
+    assert [(e["actor"], e["target"]) for e in body["items"]] == [("admin", REST)], body
 
     async def get_project(name):
         async with kube(k8s_cluster) as kc:
