@@ -2,7 +2,7 @@
 
     gpupool up [--config gpupool_config.py]      start JupyterHub + proxy + scheduler + service
     gpupool options                              every configuration option with its help
-    gpupool project list | show NAME
+    gpupool project list | show NAME | quota NAME [--gpus G] [--limit L | --no-limit] [--weight W]
     gpupool roles list | set USER [department-admin:DEPT | viewer:DEPT | viewer:*]...
     gpupool workspace list | start [options] | stop NAME
     gpupool training submit NAME [options] -- COMMAND... | list | describe | logs | delete | suspend | resume
@@ -90,6 +90,14 @@ def cmd_project(args) -> int:
         for p in _api(args, "GET", "/projects")["items"]:
             print(f"{p['name']:<16} {p['department']:<12} quota {p['gpus']:>5g}  in use {p['allocated_gpus']:>5g}"
                   f"  running {p['running']}  pending {p['pending']}")
+    elif args.action == "quota":  # on Kubernetes this edits the Project object
+        body = {k: v for k, v in (("gpus", args.gpus), ("limit", args.limit),
+                                  ("over_quota_weight", args.weight)) if v is not None}
+        if args.no_limit:
+            body["limit"] = None
+        p = _api(args, "PATCH", f"/projects/{args.name}", body)
+        limit = "no limit" if p["limit"] is None else f"limit {p['limit']:g}"
+        print(f"{p['name']}: quota {p['gpus']:g} GPUs, {limit}, over-quota weight {p['over_quota_weight']:g}")
     else:
         print(json.dumps(_api(args, "GET", f"/projects/{args.name}"), indent=2))
     return 0
@@ -179,8 +187,13 @@ def parser() -> argparse.ArgumentParser:
     up.set_defaults(fn=cmd_up)
     sub.add_parser("options", help="print every option").set_defaults(fn=cmd_options)
     pr = sub.add_parser("project", help="your projects")
-    pr.add_argument("action", choices=["list", "show"], help="list your projects, or show one")
-    pr.add_argument("name", nargs="?", type=name_arg(), help="the project (show)")
+    pr.add_argument("action", choices=["list", "show", "quota"],
+                    help="list your projects, show one, or change one's quota (admins)")
+    pr.add_argument("name", nargs="?", type=name_arg(), help="the project (show, quota)")
+    pr.add_argument("--gpus", type=float, help="quota: guaranteed GPUs")
+    pr.add_argument("--limit", type=float, help="quota: most GPUs even when idle ones exist")
+    pr.add_argument("--no-limit", action="store_true", help="quota: remove the limit")
+    pr.add_argument("--weight", type=float, help="quota: over-quota weight")
     pr.set_defaults(fn=cmd_project)
     ws = sub.add_parser("workspace", help="your workspaces")
     ws.add_argument("action", choices=["list", "start", "stop"], help="what to do")
@@ -205,8 +218,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    if args.cmd == "project" and args.action == "show" and not args.name:
-        sys.exit("gpupool: project show needs a NAME")
+    if args.cmd == "project" and args.action in ("show", "quota") and not args.name:
+        sys.exit(f"gpupool: project {args.action} needs a NAME")
     if args.cmd == "workspace" and args.action == "stop" and not args.name:
         sys.exit("gpupool: workspace stop needs the workload NAME (see gpupool workspace list)")
     return args.fn(args)

@@ -5,9 +5,12 @@ the Department/Project objects are the truth, the hub's database a copy fed by a
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import yaml
@@ -204,6 +207,17 @@ def _organisation_and_inventory(k8s_cluster: ClusterInfo, ns: str, hub: Hub, tmp
     status, body = call(hub.url, tok, "PATCH", f"/projects/{REST}", {"gpus": 2, "limit": 1})
     assert status == 400 and body["error"]["field"] == "limit", body
     assert run(get_project(REST))["spec"]["quotas"]["default"]["gpus"] == 1
+
+    # the CLI writes the object too
+    gp = str(Path(sys.executable).parent / "gpupool")
+    env = {**os.environ, "GPUPOOL_URL": hub.url, "GPUPOOL_TOKEN": tok}
+    out = subprocess.run([gp, "project", "quota", REST, "--gpus", "1", "--limit", "3"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "limit 3" in out.stdout, out
+    assert run(get_project(REST))["spec"]["quotas"]["default"] == {"gpus": 1, "limit": 3, "overQuotaWeight": 1}
+    out = subprocess.run([gp, "project", "quota", REST, "--gpus", "-1"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "gpus:" in out.stderr and "HTTP 400" in out.stderr, out
 
     # the nodes are the cluster's, each GPU with the pods gpupool-scheduler put on it
     def nodes_with_the_pod():
