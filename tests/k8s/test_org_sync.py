@@ -102,6 +102,7 @@ def hub(k8s_cluster: ClusterInfo, ns, sched, tmp_path):
         async def teardown():
             async with kube(k8s_cluster) as kc:
                 await delete_org(kc, DEPT, [KUBECTL, REST])
+                await delete_org(kc, "d-rest", [])
                 for o in rbac:
                     if o["kind"].startswith("Cluster"):
                         plural = o["kind"].lower() + "s"
@@ -280,6 +281,21 @@ def _organisation_and_inventory(k8s_cluster: ClusterInfo, ns: str, hub: Hub, tmp
     assert status == 204
     with pytest.raises(ApiError) as gone:
         run(get_project(REST))
+    assert gone.value.status == 404
+
+    # departments too: created, edited and deleted through the REST API, in the cluster
+    async def get_department(name):
+        async with kube(k8s_cluster) as kc:
+            return await kc.get(f"{GROUP}/departments/{name}")
+
+    status, body = call(hub.url, tok, "POST", "/departments", {"name": "d-rest", "gpus": 2})
+    assert status == 201, body
+    status, body = call(hub.url, tok, "PATCH", "/departments/d-rest", {"gpus": 3, "over_quota_weight": 2})
+    assert status == 200, body
+    assert run(get_department("d-rest"))["spec"]["quotas"]["default"] == {"gpus": 3, "overQuotaWeight": 2}
+    assert call(hub.url, tok, "DELETE", "/departments/d-rest")[0] == 204
+    with pytest.raises(ApiError) as gone:
+        run(get_department("d-rest"))
     assert gone.value.status == 404
 
 
