@@ -162,6 +162,8 @@ def _organisation_and_inventory(k8s_cluster: ClusterInfo, ns: str, hub: Hub, tmp
     p = wait_for(listed, "the kubectl-applied project in the REST API", timeout=60)
     assert (p["department"], p["gpus"], p["limit"]) == (DEPT, 1, 2)
     assert KUBECTL in _page(c, hub, "org")
+    events = call(hub.url, tok, "GET", f"/events?project={KUBECTL}")[1]["items"]
+    assert [e["message"] for e in events] == [f"project {KUBECTL} created in the cluster with 1 GPUs"]
     assert "research" not in _page(c, hub, "org"), "departments without an object are not kept"
 
     # a project made through the REST API is an object; its quota is 0 GPUs at first
