@@ -18,8 +18,10 @@ import asyncio
 import logging
 from typing import Any
 
+import aiohttp
 from sqlalchemy import delete, select
 
+from gpupool.errors import GpupoolError
 from scheduler.k8s.client import ApiError, KubeClient
 from scheduler.model import DEFAULT_POOL
 
@@ -38,6 +40,10 @@ KINDS = {"department": "Department", "project": "Project"}
 _FIELDS = {"gpus": "gpus", "overQuotaWeight": "over_quota_weight", "limit": "limit",
            "department": "department", "name": "name"}
 _clients: dict[str, KubeClient] = {}
+
+
+class Unavailable(GpupoolError):
+    """The API server could not take a write (the REST API answers 503)."""
 
 
 async def client(kubeconfig: str) -> KubeClient:
@@ -80,7 +86,8 @@ def field_error(e: ApiError) -> FieldError:
 # -- writes ------------------------------------------------------------------------------
 async def publish(kc: KubeClient, kind: str, name: str, item: dict | None) -> None:
     """Make the object ``name`` say ``item`` (None: delete it). The API server's refusals as
-    the REST API's: FieldError (its 422 or 400), Forbidden (403), Conflict (409)."""
+    the REST API's: FieldError (its 422 or 400), Forbidden (403), Conflict (409); Unavailable
+    for any other failure (nothing was written)."""
     path = PATHS[kind]
     try:
         if item is None:
@@ -107,7 +114,9 @@ async def publish(kc: KubeClient, kind: str, name: str, item: dict | None) -> No
             raise Forbidden(f"the cluster refuses to change {kind} {name}: {e.message}") from None
         if e.status == 409:
             raise Conflict("name", f"{kind} {name!r} changed in the cluster meanwhile: {e.message}") from None
-        raise
+        raise Unavailable(f"the Kubernetes API server refused to write {kind} {name}: {e}") from None
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        raise Unavailable(f"the Kubernetes API server cannot be reached: {e}") from None
 
 
 # -- the copy in the database ------------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
+from tornado.web import HTTPError
 
 from hub_ext.inference import api as inference_api
 
@@ -73,8 +74,11 @@ class OrgWriter(ApiHandler):
             return await self.off_loop(self._commit, change, args)
         out = await self.off_loop(self._check, change, args)
         name = name or out["name"]
-        await k8s_org.publish(await k8s_org.client(self.ctx.cfg.kubeconfig), self.kind, name,
-                              None if deleted else out)
+        try:
+            await k8s_org.publish(await k8s_org.client(self.ctx.cfg.kubeconfig), self.kind, name,
+                                  None if deleted else out)
+        except k8s_org.Unavailable as e:
+            raise HTTPError(503, reason=str(e).replace("\n", " ")[:400]) from None
         try:
             return await self.off_loop(self._commit, change, args)
         except (org.Conflict, org.NotFound, IntegrityError):  # the watch copied the object first

@@ -403,3 +403,16 @@ def test_inventory_rows_from_nodes_and_bound_pods():
     assert (g1["model"], g1["memory_mib"], g1["uuid"]) == ("NVIDIA H100", 81559, "GPU-1")
     assert [(p["pod"], p["gpu"], p["over_quota"]) for p in g0["pods"]] == [("b", 1.0, True)]
     assert [(p["pod"], p["gpu"]) for p in g1["pods"]] == [("a", 0.5), ("b", 1.0)]
+
+
+def test_unreachable_api_server_is_unavailable_not_a_crash():
+    from scheduler.k8s.client import KubeClient
+
+    async def go():
+        async with KubeClient("https://127.0.0.1:9", None, None) as kc:  # nothing listens there
+            await k8s_org.publish(kc, "project", "p", {"name": "p", "department": "d", "gpus": 1,
+                                                       "over_quota_weight": 1, "limit": None})
+
+    with pytest.raises(k8s_org.Unavailable) as e:
+        run(go())
+    assert "cannot be reached" in str(e.value)
