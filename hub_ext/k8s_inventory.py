@@ -25,26 +25,33 @@ log = logging.getLogger("gpupool.k8s_inventory")
 
 SOURCE = "kubernetes"
 NODE_GPUS = "gpupool.io/gpus"  # the node agent's JSON list: index, uuid, model, memory_mib
+NODE_USAGE = "gpupool.io/gpu-usage"  # its JSON list: index, memory_used_mib, utilization (%)
+
+
+def _by_index(node: dict, annotation: str) -> dict[int, dict]:
+    """A node agent's JSON list annotation, by GPU index ({} when absent or unreadable)."""
+    raw = ((node["metadata"].get("annotations") or {}).get(annotation)) or ""
+    try:
+        return {int(g["index"]): g for g in (json.loads(raw) if raw else [])}
+    except (ValueError, TypeError, KeyError):
+        log.warning("node %s: unreadable %s annotation", node["metadata"]["name"], annotation)
+        return {}
 
 
 def node_gpus(node: dict) -> list[dict]:
     """The node's GPUs: count, model and memory from its labels and allocatable (what
     gpupool-scheduler reads), each GPU's own model, memory and UUID from the node agent's
-    ``gpupool.io/gpus`` annotation where it has one."""
+    ``gpupool.io/gpus`` annotation, and its use from ``gpupool.io/gpu-usage``, where it has
+    them."""
     parsed = parse_node(node)
-    detail: dict[int, dict] = {}
-    raw = ((node["metadata"].get("annotations") or {}).get(NODE_GPUS)) or ""
-    try:
-        for g in json.loads(raw) if raw else []:
-            detail[int(g["index"])] = g
-    except (ValueError, TypeError, KeyError):
-        log.warning("node %s: unreadable %s annotation", parsed.name, NODE_GPUS)
+    detail, usage = _by_index(node, NODE_GPUS), _by_index(node, NODE_USAGE)
     out = []
     for g in parsed.gpus:
-        d = detail.get(g.index, {})
+        d, u = detail.get(g.index, {}), usage.get(g.index, {})
         out.append({"index": g.index, "model": str(d.get("model") or g.model),
                     "memory_mib": int(d.get("memory_mib") or g.memory_mib),
-                    "uuid": str(d.get("uuid") or g.uuid), "pods": []})
+                    "uuid": str(d.get("uuid") or g.uuid), "pods": [],
+                    "utilization_pct": u.get("utilization"), "memory_used_mib": u.get("memory_used_mib")})
     return out
 
 

@@ -245,7 +245,8 @@ def _organisation_and_inventory(k8s_cluster: ClusterInfo, ns: str, hub: Hub, tmp
     inv = tmp_path / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"gpus": [
         {"index": i, "uuid": f"GPU-{agent_node}-{i}", "model": "NVIDIA A100-SXM4-40GB",
-         "memory_mib": 40960, "nvlink_peers": [1 - i]} for i in range(2)]}))
+         "memory_mib": 40960, "nvlink_peers": [1 - i]} for i in range(2)],
+        "usage": [{"index": 1, "memory_used_mib": 2048, "utilization": 37}]}))
 
     async def publish_node():
         async with kube(k8s_cluster) as kc:
@@ -265,7 +266,10 @@ def _organisation_and_inventory(k8s_cluster: ClusterInfo, ns: str, hub: Hub, tmp
         gpus = wait_for(agent_gpus, "the agent's node in the nodes API", timeout=60)
         assert [(g["uuid"], g["model"], g["memory_mib"]) for g in gpus] == [
             (f"GPU-{agent_node}-{i}", "NVIDIA A100-SXM4-40GB", 40960) for i in range(2)]
-        assert agent_node in _page(c, hub, "nodes")
+        assert [(g["utilization_pct"], g["memory_used_mib"]) for g in gpus] == [(None, None), (37, 2048)]
+        admin.goto(hub.url + "/services/gpupool/nodes")
+        row = admin.locator("#gpus tr", has_text=agent_node).nth(1)
+        assert "37%" in row.inner_text() and "NVIDIA A100-SXM4-40GB" in row.inner_text()
     finally:
         run(delete_node())
     wait_for(lambda: agent_gpus() is None, "the deleted node gone from the nodes API", timeout=60)

@@ -21,7 +21,8 @@ class NodesPage(PageHandler):
                          for u in share.get((n.name, g["index"]), [])]
                 rows.append({"node": n.name, "index": g["index"], "model": g["model"],
                              "memory_gib": g["memory_mib"] / 1024, "users": users,
-                             "allocated": sum(u[2] for u in users)})
+                             "allocated": sum(u[2] for u in users),
+                             "utilization": g.get("utilization_pct")})  # the node agent's, on Kubernetes
         self.render_page("nodes.html", rows=rows, nodes=nodes)
 
 
