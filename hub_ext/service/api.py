@@ -18,7 +18,7 @@ from tornado.web import HTTPError
 
 from hub_ext.inference import api as inference_api
 
-from .. import attach, audit, k8s_org, org, roles, validation
+from .. import attach, audit, org, roles, validation
 from ..db import EventRow, SampleRow, WorkloadRow, bump_version
 from ..events import add_event
 from ..limits import limits_for
@@ -72,6 +72,8 @@ class OrgWriter(ApiHandler):
     async def change_org(self, change, name: str | None, *args, deleted: bool = False):
         if self.ctx.cfg.backend != "kubernetes":
             return await self.off_loop(self._commit, change, args)
+        from .. import k8s_org  # aiohttp and kubernetes_asyncio: the k8s extra
+
         out = await self.off_loop(self._check, change, args)
         name = name or out["name"]
         try:
