@@ -224,5 +224,23 @@ def read_tail(path: Path, uid: int, max_bytes: int) -> str:
         return f.read().decode(errors="replace")
 
 
-__all__ = ["PRIVATE", "account_env", "check_argv", "forget", "gpu_devices", "link_in_home", "log_header", "private_dir", "read_tail", "reap", "start",
+def read_from(path: Path, uid: int, offset: int | None, max_bytes: int) -> tuple[str, int]:
+    """What an account's log file holds after byte ``offset`` (None: its last ``max_bytes``),
+    at most ``max_bytes`` of it, and the offset it ends at; checked as ``read_tail`` does.
+    A file shorter than ``offset`` was started anew: read from its start."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return "", offset or 0
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (uid, os.geteuid()):
+            return "", offset or 0
+        start = max(0, st.st_size - max_bytes) if offset is None else (0 if offset > st.st_size else offset)
+        f.seek(start)
+        data = f.read(max_bytes)
+        return data.decode(errors="replace"), start + len(data)
+
+
+__all__ = ["PRIVATE", "account_env", "check_argv", "forget", "gpu_devices", "link_in_home", "log_header", "private_dir", "read_from", "read_tail", "reap", "start",
            "remove_private", "write_private"]
