@@ -239,6 +239,8 @@ def read_from(path: Path, uid: int, offset: int | None, max_bytes: int) -> tuple
         start = max(0, st.st_size - max_bytes) if offset is None else (0 if offset > st.st_size else offset)
         f.seek(start)
         data = f.read(max_bytes)
+        if offset is not None:  # whole lines only: the rest comes with the next read
+            data = data[:data.rfind(b"\n") + 1]
         return data.decode(errors="replace"), start + len(data)
 
 
