@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import asyncssh
 import pytest
-from hubclient import call
+from hubclient import HubClient, call
 from hubkernel import run_code
-from hubproc import Hub, account, free_ports
+from hubproc import USER_PW, Hub, account, free_ports
 from test_embedded_accounts import login, start_workspace
 
 from tests.waits import wait_for
@@ -206,6 +207,19 @@ def test_every_login_is_audited(shub):
     assert e["details"]["source"] == "127.0.0.1"
     _, data = call(shub.url, shub.tokens["admin"], "GET", "/audit?action=ssh.refused&actor=alice")
     assert data["total"] >= 3 and all(e["details"]["reason"].startswith("bad ") for e in data["items"])
+
+
+def test_the_home_page_shows_how_to_connect_to_each_running_workspace(shub):
+    page = HubClient(shub.url).login("alice", USER_PW).opener.open(shub.url + "/hub/home").read().decode()
+    block = page[page.index('id="gpupool-connect"'):]
+    line = re.search(r'<pre class="gpupool-ssh-line">(.*?)</pre>', block).group(1)
+    assert re.sub(r"<[^>]+>", "", line) == f"ssh -p {shub.ssh_port} alice@"  # the host: the page's own
+    assert "Host gpupool-alice\n  HostName" in block and f"Port {shub.ssh_port}\n  User alice" in block
+    assert "Existing JupyterHub Server" in block and "/hub/token" in block
+    r = ssh(shub, "alice", shub.tokens["alice"], "echo $GPUPOOL_WORKLOAD")  # what the line runs
+    assert r.stdout.strip() == "ws-alice"
+    page = HubClient(shub.url).login("bob", USER_PW).opener.open(shub.url + "/hub/home").read().decode()
+    assert 'id="gpupool-connect"' not in page  # nothing of bob's runs
 
 
 def test_a_hundred_bad_logins_lock_the_user_out_and_nothing_crashes(shub):
