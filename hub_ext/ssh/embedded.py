@@ -42,7 +42,7 @@ class HostBackend:
     def __init__(self, run_dir: Path, Session):
         self.run_dir, self.Session = Path(run_dir), Session
 
-    def workload(self, user: str, name: str) -> str | None:
+    async def workload(self, user: str, name: str) -> str | None:
         """USER's workspace NAME (its default one for ''), or a training worker or inference
         replica named NAME whose workload USER owns; only while it runs."""
         candidates = [workload_name(user, name)]
@@ -96,6 +96,9 @@ class HostBackend:
         code = await proc.wait()
         await process.stdout.drain()
         return code
+
+    def tcp_session(self, workload: str, host: str, port: int):
+        return True  # asyncssh connects to HOST:PORT itself: this host is the workload's
 
     def may_forward(self, workload: str, host: str, port: int) -> bool:
         if host.lower() not in LOOPBACK or not 0 < port < 65536:

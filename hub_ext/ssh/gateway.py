@@ -46,14 +46,17 @@ class Login:
 
 
 class Backend(Protocol):
-    def workload(self, user: str, name: str) -> str | None:
-        """The workload USER may reach as NAME (None: not theirs or no such workload)."""
+    async def workload(self, user: str, name: str) -> str | None:
+        """The running workload USER may reach as NAME (None: none, or not theirs)."""
 
     async def session(self, process: asyncssh.SSHServerProcess, workload: str) -> int:
         """Run the session's shell, command or subsystem inside ``workload``; its exit status."""
 
     def may_forward(self, workload: str, host: str, port: int) -> bool:
         """Whether a forward to HOST:PORT reaches a listener of ``workload``."""
+
+    def tcp_session(self, workload: str, host: str, port: int):
+        """What ``SSHServer.connection_requested`` returns for an allowed forward."""
 
 
 def host_key(state_dir: str | Path) -> asyncssh.SSHKey:
@@ -191,7 +194,7 @@ class Gateway:
 
             async def _done(self, ok: bool, how: str) -> bool:
                 if ok:
-                    self.workload = gateway.backend.workload(self.login.user, self.login.name)
+                    self.workload = await gateway.backend.workload(self.login.user, self.login.name)
                     gateway.audit(self.login.user, "ssh.login", self.workload or self.login.name,
                                   {"method": how, "source": self.source,
                                    "running": self.workload is not None})
@@ -202,7 +205,7 @@ class Gateway:
                     raise asyncssh.ChannelOpenError(
                         asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
                         f"{dest_host}:{dest_port} is no port of this workload's on localhost")
-                return True
+                return gateway.backend.tcp_session(self.workload, dest_host, dest_port)
 
             def server_requested(self, listen_host, listen_port):
                 return False  # remote forwards would open ports on the hub's host
@@ -236,7 +239,7 @@ async def run(cfg, Session, hub_api: str, hub_url: str = "") -> asyncssh.SSHAcce
     if cfg.backend == "kubernetes":
         from .kube import KubeBackend
 
-        backend: Backend = KubeBackend(cfg, Session)
+        backend: Backend = await KubeBackend.from_environment(cfg.namespace)
     else:
         from .embedded import HostBackend
 
