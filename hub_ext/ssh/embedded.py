@@ -1,8 +1,9 @@
 """Sessions of the SSH gateway on this host (embedded mode).
 
-Every session is a process started through ``hub_ext.host.enter``: the workload's account,
-cgroup and environment, as its own processes have them. SFTP is the system's OpenSSH
-``sftp-server`` started the same way, so every file it touches is touched as the account.
+A login's shell, command or SFTP server is a process started through
+``hub_ext.host.enter``: the workload's account, cgroup and environment, as its own
+processes have them. SFTP is the system's OpenSSH ``sftp-server`` started the same way, so
+every file it touches is touched as the account.
 A local forward goes only to a port on the loopback address that a process of the
 workload listens on (never to the hub's own ports or another workload's).
 """

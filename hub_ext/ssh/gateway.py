@@ -221,7 +221,7 @@ class Gateway:
                     process.exit(1)
                     return
                 process.exit(await gateway.backend.session(process, server.workload))
-            except Exception as e:  # noqa: BLE001 - a session's failure ends that session only
+            except Exception as e:  # noqa: BLE001 - a failure ends this channel only
                 log.exception("ssh session of %s failed", server.login)
                 process.stderr.write(f"gpupool: session failed: {e}\r\n".encode())
                 process.exit(1)

@@ -19,8 +19,8 @@ def upgrade() -> None:
     op.create_table(
         "ssh_keys",
         sa.Column("user", sa.String(255), primary_key=True),
-        sa.Column("keys", sa.JSON),
-        sa.Column("updated", sa.Float),
+        sa.Column("keys", sa.JSON, nullable=False),
+        sa.Column("updated", sa.Float, nullable=False),
     )
 
 
