@@ -152,3 +152,31 @@ def test_an_uploaded_key_logs_in(chub, tmp_path):
     assert r.returncode == 255  # alice's key is not bob's
     _, data = call(chub.url, chub.tokens["admin"], "GET", "/audit?action=ssh.login&actor=alice&limit=1000")
     assert any(e["details"]["method"] == "key" for e in data["items"])
+
+
+def test_the_home_page_links_to_a_keys_page_that_saves_keys_for_ssh(chub, browser, tmp_path):
+    from test_browser import login as browser_login
+
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    path = tmp_path / "id_browser"
+    path.write_bytes(key.export_private_key())
+    path.chmod(0o600)
+    page = browser_login(browser, chub, "alice")
+    page.goto(chub.url + "/hub/home")
+    assert page.inner_text("#gpupool-connect .gpupool-ssh-line") == f"ssh -p {chub.ssh_port} alice@127.0.0.1"
+    page.click("#gpupool-ssh-keys")
+    page.wait_for_url(re.compile(r".*/services/gpupool/ssh-keys$"))
+    page.fill("#ssh-keys textarea", key.export_public_key().decode().strip() + " browser")
+    page.click("#ssh-keys button")
+    page.wait_for_function("document.getElementById('ssh-keys-status').textContent.startsWith('Saved')")
+    page.fill("#ssh-keys textarea", "ssh-ed25519 not-base64!")
+    page.click("#ssh-keys button")
+    page.wait_for_function("document.getElementById('ssh-keys-status').textContent.startsWith('keys[0]')")
+    page.context.close()
+    _, me = call(chub.url, chub.tokens["alice"], "GET", "/me")
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{chub.ssh_port} {me['ssh_host_key']}\n")
+    r = subprocess.run(["ssh", "-F", "/dev/null", "-p", str(chub.ssh_port), "-i", str(path), "-o", "IdentitiesOnly=yes",
+                        "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", "alice@127.0.0.1", "id -un"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == account("alice"), r.stderr
