@@ -6,8 +6,8 @@ embedded mode, so it can enter an account and a cgroup), holds the database (aud
 uploaded keys) and can ask the hub's API who owns a token.
 
 - **Login**: the password is a JupyterHub API token, checked against the hub's API
-  (``GET /user`` with that token); it must belong to USER. A key uploaded with
-  ``PUT /me/ssh-keys`` logs in too.
+  (``GET /user`` with that token); it must belong to USER and carry ``access:servers`` for
+  USER (or for that server). A key uploaded with ``PUT /me/ssh-keys`` logs in too.
 - **Failures** are throttled per user and per source address (``Throttle``).
 - **Every login** and every refusal before a lockout is written to the audit log
   (``ssh.login``, ``ssh.refused``).
@@ -81,8 +81,9 @@ def public_host_key(state_dir: str | Path) -> str:
         return ""
 
 
-async def token_owner(hub_api: str, token: str) -> str | None:
-    """The hub user a JupyterHub API token belongs to; None for a bad, expired or revoked one."""
+async def token_owner(hub_api: str, token: str) -> tuple[str, set[str]] | None:
+    """The hub user a JupyterHub API token belongs to and the token's scopes; None for a
+    bad, expired or revoked one."""
     if not token or len(token) > 4096 or any(c.isspace() for c in token):
         return None
     try:
@@ -97,7 +98,19 @@ async def token_owner(hub_api: str, token: str) -> str | None:
         body = json.loads(r.body)
     except ValueError:
         return None
-    return body.get("name") if body.get("kind", "user") == "user" else None
+    if body.get("kind", "user") != "user" or not isinstance(body.get("name"), str):
+        return None
+    return body["name"], set(body.get("scopes") or ())
+
+
+def may_reach(scopes: set[str], user: str, server: str) -> bool:
+    """Whether a token with ``scopes`` may reach USER's server (as it may through the proxy):
+    ``access:servers`` for all of USER's servers or for that one. A token made for less
+    (reading the API, say) opens no shell."""
+    ok = {"access:servers", f"access:servers!user={user}"}
+    if server:
+        ok.add(f"access:servers!server={user}/{server}")
+    return bool(ok & scopes)
 
 
 class _Process(asyncssh.SSHServerProcess):
@@ -151,7 +164,8 @@ class Gateway:
         return False
 
     async def token_ok(self, login: Login, token: str) -> bool:
-        return await token_owner(self.hub_api, token) == login.user
+        owner = await token_owner(self.hub_api, token)
+        return owner is not None and owner[0] == login.user and may_reach(owner[1], login.user, login.name)
 
     def key_ok(self, login: Login, key: asyncssh.SSHKey) -> bool:
         with self.Session() as s:
@@ -250,4 +264,4 @@ async def run(cfg, Session, hub_api: str, hub_url: str = "") -> asyncssh.SSHAcce
     return acceptor
 
 
-__all__ = ["Backend", "Gateway", "Login", "host_key", "public_host_key", "run", "token_owner"]
+__all__ = ["Backend", "Gateway", "Login", "host_key", "may_reach", "public_host_key", "run", "token_owner"]

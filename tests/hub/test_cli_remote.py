@@ -74,6 +74,14 @@ def test_ssh_print_gives_a_command_and_a_config_block_that_work(chub, tmp_path):
     assert out.stdout.strip() == "ws-alice", out.stderr
 
 
+def test_ssh_runs_openssh_with_the_token_as_its_password(chub, tmp_path):
+    r = subprocess.run([GPUPOOL, "workspace", "ssh", "ws-alice"], env=cli_env(chub, tmp_path), input="echo $GPUPOOL_WORKLOAD\n",
+                       capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ws-alice"
+    assert chub.tokens["alice"] not in r.stdout + r.stderr
+
+
 def test_port_forward_reaches_her_jupyterlab(chub, tmp_path):
     url = run_code(chub.url, "/user/alice/", chub.tokens["alice"],
                    "import os; print(os.environ['JUPYTERHUB_SERVICE_URL'])").strip()

@@ -190,6 +190,11 @@ def test_refusals(shub):
     assert ssh(shub, "alice", tok["token"], "true").returncode == 0
     call(shub.url, shub.tokens["alice"], "DELETE", f"/hub/api/users/alice/tokens/{tok['id']}", api=False)
     assert ssh(shub, "alice", tok["token"], "true").returncode == 255
+    # a token of hers made only to read her name through the API opens no shell
+    _, narrow = call(shub.url, shub.tokens["alice"], "POST", "/hub/api/users/alice/tokens",
+                     {"scopes": ["read:users:name!user"]}, api=False)
+    assert "access:servers!user=alice" not in narrow["scopes"]
+    assert ssh(shub, "alice", narrow["token"], "true").returncode == 255
     # a workspace that is not running: a clear message, nothing runs
     r = ssh(shub, "alice+lab2", shub.tokens["alice"], "echo ran")
     assert r.returncode == 1 and "ran" not in r.stdout
@@ -206,7 +211,7 @@ def test_every_login_is_audited(shub):
     assert e["target"] in ("ws-alice", "lab2") and e["details"]["method"] == "token"
     assert e["details"]["source"] == "127.0.0.1"
     _, data = call(shub.url, shub.tokens["admin"], "GET", "/audit?action=ssh.refused&actor=alice")
-    assert data["total"] >= 3 and all(e["details"]["reason"].startswith("bad ") for e in data["items"])
+    assert data["total"] >= 4 and all(e["details"]["reason"].startswith("bad ") for e in data["items"])
 
 
 def test_the_home_page_shows_how_to_connect_to_each_running_workspace(shub):
