@@ -72,7 +72,11 @@ class Gpupool(Configurable):
     def _ssh_port_default(self):
         return int(os.environ.get("GPUPOOL_SSH_PORT", "0"))
 
-    ssh_ip = Unicode("0.0.0.0", help="Address the SSH gateway listens on.").tag(config=True)
+    ssh_ip = Unicode(help="Address the SSH gateway listens on. Default: ip (the public proxy's).").tag(config=True)
+
+    @default("ssh_ip")
+    def _ssh_ip_default(self):
+        return self.ip
     ssh_host = Unicode(
         "", help="Host name users give ssh for the gateway (shown on the home page and by "
         "`gpupool workspace ssh`). Empty: the host name of the hub URL the user opened.",

@@ -21,6 +21,9 @@ from hubkernel import run_code
 from hubproc import USER_PW, Hub, account, free_ports
 from test_embedded_accounts import login, start_workspace
 
+from hub_ext import validation
+from hub_ext.ssh.throttle import Throttle
+from hub_ext.validation import FieldError
 from tests.waits import wait_for
 
 pytestmark = pytest.mark.slow
@@ -253,3 +256,37 @@ def test_a_hundred_bad_logins_lock_the_user_out_and_nothing_crashes(shub):
     assert shub.proc.poll() is None
     with socket.create_connection(("127.0.0.1", shub.ssh_port), timeout=10) as s:
         assert s.recv(64).startswith(b"SSH-2.0-")
+
+
+def test_the_throttle_locks_after_max_failures_and_lets_go_after_the_lockout():
+    now = [0.0]
+    t = Throttle(3, 60, clock=lambda: now[0])
+    keys = ("user:alice", "source:10.0.0.1")
+    assert [t.fail(keys) for _ in range(3)] == [False, False, True]
+    assert t.locked(keys) and t.locked(("source:10.0.0.1",)) and not t.locked(("user:bob", "source:10.0.0.2"))
+    now[0] = 59
+    assert t.locked(keys)
+    now[0] = 61
+    assert not t.locked(keys)
+    t.fail(keys)
+    t.succeed(keys[:1])  # a good login clears the user's count, not the address's
+    assert [t.fail(keys) for _ in range(2)] == [False, True]
+
+
+@pytest.mark.parametrize("keys, field", [
+    ("ssh-ed25519 AAAA", "keys"),
+    (["ssh-dss AAAAB3NzaC1kc3M="], "keys[0]"),
+    (["ssh-ed25519 not-base64!"], "keys[0]"),
+    (["ssh-ed25519 AAAAB3NzaC1yc2EAAAADAQAB"], "keys[0]"),  # an ssh-rsa blob named ed25519
+    ([""], "keys[0]"),
+    (["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA=="] * 17, "keys"),
+])
+def test_ssh_keys_are_checked(keys, field):
+    with pytest.raises(FieldError) as e:
+        validation.ssh_keys(keys)
+    assert e.value.field == field
+
+
+def test_an_ssh_key_is_kept_with_its_comment():
+    key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    assert validation.ssh_keys([f"{key}  me@laptop "]) == [f"{key} me@laptop"]
