@@ -293,7 +293,7 @@ def ssh_keys(raw, field: str = "keys") -> list[str]:
     out = []
     for i, line in enumerate(raw):
         f = f"{field}[{i}]"
-        parts = text(line, f, MAX_SSH_KEY_CHARS, empty=False).split(None, 2)
+        parts = text(line, f, MAX_SSH_KEY_CHARS, empty=False).strip().split(None, 2)
         if len(parts) < 2 or parts[0] not in SSH_KEY_TYPES:
             raise FieldError(f, f"must be 'TYPE BASE64 [comment]' with TYPE one of {', '.join(SSH_KEY_TYPES)}, "
                              f"got {show(line)}")
