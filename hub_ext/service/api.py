@@ -22,7 +22,7 @@ from .. import attach, org, roles, sshkeys, validation
 from ..db import EventRow, SampleRow, WorkloadRow, bump_version
 from ..events import add_event
 from ..host.accounts import Accounts
-from ..launch import PRIVATE, read_from
+from ..launch import output_log, read_from
 from ..limits import limits_for
 from ..requests import parse_request, workload_name
 from ..ssh.gateway import public_host_key
@@ -106,8 +106,9 @@ class WorkloadLogsHandler(ApiHandler):
         except (KeyError, GpupoolError):
             self.send({"name": name, "lines": [], "offset": 0})
             return
-        home = Path(acct.pw_dir) / PRIVATE
-        path = home / "logs" / f"{name}.log" if kind == "workspace" else home / "workloads" / name / "output.log"
+        kinds = ["workspace"] if kind == "workspace" else ["replica", "command"]
+        paths = [output_log(acct.pw_dir, k, name) for k in kinds]
+        path = next((p for p in paths if p.exists()), paths[-1])
         text, end = read_from(path, acct.pw_uid, start, MAX_LOG_BYTES)
         lines = text.splitlines()
         self.send({"name": name, "lines": lines if start is not None else lines[-tail:], "offset": end})

@@ -139,6 +139,29 @@ def test_training_exec_by_rank(chub, tmp_path):
     gp(chub, tmp_path, "training", "delete", "sleeper")
 
 
+def test_inference_exec_and_logs_by_replica(chub, tmp_path):
+    r = gp(chub, tmp_path, "inference", "submit", "echo", "--project", "nlp", "--gpu", "0.25", "--min-replicas", "1",
+           "--", "python3", "-u", "-m", "http.server", "{port}", "--bind", "127.0.0.1")
+    assert r.returncode == 0, r.stderr
+
+    def running_replica():
+        _, s = call(chub.url, chub.tokens["alice"], "GET", "/inferences/echo")
+        return next((x["name"] for x in s["status"].get("replica_list", []) if x["state"] == "ready"), None)
+    replica = wait_for(running_replica, "a running replica of echo", timeout=120,
+                       detail=lambda: json.dumps(call(chub.url, chub.tokens["alice"], "GET", "/inferences/echo")[1]))
+    try:
+        r = gp(chub, tmp_path, "inference", "exec", "echo", "--replica", replica, "--", "sh", "-c",
+               "id -un; echo $GPUPOOL_WORKLOAD")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == [account("alice"), replica]
+        wait_for(lambda: "Serving HTTP" in gp(chub, tmp_path, "inference", "logs", "echo", "--replica", replica).stdout,
+                 "the replica's output in its logs", timeout=60)
+        r = gp(chub, tmp_path, "inference", "exec", "echo", "--replica", "other-abcdef", "--", "true")
+        assert r.returncode != 0 and "not a replica of 'echo'" in r.stderr
+    finally:
+        gp(chub, tmp_path, "inference", "delete", "echo")
+
+
 def test_an_uploaded_key_logs_in(chub, tmp_path):
     key = asyncssh.generate_private_key("ssh-ed25519")
     path = tmp_path / "id_ed25519"
