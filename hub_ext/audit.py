@@ -40,6 +40,8 @@ ACTIONS = {
     "workload.stop": "a user or admin asked a workload to stop (or deleted it, or cancelled it while queued)",
     "workload.released": "a workload ended and its GPUs went back to the pool",
     "workload.preempt": "the scheduler evicted a workload (reclaim or preemption)",
+    "ssh.login": "a user logged in through the SSH gateway (method, source address in details)",
+    "ssh.refused": "an SSH gateway login was refused (bad token or key, or locked out)",
 }
 SYSTEM = "system"  # actor of changes nobody asked for through the API (starter org, scheduler)
 MAX_PAGE = 1000

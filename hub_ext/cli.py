@@ -5,6 +5,8 @@
     gpupool project list | show NAME | quota NAME [--gpus G] [--limit L | --no-limit] [--weight W]
     gpupool roles list | set USER [department-admin:DEPT | viewer:DEPT | viewer:*]...
     gpupool workspace list | start [options] | stop NAME
+    gpupool workspace ssh NAME [--print] | exec NAME -- CMD... | port-forward NAME LOCAL:REMOTE
+    gpupool workspace logs NAME [--follow]
     gpupool training submit NAME [options] -- COMMAND... | list | describe | logs | delete | suspend | resume
     gpupool inference submit NAME [options] -- COMMAND... | list | describe | delete
 
@@ -28,6 +30,7 @@ from hub_ext.inference import cli as inference_cli
 from . import humanize
 from .cli_common import name_arg
 from .config import ROOT, Gpupool
+from .remote_cli import REMOTE, remote_action
 from .training import cli as training_cli
 
 
@@ -166,6 +169,8 @@ def cmd_workspace(args) -> int:
             body["preemptible"] = True
         w = _api(args, "POST", "/workloads", body)
         _print_workspace(args, {"owner": me, "server": server, **w})
+    elif args.action in REMOTE:
+        return remote_action(args, _api, "workspace")
     else:
         queued = _api(args, "GET", f"/workloads/{args.name}").get("state") == "pending"
         _api(args, "DELETE", f"/workloads/{args.name}")
@@ -196,9 +201,14 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--weight", type=float, help="quota: over-quota weight")
     pr.set_defaults(fn=cmd_project)
     ws = sub.add_parser("workspace", help="your workspaces")
-    ws.add_argument("action", choices=["list", "start", "stop"], help="what to do")
+    ws.add_argument("action", choices=["list", "start", "stop", *REMOTE], help="what to do")
     ws.add_argument("name", nargs="?", default="", type=name_arg("server"),
-                    help="server name (start) or workload name (stop)")
+                    help="server name (start) or workload name (stop, ssh, exec, port-forward, logs)")
+    ws.add_argument("rest", nargs="*", metavar="LOCAL:REMOTE | -- COMMAND",
+                    help="port-forward: the local and the workspace's port; exec: the command after --")
+    ws.add_argument("--print", action="store_true", help="ssh: print the ssh command and ~/.ssh/config block")
+    ws.add_argument("--follow", "-f", action="store_true", help="logs: keep printing new output")
+    ws.add_argument("--tail", type=int, default=200, help="logs: lines from the end")
     ws.add_argument("--project", help="the workspace's project (default: your first)")
     ws.add_argument("--kind", default="jupyterlab", choices=["jupyterlab", "vscode"], help="the editor")
     ws.add_argument("--fraction", type=float, help="GPU fraction 0.05..1 (0: no GPU)")
@@ -217,7 +227,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = []  # exec's command: everything after "--", options of its own included
+    if "--" in argv and "exec" in argv[:argv.index("--")]:
+        argv, command = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args = parser().parse_args(argv)
+    if command:
+        args.rest = command
+    if args.cmd == "workspace" and args.action in REMOTE and not args.name:
+        sys.exit(f"gpupool: workspace {args.action} needs the workload NAME (see gpupool workspace list)")
     if args.cmd == "project" and args.action in ("show", "quota") and not args.name:
         sys.exit(f"gpupool: project {args.action} needs a NAME")
     if args.cmd == "workspace" and args.action == "stop" and not args.name:

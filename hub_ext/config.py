@@ -63,6 +63,30 @@ class Gpupool(Configurable):
     def _service_port_default(self):
         return int(os.environ.get("GPUPOOL_SERVICE_PORT", "10101"))
 
+    ssh_port = Integer(
+        help="Port of the SSH gateway (ssh USER[+SERVER]@HUB -p PORT into a running workload; "
+        "password: a JupyterHub API token). 0: no gateway. Default: $GPUPOOL_SSH_PORT or 0.",
+    ).tag(config=True)
+
+    @default("ssh_port")
+    def _ssh_port_default(self):
+        return int(os.environ.get("GPUPOOL_SSH_PORT", "0"))
+
+    ssh_ip = Unicode(help="Address the SSH gateway listens on. Default: ip (the public proxy's).").tag(config=True)
+
+    @default("ssh_ip")
+    def _ssh_ip_default(self):
+        return self.ip
+    ssh_host = Unicode(
+        "", help="Host name users give ssh for the gateway (shown on the home page and by "
+        "`gpupool workspace ssh`). Empty: the host name of the hub URL the user opened.",
+    ).tag(config=True)
+    ssh_max_failures = Integer(
+        10, help="Failed SSH logins in a row, per user and per source address, after which "
+        "that user or address is locked out for ssh_lockout_s.",
+    ).tag(config=True)
+    ssh_lockout_s = Float(300.0, help="Seconds an SSH user or source address stays locked out.").tag(config=True)
+
     proxy_api_port = Integer(help="Port of configurable-http-proxy's API. Default: $GPUPOOL_PROXY_API_PORT or 8001.").tag(config=True)
 
     @default("proxy_api_port")

@@ -77,6 +77,10 @@ def configure(c) -> Runtime:
         c.Authenticator.allowed_users = admins
         c.JupyterHub.template_vars["announcement_login"] = f"Personal mode: {personal_notice()}."
 
+    # the home page's "Connect from your machine" block (templates/hub/connect.html)
+    c.JupyterHub.template_vars = {**c.JupyterHub.get("template_vars", {}),
+                                  "gpupool_ssh": {"port": cfg.ssh_port, "host": cfg.ssh_host}}
+
     c.JupyterHub.spawner_class = "hub_ext.spawner.GpupoolLocalSpawner"
     c.Spawner.start_timeout = cfg.start_timeout_s
     c.Spawner.http_timeout = 180

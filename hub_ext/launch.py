@@ -224,5 +224,39 @@ def read_tail(path: Path, uid: int, max_bytes: int) -> str:
         return f.read().decode(errors="replace")
 
 
-__all__ = ["PRIVATE", "account_env", "check_argv", "forget", "gpu_devices", "link_in_home", "log_header", "private_dir", "read_tail", "reap", "start",
+OUTPUT_LOGS = {  # where each kind's output goes in its account's home (HOME/.gpupool/...)
+    "workspace": ("logs", "{name}.log"),
+    "replica": ("serve", "{name}", "server.log"),  # an inference service's replica
+    "command": ("workloads", "{name}", "output.log"),  # a training or inference workload of its own
+}
+
+
+def output_log(home: str | Path, kind: str, name: str) -> Path:
+    """The output file of workload ``name`` of ``kind`` (a key of OUTPUT_LOGS)."""
+    return Path(home, PRIVATE, *(p.format(name=name) for p in OUTPUT_LOGS[kind]))
+
+
+def read_from(path: Path, uid: int, offset: int | None, max_bytes: int) -> tuple[str, int]:
+    """What an account's log file holds after byte ``offset`` (None: its last ``max_bytes``),
+    at most ``max_bytes`` of it, and the offset it ends at: "" unless it is a plain file of
+    that account, opened without following a final symlink.
+    A file shorter than ``offset`` was started anew: read from its start."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return "", offset or 0
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        # the account's file only (root's own files are never shown, wherever a link led)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+            return "", offset or 0
+        start = max(0, st.st_size - max_bytes) if offset is None else (0 if offset > st.st_size else offset)
+        f.seek(start)
+        data = f.read(max_bytes)
+        if offset is not None:  # whole lines only: the rest comes with the next read
+            data = data[:data.rfind(b"\n") + 1]
+        return data.decode(errors="replace"), start + len(data)
+
+
+__all__ = ["OUTPUT_LOGS", "PRIVATE", "output_log", "account_env", "check_argv", "forget", "gpu_devices", "link_in_home", "log_header", "private_dir", "read_from", "read_tail", "reap", "start",
            "remove_private", "write_private"]

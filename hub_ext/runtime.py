@@ -202,7 +202,7 @@ class Runtime:
                 name=w.name, argv=cmd, env=env, cwd=workdir, account=account,
                 limits=HostLimits(cpu=row.spec.get("cpu"), memory_bytes=int(mem * 2**30) if mem else None,
                                   gpu_devices=launch.gpu_devices(node, pod)),
-                log_path=workdir / "output.log"))
+                log_path=launch.output_log(account.home, "command", w.name)))
         except (OSError, ValueError, TypeError, GpupoolError) as e:  # FieldError, AccountError, LaunchError
             self.delivery.cleanup(w.name)
             self.store.set_state(w.name, "failed", reason=f"could not start: {e}", placement=[], pid=None)

@@ -18,7 +18,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy.orm import sessionmaker
 
-from . import audit, credentials, datasources, roles  # noqa: F401  (their tables)
+from . import audit, credentials, datasources, roles, sshkeys  # noqa: F401  (their tables)
 from .db import Base, make_engine
 from .inference import db as inference_db  # noqa: F401  (inference_services)
 from .training import db as training_db  # noqa: F401  (trainings)

@@ -305,7 +305,7 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
                     limits=Limits(cpu=req.cpu, memory_bytes=self.mem_limit,
                                   gpu_devices=tuple(d for p in bind.pods for d in launch.gpu_devices(
                                       rt.scheduler.snapshot.nodes[p.node], p))),
-                    log_path=str(self.account.home / ".gpupool" / "logs" / f"{self.workload}.log"))
+                    log_path=str(launch.output_log(self.account.home, "workspace", self.workload)))
         self._handle = await launch.start(rt.launcher, spec)
         self.pid = self._handle.pid
         self._watch = asyncio.ensure_future(self._watch_exit(self._handle))

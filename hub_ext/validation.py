@@ -17,6 +17,8 @@ Every refusal raises ``FieldError`` naming the field and the limit (HTTP 400).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import posixpath
@@ -29,7 +31,7 @@ from scheduler.model import MAX_GPUS
 __all__ = [
     "MAX_BODY_BYTES", "MAX_GPUS", "MAX_JSON_DEPTH", "PATTERNS", "FieldError", "check_fields",
     "command", "env", "integer_arg", "is_name", "json_body", "name", "names", "number", "path",
-    "show", "text", "unix_time", "utc_time",
+    "show", "ssh_keys", "text", "unix_time", "utc_time",
 ]
 
 
@@ -273,6 +275,37 @@ def env(raw, field: str = "env") -> dict[str, str]:
     if total > MAX_ENV_CHARS:
         raise FieldError(field, f"must be at most {MAX_ENV_CHARS} characters in all, got {total}")
     return dict(raw)
+
+
+SSH_KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384",
+                 "ecdsa-sha2-nistp521", "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com")
+MAX_SSH_KEYS = 16
+MAX_SSH_KEY_CHARS = 8192
+
+
+def ssh_keys(raw, field: str = "keys") -> list[str]:
+    """``authorized_keys`` lines without options: ``TYPE BASE64 [comment]``, TYPE one of
+    SSH_KEY_TYPES and the same type named inside the key blob; at most MAX_SSH_KEYS."""
+    if not isinstance(raw, list):
+        raise FieldError(field, "must be a list of public keys ('ssh-ed25519 AAAA... comment')")
+    if len(raw) > MAX_SSH_KEYS:
+        raise FieldError(field, f"must have at most {MAX_SSH_KEYS} keys, got {len(raw)}")
+    out = []
+    for i, line in enumerate(raw):
+        f = f"{field}[{i}]"
+        parts = text(line, f, MAX_SSH_KEY_CHARS, empty=False).strip().split(None, 2)
+        if len(parts) < 2 or parts[0] not in SSH_KEY_TYPES:
+            raise FieldError(f, f"must be 'TYPE BASE64 [comment]' with TYPE one of {', '.join(SSH_KEY_TYPES)}, "
+                             f"got {show(line)}")
+        try:
+            blob = base64.b64decode(parts[1], validate=True)
+        except (binascii.Error, ValueError):
+            raise FieldError(f, "the key is not valid base64") from None
+        n = int.from_bytes(blob[:4], "big") if len(blob) >= 4 else -1
+        if blob[4:4 + n] != parts[0].encode():
+            raise FieldError(f, f"the key's data is not a {parts[0]} key")
+        out.append(" ".join(parts))
+    return out
 
 
 def path(raw, field: str, most: int = MAX_TEXT) -> str:

@@ -25,6 +25,7 @@ import traceback
 from pathlib import Path
 
 from .cgroups import Group, Limits, cgroups_from_json
+from .enter import become
 from .errors import CgroupError
 from .state import CHILD, ERROR, EXIT, SPEC, Exit, proc_start_time, proc_stat, write_json
 
@@ -98,18 +99,7 @@ def child(spec: dict, group: Group, log_fd: int | None, report: int) -> None:
         group.add(os.getpid())
         _oom_score_adj(0)  # the monitor protects itself; the workload is fair game
         acct = spec["account"]
-        uid, gid = int(acct["uid"]), int(acct["gid"])
-        if os.geteuid() == 0:
-            if uid == 0:
-                raise RuntimeError("refusing to run a workload as root")
-            try:
-                os.initgroups(acct["name"], gid)
-            except OSError:
-                os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-        if (os.getuid(), os.geteuid(), os.getgid(), os.getegid()) != (uid, uid, gid, gid):
-            raise RuntimeError(f"could not become uid {uid} gid {gid}")
+        become(acct["name"], int(acct["uid"]), int(acct["gid"]))
         if log_fd is None:  # as the account: its own folders, made by itself
             Path(spec["log_path"]).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             log_fd = _open_log(Path(spec["log_path"]))

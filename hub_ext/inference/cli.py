@@ -8,6 +8,7 @@
     gpupool inference list [--project P]
     gpupool inference describe NAME [--json]
     gpupool inference delete NAME
+    gpupool inference exec|logs NAME --replica NAME-HEX [-- COMMAND...]  (exec: through the SSH gateway)
 
 Embedded replicas listen where COMMAND says: ``{socket}`` is replaced with a unix socket
 that only the owner's account and the activator reach (also ``$GPUPOOL_SOCKET``); without
@@ -22,6 +23,7 @@ import json
 import sys
 
 from hub_ext.cli_common import ApiCall, env_option, name_arg
+from hub_ext.remote_cli import remote_action
 
 OPTIONS = (("project", "project"), ("gpu", "gpu"), ("min_replicas", "min_replicas"),
            ("max_replicas", "max_replicas"), ("metric", "metric"), ("target", "target"),
@@ -93,6 +95,12 @@ def _delete(args, api: ApiCall) -> int:
     return 0
 
 
+def _replica(args) -> str:
+    if not args.replica.startswith(f"{args.name}-"):
+        sys.exit(f"gpupool: --replica {args.replica!r} is not a replica of {args.name!r} (see describe)")
+    return args.replica
+
+
 def add_parser(sub, api: ApiCall) -> None:
     """Register ``inference`` on the CLI's subparsers; ``api(args, method, path, body)``
     calls the REST API."""
@@ -122,6 +130,17 @@ def add_parser(sub, api: ApiCall) -> None:
     d.add_argument("name", type=name_arg(), help="the service")
     d.add_argument("--json", action="store_true", help="the REST API's JSON")
     d.set_defaults(fn=lambda a: _describe(a, api))
+    ex = acts.add_parser("exec", help="run a command in a running replica (through the SSH gateway)")
+    ex.add_argument("name", type=name_arg(), help="the service")
+    ex.add_argument("--replica", required=True, type=name_arg(), help="the replica (see describe)")
+    ex.usage = f"gpupool {ex.prog.split()[1]} exec NAME [options] -- COMMAND..."
+    ex.set_defaults(fn=lambda a: remote_action(a, api, "inference", _replica(a)))
+    lg = acts.add_parser("logs", help="a replica's output")
+    lg.add_argument("name", type=name_arg(), help="the service")
+    lg.add_argument("--replica", required=True, type=name_arg(), help="the replica (see describe)")
+    lg.add_argument("--tail", type=int, default=200, help="lines from the end")
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing new output")
+    lg.set_defaults(fn=lambda a: remote_action(a, api, "inference", _replica(a)))
     rm = acts.add_parser("delete", help="delete a service")
     rm.add_argument("name", type=name_arg(), help="the service")
     rm.set_defaults(fn=lambda a: _delete(a, api))

@@ -8,6 +8,7 @@ servers, so starting or stopping one goes through the hub's API.
 from __future__ import annotations
 
 import json
+import pwd
 import time
 from pathlib import Path
 
@@ -16,19 +17,24 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from tornado.web import HTTPError
 
+from gpupool.errors import GpupoolError
 from hub_ext.inference import api as inference_api
 
-from .. import attach, audit, org, roles, validation
+from .. import attach, audit, org, roles, sshkeys, validation
 from ..db import EventRow, SampleRow, WorkloadRow, bump_version
 from ..events import add_event
+from ..host.accounts import Accounts
+from ..launch import output_log, read_from
 from ..limits import limits_for
 from ..requests import parse_request, workload_name
+from ..ssh.gateway import public_host_key
 from ..training.db import TrainingRow
 from . import governance_api, roles_api, training_api, usage_api
 from .base import ApiHandler
 from .sharing import gpu_sharing
 
 SPEC = Path(__file__).parent / "openapi.yaml"
+MAX_LOG_BYTES = 1 << 20
 
 
 def workload_dict(w: WorkloadRow) -> dict:
@@ -59,7 +65,60 @@ class MeHandler(ApiHandler):
     def get(self):
         with self.Session() as s:
             projects = org.projects_of(s, self.username)
-        self.send({"name": self.username, "admin": self.is_admin, "projects": projects})
+        cfg = self.ctx.cfg
+        self.send({"name": self.username, "admin": self.is_admin, "projects": projects,
+                   "ssh_port": cfg.ssh_port, "ssh_host": cfg.ssh_host or self.request.host_name,
+                   "ssh_host_key": public_host_key(cfg.state_dir) if cfg.ssh_port else ""})
+
+
+class MeSshKeysHandler(ApiHandler):
+    """The public keys that log the user in through the SSH gateway."""
+
+    def get(self):
+        with self.Session() as s:
+            self.send({"keys": sshkeys.keys_of(s, self.username)})
+
+    def put(self):
+        data = self.body()
+        validation.check_fields(data, {"keys"})
+        keys = validation.ssh_keys(data.get("keys"), "keys")
+        with self.Session() as s:
+            sshkeys.set_keys(s, self.username, keys)
+            s.commit()
+        self.send({"keys": keys})
+
+
+class WorkloadLogsHandler(ApiHandler):
+    """A workload's output (a workspace's server log, a command workload's output.log):
+    the last ``tail`` lines, or with ``offset`` what was written after that byte (follow)."""
+
+    def get(self, name):
+        tail = validation.integer_arg(self.get_argument("tail", None), "tail", 200, 1, 10_000)
+        offset = self.get_argument("offset", None)
+        start = None if offset in (None, "") else validation.integer_arg(offset, "offset", 0, 0, 2**62)
+        with self.Session() as s:
+            w = self.viewable(s, WorkloadRow, name, "workload")
+            kind, owner = w.kind, w.owner
+        if kind == "training" and _has_job(self, name):
+            raise validation.FieldError("name", f"{name} is a training job: see /trainings/{name}/logs?rank=N")
+        cfg = self.ctx.cfg
+        try:
+            acct = pwd.getpwnam(Accounts(cfg.accounts, prefix=cfg.account_prefix, home_root=cfg.home_root,
+                                         template=cfg.account_template or None).name_for(owner))
+        except (KeyError, GpupoolError):
+            self.send({"name": name, "lines": [], "offset": 0})
+            return
+        kinds = ["workspace"] if kind == "workspace" else ["replica", "command"]
+        paths = [output_log(acct.pw_dir, k, name) for k in kinds]
+        path = next((p for p in paths if p.exists()), paths[-1])
+        text, end = read_from(path, acct.pw_uid, start, MAX_LOG_BYTES)
+        lines = text.splitlines()
+        self.send({"name": name, "lines": lines if start is not None else lines[-tail:], "offset": end})
+
+
+def _has_job(handler: ApiHandler, name: str) -> bool:
+    with handler.Session() as s:
+        return _training_job(handler, s, name) is not None
 
 
 class OrgWriter(ApiHandler):
@@ -340,12 +399,14 @@ def routes(prefix: str) -> list:
         url(a + "/?", RootHandler),
         url(a + "/openapi.json", OpenAPIHandler, name="openapi"),
         url(a + "/me", MeHandler),
+        url(a + "/me/ssh-keys", MeSshKeysHandler),
         url(a + "/departments", DepartmentsHandler),
         url(a + f"/departments/{n}", DepartmentHandler),
         url(a + "/projects", ProjectsHandler),
         url(a + f"/projects/{n}", ProjectHandler),
         url(a + "/workloads", WorkloadsHandler),
         url(a + f"/workloads/{n}", WorkloadHandler),
+        url(a + f"/workloads/{n}/logs", WorkloadLogsHandler),
         url(a + "/nodes", NodesHandler),
         url(a + "/events", EventsHandler),
         url(a + "/samples", SamplesHandler),

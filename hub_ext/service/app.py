@@ -16,6 +16,7 @@ from tornado.httpserver import HTTPServer
 
 from ..config import Gpupool, load_config
 from ..schema import make_sessionmaker
+from ..ssh import gateway as ssh_gateway
 from ..validation import BODY_DRAIN_FACTOR
 from . import api, culler, pages
 from .hubapi import HubAPI
@@ -76,10 +77,16 @@ def main() -> None:
         HTTPServer(app, xheaders=True, max_body_size=hard,
                    max_buffer_size=hard).listen(url.port, url.hostname)
         log.info("listening on %s%s", url.geturl(), prefix)
+        # The SSH gateway runs here: this process is the hub's user (root in embedded mode),
+        # holds the database and reaches the hub's API (hub_ext/ssh/gateway.py).
+        gateway = await ssh_gateway.run(cfg, app.settings["gpupool"].Session, app.settings["gpupool"].hub.url,
+                                        os.environ.get("JUPYTERHUB_PUBLIC_URL", ""))
         if cfg.cull_idle_s:
             asyncio.ensure_future(culler.run(app.settings["gpupool"]))
         asyncio.ensure_future(_end_with_hub(stop))
         await stop.wait()
         log.info("stopping")
+        if gateway is not None:
+            gateway.close()
 
     asyncio.run(run())

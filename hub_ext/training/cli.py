@@ -8,6 +8,7 @@
     gpupool training list [--project P] [--status S]
     gpupool training describe NAME
     gpupool training logs NAME [--rank R] [--tail N] [--follow]
+    gpupool training exec NAME [--rank R] -- COMMAND...   (through the SSH gateway)
     gpupool training delete|suspend|resume NAME
 """
 
@@ -19,6 +20,7 @@ import sys
 import time
 
 from hub_ext.cli_common import ApiCall, env_option, name_arg
+from hub_ext.remote_cli import remote_action
 
 
 def _age(ts: float) -> str:
@@ -164,6 +166,11 @@ def add_parser(sub, api: ApiCall) -> None:
     lg.add_argument("--tail", type=int, default=200, help="lines from the end")
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing new output")
     lg.set_defaults(fn=lambda a: _logs(a, api))
+    ex = acts.add_parser("exec", help="run a command in a running worker (through the SSH gateway)")
+    ex.add_argument("name", type=name_arg(), help="the job")
+    ex.add_argument("--rank", type=int, default=0, help="the worker")
+    ex.usage = f"gpupool {ex.prog.split()[1]} exec NAME [options] -- COMMAND..."
+    ex.set_defaults(fn=lambda a: remote_action(a, api, "training", f"{a.name}-w{a.rank}"))
     for action, what in (("delete", "delete a job"), ("suspend", "stop a job and free its GPUs"),
                          ("resume", "queue a suspended job again")):
         c = acts.add_parser(action, help=what)

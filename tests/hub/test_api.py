@@ -35,7 +35,8 @@ def test_openapi_document_served(hub):
 def test_root_and_me(hub):
     assert api(hub, "alice", "GET", "/", expect=200)["version"] == "v1"
     me = api(hub, "alice", "GET", "/me", expect=200)
-    assert me == {"name": "alice", "admin": False, "projects": ["nlp", "vision"]}
+    assert me == {"name": "alice", "admin": False, "projects": ["nlp", "vision"],
+                  "ssh_port": 0, "ssh_host": "127.0.0.1", "ssh_host_key": ""}  # no SSH gateway here
     assert api(hub, "admin", "GET", "/me", expect=200)["admin"] is True
 
 

@@ -73,6 +73,8 @@ def test_nested_rules_match_the_code():
     assert prop("TrainingRequest", "node_pool")["pattern"] == anchored("name")
     assert prop("TrainingRequest", "checkpoint_dir")["maxLength"] == v.MAX_TEXT
     assert prop("InferenceRequest", "ready_path")["maxLength"] == v.MAX_TEXT
+    assert prop("SshKeys", "keys")["maxItems"] == v.MAX_SSH_KEYS
+    assert prop("SshKeys", "keys")["items"]["maxLength"] == v.MAX_SSH_KEY_CHARS
     for field, (_default, lo, hi, _integer, _unit) in INFERENCE_NUMBERS.items():
         p = prop("InferenceRequest", field)
         assert (p["minimum"], p.get("maximum")) == (lo, hi), field

@@ -219,7 +219,7 @@ class EmbeddedBackend:
         h.proc = await launch.start(self.launcher, Spec(
             name=r.name, argv=cmd, env=env, cwd=folder, account=account,
             limits=Limits(cpu=None, memory_bytes=None, gpu_devices=launch.gpu_devices(node, pod)),
-            log_path=folder / "server.log"))
+            log_path=launch.output_log(account.home, "replica", r.name)))
         return port, unix
 
     async def _serve(self, svc: Service, r: Replica, h: _Handle, port: int, unix: str) -> None:
@@ -283,7 +283,7 @@ def _digest(replica: str) -> str:
 
 def proc_log(h: _Handle, r: Replica) -> str:
     """Where a replica's output went (its account's folder)."""
-    return str(h.account.home / launch.PRIVATE / "serve" / r.name / "server.log") if h.account else ""
+    return str(launch.output_log(h.account.home, "replica", r.name)) if h.account else ""
 
 
 def _where(pod) -> str:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from . import events, governance, nodes, org, overview, queue, usage
+from . import events, governance, nodes, org, overview, queue, sshkeys, usage
 
 
 def routes(prefix: str) -> list:
     out = []
-    for mod in (overview, org, nodes, queue, events, governance, usage):
+    for mod in (overview, org, nodes, queue, events, governance, usage, sshkeys):
         out += mod.routes(prefix)
     return out

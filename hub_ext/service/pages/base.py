@@ -18,7 +18,7 @@ _env = Environment(
 _env.filters.update(humanize.FILTERS)
 NAV = [("", "Overview"), ("org", "Organisation"), ("nodes", "Nodes & GPUs"),
        ("queue", "Queue"), ("events", "Events"), ("credentials", "Credentials & data"),
-       ("audit", "Audit"), ("usage", "Usage")]
+       ("audit", "Audit"), ("usage", "Usage"), ("ssh-keys", "SSH keys")]
 # Pages only some roles may open, and the role each needs (said on their 403 page too).
 NEEDS = {"audit": f"a department admin or a platform admin ({roles.ADMIN_SCOPE})",
          "usage": f"a platform admin ({roles.ADMIN_SCOPE})"}
