@@ -78,6 +78,10 @@ class Eviction:
     # Where taking victims in the global eviction order cannot make room, look at each
     # node on its own (``MakeRoom.node_plan``).
     per_node_plan = True
+    # Takes only from projects over their quota, other than the waiting workload's (its
+    # floor is their quota and ``may_take`` leaves none below it that was not above it):
+    # its plans are bounded by ``victims.OverQuotaRoom``.
+    over_quota_only = False
 
     def enabled(self, cfg: SchedulerConfig) -> bool:
         raise NotImplementedError
@@ -137,6 +141,7 @@ class QuotaReclaim(Eviction):
     next (its own preemptible work then runs over quota, where it can be reclaimed)."""
 
     cause = EvictionCause.RECLAIM
+    over_quota_only = True
 
     def __init__(self, below: bool = False, guaranteed: bool = False):
         self.below, self.guaranteed = below, guaranteed
@@ -210,6 +215,7 @@ class CatchUp(Eviction):
     theirs, furthest ahead first; a victim leaves its project at or above its quota."""
 
     cause, name, key = EvictionCause.CATCH_UP, "catch_up", "catch up"
+    over_quota_only = True
 
     def enabled(self, cfg: SchedulerConfig) -> bool:
         return cfg.fair_share_reclaim

@@ -14,7 +14,7 @@ from ..cycle import Cycle, TooBig, pod_size
 from ..model import Evict, PodDemand, Workload
 from ..placement import Choice
 from .evictions import EVICTIONS, Eviction, may_take
-from .victims import Victims
+from .victims import OverQuotaRoom, Victims
 
 
 class MakeRoom:
@@ -25,6 +25,7 @@ class MakeRoom:
         self.work = cycle.work
         self.strategies = [s for s in EVICTIONS if s.enabled(cycle.cfg)]
         self.victims = Victims(cycle)
+        self.over_quota_room = OverQuotaRoom(cycle)
         # Since the last plan that evicted: sizes no eviction could make room for (per
         # project, priority, pool, strategy, models), or that would not fit even after the
         # evicted work exits (per project, pool, models, over-quota permission).
@@ -111,6 +112,15 @@ class MakeRoom:
             if not victims_.admissible_after(w, pool, strategy, candidates, key):
                 # Even evicting every candidate would not let it in: skip the trials.
                 return False if any(v.demand.gpu_count or not gpu_work for v, _ in candidates) else "no victims"
+            if strategy.over_quota_only and not self.over_quota_room.may_fit(w, pool, static):
+                # No node could have room with every possible victim gone: what the plan
+                # below would answer, without building it.
+                if w.pods == 1 and strategy.per_node_plan:
+                    if victims_.any_victim(w, pool, candidates) or victims_.any_victim(w, pool, victims_.wide(w, pool, strategy)):
+                        self.hopeless.add(group, pod_size(w))
+                        return False
+                    return "no victims"
+                return False if victims_.any_victim(w, pool, candidates) else "no victims"
             victims: list[tuple[Workload, list[Choice]]] = []
             placed = None
             if w.pods == 1 and not victims_.room_with_all_gone(w, pool, candidates, static, key):

@@ -214,3 +214,56 @@ class Victims:
             need = need[node] if not isinstance(need, int) else need
             return bool((a.gpu_free[node] >= need).any())
         return True
+
+
+class OverQuotaRoom:
+    """A bound, per GPU slot, on the room reclaim from over-quota work could make: what is
+    free plus what every other project over its quota holds there. Reclaim that keeps to
+    over-quota projects (``Eviction.over_quota_only``) takes nothing else, so where no
+    node's bound fits a pod, no plan of it can, and the plan is not built.
+
+    Each project's holdings are summed once per cycle, when it is first seen over its quota
+    at a plan; a project that goes back under keeps counting (the bound only loosens), and
+    evicted work counts twice (held and free): the bound stays an upper one."""
+
+    def __init__(self, cycle: Cycle):
+        self.cycle = cycle
+        self.shape = cycle.work.arrays.gpu_free.shape
+        self.held: dict[str, np.ndarray] = {}  # project -> milli per slot of its preemptible work
+        self.total = np.zeros(self.shape, dtype=np.int64)
+
+    def _add(self, project: str) -> None:
+        snap, ix = self.cycle.snap, self.cycle.work.arrays.index
+        width = self.shape[1]
+        slots: list[int] = []
+        milli: list[int] = []
+        for _, _, name in snap.victims.get(project, ()):
+            for p in snap.workloads[name].placement:
+                i = ix.get(p.node)
+                if i is not None:
+                    for g in p.gpu_indices:
+                        slots.append(i * width + g)
+                        milli.append(p.gpu_milli)
+        held = np.bincount(slots, milli, minlength=self.shape[0] * width).astype(np.int64).reshape(self.shape)
+        self.held[project] = held
+        self.total += held
+
+    def may_fit(self, w: Workload, pool: str, static: np.ndarray) -> bool:
+        """Could evicting other projects' over-quota work in ``pool`` make room for ``w``?
+        False only where it surely cannot. Asked only of work that needs several whole
+        GPUs (a multi-GPU pod, a gang): room for it is rare and its plans cost the most;
+        for one GPU or a fraction some node nearly always passes, and the test would cost
+        more than it saves."""
+        d = w.demand
+        if not d.gpus or d.gpus * w.pods < 2:
+            return True
+        usage, quota = self.cycle.work.usage, self.cycle.work.quota
+        for p in self.cycle.snap.projects:
+            if p not in self.held and p != w.project and usage[(p, pool)] > quota.get((p, pool), 0):
+                self._add(p)
+        room = self.cycle.work.arrays.gpu_free + self.total
+        own = self.held.get(w.project)
+        if own is not None:
+            room -= own
+        whole = (room >= MILLI).sum(axis=1)[static]
+        return bool((whole // d.gpus).sum() >= w.pods)
