@@ -302,6 +302,7 @@ class EvictionCause(str, enum.Enum):
     FAIR_SHARE = "fair share"  # for a project below its fair share of the idle GPUs
     CATCH_UP = "catch up"  # for a project behind its fair share over time
     PREEMPT = "preempt"  # for higher-priority work of the victim's own project
+    CONSOLIDATE = "consolidate"  # moved elsewhere to free a whole node (actions.consolidate)
 
 
 @dataclass(frozen=True)

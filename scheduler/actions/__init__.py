@@ -11,6 +11,7 @@ from typing import Protocol
 
 from ..cycle import Cycle
 from .allocate import FairShare, InQuota, KnownWork, Leftovers
+from .consolidate import Consolidate
 from .make_room import MakeRoom
 from .reasons import Reasons
 
@@ -33,5 +34,6 @@ ACTIONS: tuple[type[Action], ...] = (
     FairShare,  # then over-quota work, each project up to its fair share of the idle GPUs
     Leftovers,  # then GPUs nobody else asked for, to anyone allowed over quota
     MakeRoom,  # only then evictions (evictions.EVICTIONS, in their own order) for what still waits
+    Consolidate,  # then moves: over-quota work that can restart elsewhere now, to free a whole node
     Reasons,  # last: every workload still waiting says why, with its queue position
 )

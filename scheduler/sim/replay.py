@@ -331,6 +331,7 @@ REASON_KEYS = {
     EvictionCause.FAIR_SHARE: "fair share",
     EvictionCause.CATCH_UP: "fair share",
     EvictionCause.PREEMPT: "preempt",
+    EvictionCause.CONSOLIDATE: "consolidate",
 }
 
 

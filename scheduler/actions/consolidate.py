@@ -1,0 +1,155 @@
+"""The consolidate action (KAI-Scheduler's consolidation): a pod that needs several whole
+GPUs on one node waits while the free GPUs are spread over many nodes. Where the work on
+one node can all start again elsewhere in the free room now, it is moved (evicted, and
+requeued as resumed work that the room elsewhere is held for), and the waiting pod takes
+the node. Nobody loses GPUs: only work its project holds over its quota is moved, each
+move leaves that project at or above its quota, and work that just restarted is never
+moved (no thrash)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from ..cycle import Cycle
+from ..model import MILLI, Evict, EvictionCause, PodDemand, State, Workload
+from ..placement import Choice
+
+# Moves per cycle, and nodes tried per waiting pod: each move restarts work, and a cycle
+# must stay short at any scale.
+MAX_MOVES, MAX_NODES = 1, 4
+
+
+class Consolidate:
+    name = "consolidate"
+
+    def __init__(self, cycle: Cycle):
+        self.cycle = cycle
+        self.work = cycle.work
+        self.on_node: dict[str, dict[int, list[Workload]]] = {}  # per pool
+
+    def run(self) -> None:
+        c = self.cycle
+        if not c.cfg.reclaim:
+            return
+        moves, tried = 0, set()
+        for w in c.waiting:
+            if moves >= MAX_MOVES:
+                return
+            d = w.demand
+            if w.name in c.placed or w.pods != 1 or d.gpus < 2:
+                continue
+            for pool in c.pools_for(w):
+                shape = (pool, d, w.gpu_models)
+                if shape in tried or not c.verdict(w, pool).allowed:
+                    continue
+                tried.add(shape)
+                if self._move_for(w, pool):
+                    moves += 1
+                    break
+
+    def _movable(self, pool: str) -> dict[int, list[Workload]]:
+        """Per node, the single-pod work that may be moved: running, preemptible, not just
+        restarted, not evicted this cycle, of a project over its quota in ``pool``. Read once per cycle (a project
+        that goes under its quota later is filtered per move)."""
+        on_node = self.on_node.get(pool)
+        if on_node is None:
+            c, work = self.cycle, self.work
+            snap, cfg = c.snap, c.cfg
+            on_node = self.on_node[pool] = defaultdict(list)
+            evicted = {e.workload for e in c.decisions.evictions}  # by make-room, this cycle
+            for p in snap.projects:
+                if work.usage[(p, pool)] <= work.quota.get((p, pool), 0):
+                    continue
+                for _, _, name in snap.victims.get(p, ()):
+                    v = snap.workloads[name]
+                    if v.state != State.RUNNING or v.pods != 1 or not v.placement or name in evicted:
+                        continue
+                    if v.resumed and snap.now is not None and v.started_at is not None \
+                            and snap.now - v.started_at < cfg.resume_protection_s:
+                        continue
+                    for ch in work.choices_of(v):
+                        if work.pool_of(ch.node) == pool:
+                            on_node[ch.node].append(v)
+        return on_node
+
+    def _move_for(self, w: Workload, pool: str) -> bool:
+        c, work = self.cycle, self.work
+        a = work.arrays
+        d = w.demand
+        free_total = int(np.clip(a.gpu_free[a.pool_id == c.pools.index(pool)], 0, None).sum())
+        if free_total < d.gpus * MILLI:
+            return False  # moving conserves the free GPUs: there are not enough of them
+        static = a.eligible(pool, w.gpu_models, PodDemand(gpus=d.gpus))
+        movable = self._movable(pool)
+        # Nodes the pod could have with their over-quota work moved, the fewest GPUs to move first.
+        options = []
+        for node, there in movable.items():
+            if not static[node] or a.full_free[node] >= d.gpus:
+                continue
+            room = a.gpu_free[node].copy()
+            gone: dict[str, int] = defaultdict(int)
+            chosen: list[Workload] = []
+            for v in sorted(there, key=lambda v: (work.milli_of(v), v.name)):
+                milli = work.milli_of(v)
+                if c.work.usage[(v.project, pool)] - gone[v.project] - milli < work.quota.get((v.project, pool), 0):
+                    continue
+                gone[v.project] += milli
+                chosen.append(v)
+                for ch in work.choices_of(v):
+                    for g in ch.gpus:
+                        room[g] += ch.milli
+            if int((room == MILLI).sum()) >= d.gpus:
+                options.append((sum(work.milli_of(v) for v in chosen), node, chosen))
+        options.sort(key=lambda o: (o[0], o[1]))
+        for _, node, chosen in options[:MAX_NODES]:
+            if self._try(w, pool, node, chosen):
+                return True
+        return False
+
+    def _try(self, w: Workload, pool: str, node: int, chosen: list[Workload]) -> bool:
+        c, work = self.cycle, self.work
+        a = work.arrays
+        with work.trial() as plan:
+            for v in chosen:
+                work.give(v, work.choices_of(v))
+            only = np.zeros(len(a.names), dtype=bool)
+            only[node] = True
+            spot = c.policy.place(a, a.eligible(pool, w.gpu_models, w.demand) & only, w.demand)
+            if spot is None:
+                return False
+            work.take(w, [spot])
+            # Fewest moves: a victim whose GPUs the pod did not take stays.
+            used = set(spot.gpus)
+            stay = [v for v in chosen if not any(set(ch.gpus) & used for ch in work.choices_of(v))]
+            moved = [v for v in chosen if v not in stay]
+            for v in stay:
+                if not self._fits(v, work.choices_of(v)):
+                    return False
+                work.take(v, work.choices_of(v))
+            elsewhere: list[tuple[Workload, list[Choice]]] = []
+            for v in moved:
+                mask = a.eligible(pool, v.gpu_models, v.demand)
+                mask[node] = False
+                spot_v = c.policy.place(a, mask, v.demand)
+                if spot_v is None:
+                    return False
+                work.take(v, [spot_v])
+                elsewhere.append((v, [spot_v]))
+            plan.keep()
+        for v in moved:
+            c.decisions.evictions.append(Evict(
+                v.name,
+                f"moved: {w.name} of project {w.project} needs {w.demand.gpus} GPUs on one node; "
+                f"{v.name} restarts on another node, where room is free for it",
+                v.grace_period_s, EvictionCause.CONSOLIDATE))
+        c.placed.add(w.name)
+        c.reserved.add(w.name)
+        n = len(moved)
+        c.why[w.name] = f"moving {n} workload{'s' if n > 1 else ''} to free a whole node; starts when they exit"
+        return True
+
+    def _fits(self, v: Workload, choices: list[Choice]) -> bool:
+        a = self.work.arrays
+        return all(a.gpu_free[ch.node][g] >= ch.milli for ch in choices for g in ch.gpus)

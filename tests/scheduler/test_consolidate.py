@@ -1,0 +1,37 @@
+"""The consolidate action: a pod that needs a whole node while the free GPUs are spread
+over many gets a node whose over-quota work can restart elsewhere in the free room now."""
+
+from __future__ import annotations
+
+from scheduler.core import decide
+from scheduler.model import EvictionCause
+
+from .builders import make_node, make_workload, org, snapshot
+
+
+def _spread(a_quota: float):
+    # a holds three 1-GPU trainings: n1 GPUs 0-1, n2 GPU 0; five GPUs are free, but no node
+    # has four. b (quota 0, no reclaim owed) asks for a 4-GPU training over quota.
+    ds, ps = org(("a", a_quota), ("b", 0))
+    running = [
+        make_workload("a1").project("a").gpus(1).submitted(1).running(("n1", (0,), 1000)).obj(),
+        make_workload("a2").project("a").gpus(1).submitted(2).running(("n1", (1,), 1000)).obj(),
+        make_workload("a3").project("a").gpus(1).submitted(3).running(("n2", (0,), 1000)).obj(),
+    ]
+    ask = make_workload("b4").project("b").gpus(4).submitted(10).obj()
+    nodes = [make_node("n1", gpus=4), make_node("n2", gpus=4)]
+    return snapshot(nodes, ds, ps, [*running, ask], fair_share_reclaim=False)
+
+
+def test_the_node_with_the_fewest_gpus_to_move_is_freed_and_its_work_restarts_elsewhere():
+    d = decide(_spread(a_quota=1))
+    assert [(e.workload, e.cause) for e in d.evictions] == [("a3", EvictionCause.CONSOLIDATE)]
+    assert "restarts on another node" in d.evictions[0].reason
+    assert "moving 1 workload to free a whole node" in d.reason("b4")
+
+
+def test_work_inside_its_project_s_quota_is_not_moved():
+    # With quota 3, all of a's work is in quota: b4 waits for capacity.
+    d = decide(_spread(a_quota=3))
+    assert d.evictions == []
+    assert "no node in pool default has 4 GPUs free" in d.reason("b4")
