@@ -108,12 +108,13 @@ def test_a_team_back_to_its_quota_gets_its_gpus_after_one_grace_period():
 
 def test_every_eviction_cause_is_counted_under_a_known_key():
     # The replay counts evictions by their cause, never by their text; fair share over
-    # time counts with fair share, the keys the JSON has always had.
+    # time counts with fair share, the keys the JSON has always had; moves to open a whole
+    # node count under their own.
     from scheduler.model import EvictionCause
     from scheduler.sim.replay import REASON_KEYS
 
     assert set(REASON_KEYS) == set(EvictionCause)
-    assert set(REASON_KEYS.values()) == {"reclaim", "fair share", "preempt"}
+    assert set(REASON_KEYS.values()) == {"reclaim", "fair share", "preempt", "consolidate"}
 
 
 def test_lost_work_and_restart():
