@@ -151,5 +151,10 @@ class Consolidate:
         return True
 
     def _fits(self, v: Workload, choices: list[Choice]) -> bool:
-        a = self.work.arrays
-        return all(a.gpu_free[ch.node][g] >= ch.milli for ch in choices for g in ch.gpus)
+        """Is the room ``v`` held (GPUs, CPU, memory) still free, for it to stay?"""
+        a, d = self.work.arrays, v.demand
+        return all(
+            a.cpu_free[ch.node] >= d.cpu_milli and a.mem_free[ch.node] >= d.memory_mib
+            and all(a.gpu_free[ch.node][g] >= ch.milli for g in ch.gpus)
+            for ch in choices
+        )
