@@ -3,6 +3,8 @@ over many gets a node whose over-quota work can restart elsewhere in the free ro
 
 from __future__ import annotations
 
+import dataclasses
+
 from scheduler.core import decide
 from scheduler.model import EvictionCause
 
@@ -35,3 +37,13 @@ def test_work_inside_its_project_s_quota_is_not_moved():
     d = decide(_spread(a_quota=3))
     assert d.evictions == []
     assert "no node in pool default has 4 GPUs free" in d.reason("b4")
+
+
+def test_work_that_just_restarted_is_not_moved_again():
+    # a3 restarted 100 s ago (inside resume_protection_s): n1's two pods move instead.
+    snap = _spread(a_quota=1)
+    snap.upsert_workload(dataclasses.replace(snap.workloads["a3"], resumed=True, started_at=900.0))
+    snap.now = 1000.0
+    d = decide(snap)
+    assert sorted(e.workload for e in d.evictions) == ["a1", "a2"]
+    assert {e.cause for e in d.evictions} == {EvictionCause.CONSOLIDATE}
