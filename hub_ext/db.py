@@ -66,6 +66,15 @@ class NodeRow(Base):
     source: Mapped[str] = mapped_column(String(16), default="declared")  # nvml | declared
 
 
+class PolicyRow(Base):
+    """A department's or project's policy (hub_ext.policy): a flat JSON object."""
+
+    __tablename__ = "policies"
+    scope: Mapped[str] = mapped_column(String(16), primary_key=True)  # department | project
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    spec: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
 class WorkloadRow(Base):
     __tablename__ = "workloads"
     name: Mapped[str] = mapped_column(String(255), primary_key=True)

@@ -23,6 +23,7 @@ from .db import (
     DepartmentRow,
     MemberRow,
     NodeRow,
+    PolicyRow,
     ProjectRow,
     WorkloadRow,
     bump_version,
@@ -228,6 +229,7 @@ def delete_department(s, name: str, actor: str = audit.SYSTEM) -> None:
     if s.scalar(select(func.count()).select_from(ProjectRow).where(ProjectRow.department == name)):
         raise Conflict("name", f"department {name!r} still has projects; delete them first")
     s.execute(delete(DepartmentRow).where(DepartmentRow.name == name))
+    s.execute(delete(PolicyRow).where(PolicyRow.scope == "department", PolicyRow.name == name))
     add_event(s, "org", f"department {name} deleted")
     audit.record(s, actor, "department.deleted", name)
     bump_version(s)
@@ -334,6 +336,7 @@ def delete_project(s, name: str, actor: str = audit.SYSTEM) -> None:
                        f"{', '.join(services[:5])}; delete them first")
     s.execute(delete(MemberRow).where(MemberRow.project == name))
     s.execute(delete(ProjectRow).where(ProjectRow.name == name))
+    s.execute(delete(PolicyRow).where(PolicyRow.scope == "project", PolicyRow.name == name))
     add_event(s, "org", f"project {name} deleted", project=name)
     audit.record(s, actor, "project.deleted", name, project=name)
     bump_version(s)
