@@ -34,8 +34,8 @@ LISTS = ("templates", "environments", "node_pools", "gpu_models")
 NUMBERS = {
     **{f"{r}_max": RESOURCES[r] for r in RESOURCES},
     **{f"{r}_default": RESOURCES[r] for r in RESOURCES},
-    **{f"max_runtime_{k}_s": (60, MAX_SECONDS, True, " s") for k in KINDS},
-    **{f"idle_timeout_{k}_s": (60, MAX_SECONDS, True, " s") for k in KINDS},
+    **{f"max_runtime_{k}_s": (1, MAX_SECONDS, True, " s") for k in KINDS},
+    **{f"idle_timeout_{k}_s": (1, MAX_SECONDS, True, " s") for k in KINDS},
 }
 FIELDS = (*NUMBERS, *LISTS)
 MAX_LIST = 64
