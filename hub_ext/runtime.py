@@ -212,6 +212,7 @@ class Runtime:
             env = {**launch.account_env(account), **self.env_for(w, b), "GPUPOOL_WORKLOAD": w.name,
                    "GPUPOOL_PROJECT": w.project, "GPUPOOL_CHECKPOINT_DIR": str(workdir), **attached}
             cmd = list(row.spec.get("command") or [])
+            env, cmd = launch.in_environment(self.cfg.environments.get(row.spec.get("environment")), env, cmd)
             launch.check_argv(cmd, env)
             mem = row.spec.get("memory_gib")
             launch.log_header(account, ("workloads", w.name), "output.log", "", fresh=True)

@@ -20,6 +20,7 @@ from hubproc import ADMIN_PW, USER_PW, Hub
 from hub_ext import policy
 from hub_ext.requests import Limits, parse_request
 from hub_ext.validation import FieldError
+from tests.waits import wait_for
 
 pytest.importorskip("ipywidgets")
 from gpupool.widgets import JobLauncher, http_client  # noqa: E402
@@ -33,7 +34,6 @@ c.Gpupool.declared_gpus = [
     {"node": "local", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "count": 4},
 ]
 c.Gpupool.cull_every_s = 1
-c.JupyterHub.named_server_limit_per_user = 0  # every start here is a new named server
 """
 
 # The department's policy, and the project's that narrows it.
@@ -131,6 +131,15 @@ def test_cli(phub, field, level):
     assert r.returncode == 0, r.stderr
     name = r.stdout.split(":")[0]
     assert _cli(phub, "workspace", "stop", name).returncode == 0
+    _remove_server(phub, f"cli-{field.replace('_', '-')}-{level}")
+
+
+def _remove_server(h: Hub, server: str) -> None:
+    """Named servers count against the hub's limit per user until removed."""
+
+
+    wait_for(lambda: call(h.url, h.tokens["alice"], "DELETE", f"/hub/api/users/alice/servers/{server}",
+                          {"remove": True}, api=False)[0] in (202, 204, 404), f"server {server} removed")
 
 
 # The widget submits trainings: its GPU field is a fraction below 1, whole GPUs from 1.
@@ -170,7 +179,7 @@ def _form(h: Hub, server: str, fields: dict) -> str:
 
 @pytest.mark.parametrize("field", FIELDS)
 def test_form_refuses_beyond_the_limit(phub, field):
-    page = _form(phub, f"f-{field.replace('_', '-')}", _body(field, _value(field, "beyond")))
+    page = _form(phub, "beyond", _body(field, _value(field, "beyond")))
     assert FIELDS[field][5] in html.unescape(page), page[-2000:]
 
 
@@ -183,6 +192,7 @@ def test_form_at_every_limit_starts(phub):
     mine = [w for w in out["items"] if w["name"] == "ws-alice-at-limits"]
     assert mine and mine[0]["spec"]["template"] == "small" and mine[0]["spec"]["cpu"] == 4
     call(phub.url, phub.tokens["alice"], "DELETE", "/workloads/ws-alice-at-limits")
+    _remove_server(phub, "at-limits")
 
 
 # -- a project's policy narrows, never widens ----------------------------------------------------
@@ -272,7 +282,7 @@ def test_a_policy_default_above_its_max_is_refused():
 
 # -- maximum runtime (the culler, hub_ext/service/culler.py) --------------------------------------
 def test_maximum_runtime_ends_a_training_and_a_workspace_with_an_event(phub):
-    from waits import wait_for
+
 
     admin, alice = phub.tokens["admin"], phub.tokens["alice"]
     assert call(phub.url, admin, "PUT", "/projects/vision/policy",
@@ -302,3 +312,20 @@ def test_maximum_runtime_ends_a_training_and_a_workspace_with_an_event(phub):
     finally:
         call(phub.url, admin, "PUT", "/projects/vision/policy", {})
         call(phub.url, alice, "DELETE", "/trainings/long-run")
+
+
+# -- environments (Gpupool.environments: prefix and start command) -------------------------------
+def test_an_environment_puts_its_prefix_first_and_runs_its_start_command(tmp_path):
+    from hub_ext.launch import in_environment
+
+    prefix = tmp_path / "venv"
+    (prefix / "bin").mkdir(parents=True)
+    tool = prefix / "bin" / "envtool"
+    tool.write_text("#!/bin/sh\necho tool-from-env $GPUPOOL_STARTED\n")
+    tool.chmod(0o755)
+    env, argv = in_environment({"prefix": str(prefix), "start_command": "export GPUPOOL_STARTED=yes"},
+                               {"PATH": "/usr/bin:/bin"}, ["envtool"])
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "tool-from-env yes", out
+    assert env["VIRTUAL_ENV"] == str(prefix)
+    assert in_environment(None, {"PATH": "/bin"}, ["x"]) == ({"PATH": "/bin"}, ["x"])
