@@ -109,7 +109,7 @@ class Gpupool(Configurable):
             {"node": "local", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "count": 4}
         ],
         help="GPU inventory used when NVML finds no GPU: a list of "
-        "{node, model, memory_mib, count}. On a machine with GPUs NVML's list wins "
+        "{node, model, memory_mib, count, pool (node pool, default 'default')}. On a machine with GPUs NVML's list wins "
         "(set use_nvml=False to always use this one).",
     ).tag(config=True)
     use_nvml = Bool(True, help="Discover GPUs with NVML when the library is present.").tag(
