@@ -168,8 +168,7 @@ def _form(h: Hub, server: str, fields: dict) -> str:
     page = c.opener.open(f"{h.url}/hub/spawn/alice/{server}").read().decode()
     xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page)
     data = {"project": "nlp", **{k: str(v) for k, v in fields.items()}}
-    if xsrf:
-        data["_xsrf"] = xsrf.group(1)
+    data["_xsrf"] = xsrf.group(1) if xsrf else c._xsrf()
     try:
         r = c.opener.open(f"{h.url}/hub/spawn/alice/{server}", urllib.parse.urlencode(data).encode())
     except urllib.error.HTTPError as e:
@@ -286,7 +285,8 @@ def test_maximum_runtime_ends_a_training_and_a_workspace_with_an_event(phub):
 
     admin, alice = phub.tokens["admin"], phub.tokens["alice"]
     assert call(phub.url, admin, "PUT", "/projects/vision/policy",
-                {"max_runtime_training_s": 3, "max_runtime_workspace_s": 3})[0] == 200
+                # long enough for the workspace to finish starting first
+                {"max_runtime_training_s": 3, "max_runtime_workspace_s": 30})[0] == 200
     try:
         code, t = call(phub.url, alice, "POST", "/trainings",
                        {"name": "long-run", "project": "vision", "command": ["sleep", "600"], "gpu": 0.25})
@@ -299,11 +299,11 @@ def test_maximum_runtime_ends_a_training_and_a_workspace_with_an_event(phub):
             items = call(phub.url, alice, "GET", f"/events?workload={name}")[1]["items"]
             return [e for e in items if "maximum runtime" in e["message"]]
 
-        for name, kind in (("long-run", "training"), ("ws-alice-long-ws", "workspace")):
+        for name, kind, most in (("long-run", "training", 3), ("ws-alice-long-ws", "workspace", 30)):
             ev = wait_for(lambda name=name: ended(name), f"{name} ended by its maximum runtime",
                           timeout=120)[0]
             assert ev["kind"] == "stopped"
-            assert f"maximum runtime of a {kind} (3 s, project vision's policy)" in ev["message"]
+            assert f"maximum runtime of a {kind} ({most} s, project vision's policy)" in ev["message"]
         wait_for(lambda: call(phub.url, alice, "GET", "/trainings/long-run")[1]["status"] == "Suspended",
                  "the training ended")
         wait_for(lambda: call(phub.url, alice, "GET", "/workloads/ws-alice-long-ws")[0] == 404
