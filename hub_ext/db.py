@@ -37,6 +37,8 @@ class DepartmentRow(Base):
     gpus: Mapped[float] = mapped_column(Float, default=0.0)
     over_quota_weight: Mapped[float] = mapped_column(Float, default=1.0)
     limit: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cpu_quota: Mapped[float | None] = mapped_column(Float, nullable=True)  # CPUs; None: none
+    memory_quota_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ProjectRow(Base):
@@ -46,6 +48,8 @@ class ProjectRow(Base):
     gpus: Mapped[float] = mapped_column(Float, default=0.0)
     over_quota_weight: Mapped[float] = mapped_column(Float, default=1.0)
     limit: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cpu_quota: Mapped[float | None] = mapped_column(Float, nullable=True)  # CPUs; None: none
+    memory_quota_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class MemberRow(Base):

@@ -1,4 +1,5 @@
-"""Policies per department and project (hub_ext.policy).
+"""Policies per department and project (hub_ext.policy), and CPU and memory quotas of
+departments and projects (nullable columns: none set).
 
 Revision ID: 0002
 Revises: 0001
@@ -22,7 +23,14 @@ def upgrade() -> None:
         sa.Column("name", sa.String(63), primary_key=True, nullable=False),
         sa.Column("spec", sa.JSON(), nullable=False),
     )
+    for table in ("departments", "projects"):
+        op.add_column(table, sa.Column("cpu_quota", sa.Float(), nullable=True))
+        op.add_column(table, sa.Column("memory_quota_gib", sa.Float(), nullable=True))
 
 
 def downgrade() -> None:
+    for table in ("departments", "projects"):
+        with op.batch_alter_table(table) as batch:
+            batch.drop_column("memory_quota_gib")
+            batch.drop_column("cpu_quota")
     op.drop_table("policies")
