@@ -128,6 +128,7 @@ def check_can_run(limits: Limits, project: str, demand: PodDemand, field_name: s
     cluster, or than a ceiling of its project (limits; quotas for work that may not go over
     quota). The one rule for the form, the REST API and the CLI; GPUs per node are the
     range of the GPU field itself."""
+    check_cpu_memory(limits, project, demand, pods, pool)
     whole = pods * demand.gpu_count
     if not whole:
         return
@@ -144,6 +145,25 @@ def check_can_run(limits: Limits, project: str, demand: PodDemand, field_name: s
         if milli > most:
             gang = f" ({pods} workers x {per_pod / MILLI:g})" if pods > 1 else ""
             raise FieldError(field_name, f"{why}, got {milli / MILLI:g}{gang}")
+
+
+def check_cpu_memory(limits: Limits, project: str, demand: PodDemand, pods: int = 1,
+                     pool: str | None = None) -> None:
+    """Refuse more CPU or memory than the project's CPU or memory quota holds in all: such
+    work could never start (the scheduler holds running work to them, quota.resource_reason)."""
+    entry = limits.quotas.get(project)
+    if entry is None or pool not in (None, DEFAULT_POOL):
+        return
+    q = entry[0].quotas.get(DEFAULT_POOL)
+    if q is None:
+        return
+    gang = f" ({pods} workers)" if pods > 1 else ""
+    if q.cpu_milli is not None and pods * demand.cpu_milli > q.cpu_milli:
+        raise FieldError("cpu", f"project {project}'s CPU quota is {q.cpu_milli / 1000:g} CPUs, "
+                         f"got {pods * demand.cpu_milli / 1000:g}{gang}")
+    if q.memory_mib is not None and pods * demand.memory_mib > q.memory_mib:
+        raise FieldError("memory_gib", f"project {project}'s memory quota is {q.memory_mib / 1024:g} "
+                         f"GiB, got {pods * demand.memory_mib / 1024:g}{gang}")
 
 
 def _one(data: dict, key: str, default=None):

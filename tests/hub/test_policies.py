@@ -334,18 +334,24 @@ def test_an_environment_puts_its_prefix_first_and_runs_its_start_command(tmp_pat
 # -- CPU and memory quotas of projects (the scheduler holds work to them) -------------------------
 def test_a_project_cpu_quota_holds_work_back_with_its_reason(phub):
     admin, alice = phub.tokens["admin"], phub.tokens["alice"]
-    code, out = call(phub.url, admin, "PATCH", "/projects/vision", {"cpu_quota": 1, "memory_quota_gib": 64})
-    assert code == 200 and (out["cpu_quota"], out["memory_quota_gib"]) == (1, 64), out
+    code, out = call(phub.url, admin, "PATCH", "/projects/vision", {"cpu_quota": 3, "memory_quota_gib": 64})
+    assert code == 200 and (out["cpu_quota"], out["memory_quota_gib"]) == (3, 64), out
+    body = {"kind": "training", "project": "vision", "command": ["sleep", "120"], "cpu": 2,
+            "memory_gib": 4, "gpu_mode": "none"}
     try:
-        code, w = call(phub.url, alice, "POST", "/workloads",
-                       {"kind": "training", "project": "vision", "command": ["sleep", "60"], "cpu": 2,
-                        "memory_gib": 4, "gpu_mode": "none", "name": "cpu-heavy"})
-        assert code == 201, w
+        code, out = call(phub.url, alice, "POST", "/workloads", {**body, "cpu": 4, "name": "cpu-never"})
+        assert code == 400 and out["error"]["field"] == "cpu", out
+        assert out["error"]["message"] == "project vision's CPU quota is 3 CPUs, got 4"
+        assert call(phub.url, alice, "POST", "/workloads", {**body, "name": "cpu-first"})[0] == 201
+        wait_for(lambda: call(phub.url, alice, "GET", "/workloads/cpu-first")[1]["state"] == "running",
+                 "the first workload runs")
+        assert call(phub.url, alice, "POST", "/workloads", {**body, "name": "cpu-second"})[0] == 201
         got = wait_for(lambda: (lambda r: r["reason"] if r["state"] == "pending" and r["reason"] else None)(
-            call(phub.url, alice, "GET", "/workloads/cpu-heavy")[1]), "a pending reason")
-        assert got == "project vision is at its CPU quota (0 of 1 CPUs in use, 2 more asked)"
+            call(phub.url, alice, "GET", "/workloads/cpu-second")[1]), "a pending reason")
+        assert got == "project vision is at its CPU quota (2 of 3 CPUs in use, 2 more asked)"
         code, out = call(phub.url, admin, "PATCH", "/projects/vision", {"cpu_quota": -1})
         assert code == 400 and out["error"]["field"] == "cpu_quota"
     finally:
-        call(phub.url, alice, "DELETE", "/workloads/cpu-heavy")
+        for name in ("cpu-first", "cpu-second"):
+            call(phub.url, alice, "DELETE", f"/workloads/{name}")
         call(phub.url, admin, "PATCH", "/projects/vision", {"cpu_quota": None, "memory_quota_gib": None})
