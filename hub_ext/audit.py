@@ -28,6 +28,7 @@ ACTIONS = {
     "project.quota": "a project's quota, weight, limit or department changed",
     "project.members": "a project's members changed (added / removed in details)",
     "project.deleted": "a project was deleted",
+    "policy.updated": "a department's or project's policy changed (before / after in details)",
     "credential.created": "a credential was created (key names in details, never values)",
     "credential.deleted": "a credential was deleted",
     "credential.used": "a credential was attached to a workload or delivered to it",

@@ -4,6 +4,7 @@
     gpupool options                              every configuration option with its help
     gpupool project list | show NAME | quota NAME [--gpus G] [--limit L | --no-limit] [--weight W]
     gpupool roles list | set USER [department-admin:DEPT | viewer:DEPT | viewer:*]...
+    gpupool policy show SCOPE NAME | set SCOPE NAME KEY=VALUE... (SCOPE: department | project)
     gpupool workspace list | start [options] | stop NAME
     gpupool workspace ssh NAME [--print] | exec NAME -- CMD... | port-forward NAME LOCAL:REMOTE
     gpupool workspace logs NAME [--follow]
@@ -165,6 +166,9 @@ def cmd_workspace(args) -> int:
             body.update(gpu_mode="memory", gpu_memory_gib=args.gpu_memory)
         elif args.fraction is not None:
             body.update(gpu_mode="fraction" if args.fraction > 0 else "none", gpu_fraction=args.fraction or 0.25)
+        for key in ("template", "environment", "node_pool", "gpu_model", "cpu", "memory_gib"):
+            if getattr(args, key) is not None:
+                body[key] = getattr(args, key)
         if args.preemptible:
             body["preemptible"] = True
         w = _api(args, "POST", "/workloads", body)
@@ -175,6 +179,42 @@ def cmd_workspace(args) -> int:
         queued = _api(args, "GET", f"/workloads/{args.name}").get("state") == "pending"
         _api(args, "DELETE", f"/workloads/{args.name}")
         print(f"{args.name}: {'cancelled (it was waiting in the queue)' if queued else 'stopping'}")
+    return 0
+
+
+def policy_value(key: str, raw: str):
+    """KEY=VALUE of ``policy set``: lists as 'a,b', numbers as numbers, '' unsets the key
+    (the API's rules check the rest)."""
+    from .policy import LISTS
+
+    if raw == "":
+        return None
+    if key in LISTS:
+        return [v.strip() for v in raw.split(",") if v.strip()]
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def cmd_policy(args) -> int:
+    path = f"/{args.scope}s/{args.name}/policy"
+    if args.action == "show":
+        print(json.dumps(_api(args, "GET", path), indent=2))
+        return 0
+    spec = {} if args.clear else dict(_api(args, "GET", path)["policy"])
+    for pair in args.pairs:
+        key, eq, raw = pair.partition("=")
+        if not eq:
+            sys.exit(f"gpupool: {pair!r}: write KEY=VALUE, e.g. gpu_fraction_max=0.5 or node_pools=a,b")
+        value = policy_value(key, raw)
+        if value is None:
+            spec.pop(key, None)
+        else:
+            spec[key] = value
+    out = _api(args, "PUT", path, spec)
+    print(f"{args.scope} {args.name}: " + (", ".join(f"{k}={v}" for k, v in out["policy"].items())
+                                            or "no policy"))
     return 0
 
 
@@ -215,7 +255,21 @@ def parser() -> argparse.ArgumentParser:
     ws.add_argument("--gpus", type=int, help="whole GPUs")
     ws.add_argument("--gpu-memory", type=float, help="GPU memory in GiB")
     ws.add_argument("--preemptible", action="store_true", help="may run over quota (reclaimable)")
+    ws.add_argument("--template", help="a compute template (e.g. small); other options override it")
+    ws.add_argument("--environment", help="an environment (Gpupool.environments)")
+    ws.add_argument("--node-pool", dest="node_pool", help="the node pool to run in")
+    ws.add_argument("--gpu-model", dest="gpu_model", help="the GPU model to run on")
+    ws.add_argument("--cpu", type=float, help="CPUs")
+    ws.add_argument("--memory", dest="memory_gib", type=float, help="memory in GiB")
     ws.set_defaults(fn=cmd_workspace)
+    po = sub.add_parser("policy", help="department and project policies (hub_ext/policy.py)")
+    po.add_argument("action", choices=["show", "set"], help="show a policy, or change keys of it")
+    po.add_argument("scope", choices=["department", "project"])
+    po.add_argument("name", type=name_arg(), help="the department or project")
+    po.add_argument("pairs", nargs="*", help="KEY=VALUE, e.g. gpu_fraction_max=0.5, templates=small,medium; "
+                    "KEY= unsets a key")
+    po.add_argument("--clear", action="store_true", help="start from an empty policy")
+    po.set_defaults(fn=cmd_policy)
     ro = sub.add_parser("roles", help="department admins and viewers (hub_ext/roles.py)")
     ro.add_argument("action", choices=["list", "set"], help="list assignments, or replace a user's")
     ro.add_argument("user", nargs="?", default="", type=name_arg("user", "USER"), help="the user (set)")

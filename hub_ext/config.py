@@ -109,7 +109,7 @@ class Gpupool(Configurable):
             {"node": "local", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "count": 4}
         ],
         help="GPU inventory used when NVML finds no GPU: a list of "
-        "{node, model, memory_mib, count}. On a machine with GPUs NVML's list wins "
+        "{node, model, memory_mib, count, pool (node pool, default 'default')}. On a machine with GPUs NVML's list wins "
         "(set use_nvml=False to always use this one).",
     ).tag(config=True)
     use_nvml = Bool(True, help="Discover GPUs with NVML when the library is present.").tag(
@@ -144,8 +144,24 @@ class Gpupool(Configurable):
     )
     environments = Dict(
         default_value={"default": {"display": "Python 3 (hub environment)", "image": ""}},
-        help="Environments offered in the form: name -> {display, image}. Embedded mode "
-        "starts every environment from the hub's Python; the Kubernetes spawner uses image.",
+        help="Environments offered in the form and the CLI (--environment): name -> {display, "
+        "image, prefix, start_command}. Embedded mode runs a workload with the Python "
+        "environment at prefix (a venv or conda prefix: its bin/ first on PATH; empty: the "
+        "hub's Python) and start_command, if given, before the workload's own; the "
+        "Kubernetes spawner uses image. Policies may narrow which are allowed.",
+    ).tag(config=True)
+    compute_templates = Dict(
+        default_value={
+            "small": {"display": "small: 0.25 GPU, 2 CPU, 8 GiB", "gpu_mode": "fraction",
+                      "gpu_fraction": 0.25, "cpu": 2, "memory_gib": 8},
+            "medium": {"display": "medium: 0.5 GPU, 4 CPU, 16 GiB", "gpu_mode": "fraction",
+                       "gpu_fraction": 0.5, "cpu": 4, "memory_gib": 16},
+            "large": {"display": "large: 1 GPU, 8 CPU, 32 GiB", "gpu_mode": "whole", "gpus": 1,
+                      "cpu": 8, "memory_gib": 32},
+        },
+        help="Compute-resource templates offered in the form and the CLI (--template): name -> "
+        "{display, gpu_mode, gpu_fraction, gpu_memory_gib, gpus, cpu, memory_gib}. A template "
+        "fills the fields a request leaves out; policies may narrow which are allowed.",
     ).tag(config=True)
 
     preload_library = Unicode(

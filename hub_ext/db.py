@@ -37,6 +37,8 @@ class DepartmentRow(Base):
     gpus: Mapped[float] = mapped_column(Float, default=0.0)
     over_quota_weight: Mapped[float] = mapped_column(Float, default=1.0)
     limit: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cpu_quota: Mapped[float | None] = mapped_column(Float, nullable=True)  # CPUs; None: none
+    memory_quota_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ProjectRow(Base):
@@ -46,6 +48,8 @@ class ProjectRow(Base):
     gpus: Mapped[float] = mapped_column(Float, default=0.0)
     over_quota_weight: Mapped[float] = mapped_column(Float, default=1.0)
     limit: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cpu_quota: Mapped[float | None] = mapped_column(Float, nullable=True)  # CPUs; None: none
+    memory_quota_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class MemberRow(Base):
@@ -64,6 +68,15 @@ class NodeRow(Base):
     cpu_milli: Mapped[int] = mapped_column(Integer, default=0)
     memory_mib: Mapped[int] = mapped_column(Integer, default=0)
     source: Mapped[str] = mapped_column(String(16), default="declared")  # nvml | declared
+
+
+class PolicyRow(Base):
+    """A department's or project's policy (hub_ext.policy): a flat JSON object."""
+
+    __tablename__ = "policies"
+    scope: Mapped[str] = mapped_column(String(16), primary_key=True)  # department | project
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    spec: Mapped[dict] = mapped_column(JSON, default=dict)
 
 
 class WorkloadRow(Base):

@@ -44,13 +44,25 @@ def form_context(rt, user: str, scopes=(), workload: str = "") -> dict:
         "cancelled": cancelled.message if cancelled is not None else "",
         "kinds": {k: v for k, v in WORKSPACE_KINDS.items() if k != "vscode" or limits.vscode},
         "environments": rt.cfg.environments,
+        "templates": rt.cfg.compute_templates,
+        "pools": rt.free_per_pool(),
+        # per project: what its policy allows (the rules refuse the rest, naming the policy)
+        "allowed": {p: {"templates": list(limits.allowed(p, "templates", limits.templates)),
+                        "environments": list(limits.allowed(p, "environments", limits.environments)),
+                        "node_pools": list(limits.allowed(p, "node_pools", limits.node_pools)),
+                        "gpu_models": list(limits.allowed(p, "gpu_models", limits.gpu_models))}
+                    for p in limits.projects},
         "fraction": {"min": FRACTION_MIN, "max": FRACTION_MAX, "step": FRACTION_STEP},
         "gpu_model": gpu.model if gpu else "none",
         "attachables": rt.attachables(limits.projects),  # credentials, data sources by project
         "status_json": json.dumps(
             {**rt.project_status(limits.projects),
              "gpu_memory_gib": limits.gpu_memory_gib, "max_gpus": limits.max_gpus,
-             "ceilings": _ceilings(limits)}
+             "ceilings": _ceilings(limits), "templates": rt.cfg.compute_templates,
+             "allowed": {p: {"templates": list(limits.allowed(p, "templates", limits.templates)),
+                             "environments": list(limits.allowed(p, "environments", limits.environments)),
+                             "node_pools": list(limits.allowed(p, "node_pools", limits.node_pools))}
+                         for p in limits.projects}}
         ),
     }
 

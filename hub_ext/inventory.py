@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import socket
 
-from scheduler.model import GPU, Node
+from scheduler.model import DEFAULT_POOL, GPU, Node
 
 
 def _nvml():
@@ -44,7 +44,8 @@ def discover(declared: list[dict], use_nvml: bool = True) -> tuple[list[Node], s
         # A declared node stands for a GPU server: its CPU and memory come from the
         # declaration (cpu, memory_gib), not from this machine.
         nodes.append(Node(name=name, gpus=gpus, cpu_milli=round(float(d.get("cpu", 64)) * 1000),
-                          memory_mib=round(float(d.get("memory_gib", 256)) * 1024)))
+                          memory_mib=round(float(d.get("memory_gib", 256)) * 1024),
+                          pool=str(d.get("pool", DEFAULT_POOL))))
     return nodes, "declared"
 
 

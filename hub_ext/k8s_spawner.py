@@ -46,6 +46,7 @@ from kubespawner import KubeSpawner
 from traitlets import Dict, Unicode, default
 
 from gpupool.errors import GpupoolError
+from scheduler.model import DEFAULT_POOL
 
 from . import attach, humanize
 from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest
@@ -177,6 +178,10 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
             "gpupool.io/preemptible": "true" if req.preemptible else "false",
             "gpupool.io/allow-over-quota": "true" if req.preemptible else "false",
         }
+        if req.node_pool != DEFAULT_POOL:  # the pool and GPU model chosen in the form
+            ann["gpupool.io/node-pool"] = req.node_pool
+        if req.gpu_model:
+            ann["gpupool.io/gpu-model"] = req.gpu_model
         limits: dict[str, str] = {}
         share = False
         if demand.gpus:
@@ -214,7 +219,8 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
         self.cpu_limit = self.cpu_guarantee = float(req.cpu)
         self.mem_limit = self.mem_guarantee = int(req.memory_gib * 1024**3)
         self.default_url = "/vscode/" if req.workspace_kind == "vscode" else "/lab"
-        self.image = self.environment_images.get(req.environment, base["image"])
+        env_image = (self.gpupool.cfg.environments.get(req.environment) or {}).get("image")
+        self.image = self.environment_images.get(req.environment) or env_image or base["image"]
 
     # -- start / stop / progress -------------------------------------------------------------
     def _attachments(self, req: WorkloadRequest) -> attach.Attachments:

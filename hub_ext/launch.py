@@ -78,6 +78,22 @@ async def reap(launcher: Launcher, *handles: Handle) -> None:
     await asyncio.gather(*(forget(launcher, h) for h in handles))
 
 
+def in_environment(environment: dict | None, env: dict[str, str], argv: list[str]) -> tuple[dict, list[str]]:
+    """A workload's environment and argv inside a named environment (Gpupool.environments):
+    its ``prefix`` (a venv or conda prefix) first on PATH, as activation does, and its
+    ``start_command`` run by the shell before the workload's own program."""
+    environment = environment or {}
+    env, argv = dict(env), list(argv)
+    prefix = environment.get("prefix") or ""
+    if prefix:
+        env["PATH"] = f"{prefix.rstrip('/')}/bin:{env.get('PATH', BASE_PATH)}"
+        env["CONDA_PREFIX" if Path(prefix, "conda-meta").is_dir() else "VIRTUAL_ENV"] = prefix
+    start = environment.get("start_command") or ""
+    if start and argv:
+        argv = ["/bin/sh", "-c", f'{start}\nexec "$@"', "sh", *argv]
+    return env, argv
+
+
 def check_argv(argv: list[str], env: dict[str, str]) -> None:
     """Refuse at once what could never start, with the reason: no command, a NUL byte,
     or a program not found on the workload's PATH (ValueError, FileNotFoundError)."""
@@ -258,5 +274,5 @@ def read_from(path: Path, uid: int, offset: int | None, max_bytes: int) -> tuple
         return data.decode(errors="replace"), start + len(data)
 
 
-__all__ = ["OUTPUT_LOGS", "PRIVATE", "output_log", "account_env", "check_argv", "forget", "gpu_devices", "link_in_home", "log_header", "private_dir", "read_from", "read_tail", "reap", "start",
+__all__ = ["OUTPUT_LOGS", "PRIVATE", "output_log", "account_env", "check_argv", "in_environment", "forget", "gpu_devices", "link_in_home", "log_header", "private_dir", "read_from", "read_tail", "reap", "start",
            "remove_private", "write_private"]

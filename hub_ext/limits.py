@@ -7,7 +7,7 @@ from sqlalchemy import select
 from scheduler.model import DEFAULT_POOL, NO_QUOTA, ValidationError
 from scheduler.quota import department_quota
 
-from . import org
+from . import org, policy
 from .config import Gpupool
 from .db import NodeRow
 from .requests import Limits
@@ -29,6 +29,10 @@ def limits_for(s, cfg: Gpupool, user: str, projects: tuple[str, ...] | None = No
         vscode=bool(cfg.code_server),
         cluster_gpus=len(gpus),
         quotas=_quotas(s, projects),
+        policies=policy.all_effective(s, projects),
+        templates=dict(cfg.compute_templates),
+        node_pools=tuple(sorted({n.pool for n in nodes} | {DEFAULT_POOL})),
+        gpu_models=tuple(sorted({g["model"] for g in gpus})),
     )
 
 

@@ -15,7 +15,7 @@ import yaml
 from sqlalchemy import delete, func, insert, select
 
 from gpupool.errors import GpupoolError
-from scheduler.model import DEFAULT_POOL, Department, Project, Quota
+from scheduler.model import DEFAULT_POOL, MAX_CPU_MEMORY, Department, Project, Quota
 
 from . import audit, roles, validation
 from .db import (
@@ -23,6 +23,7 @@ from .db import (
     DepartmentRow,
     MemberRow,
     NodeRow,
+    PolicyRow,
     ProjectRow,
     WorkloadRow,
     bump_version,
@@ -43,16 +44,19 @@ class Conflict(GpupoolError, ValueError):
         self.message = message
 
 
-QUOTA_FIELDS = ("gpus", "over_quota_weight", "limit")
+QUOTA_FIELDS = ("gpus", "over_quota_weight", "limit", "cpu_quota", "memory_quota_gib")
 # field -> the most it may be (scheduler.model.Quota refuses more)
-QUOTA_MAX = {"gpus": MAX_GPUS, "over_quota_weight": validation.MAX_WEIGHT, "limit": MAX_GPUS}
+QUOTA_MAX = {"gpus": MAX_GPUS, "over_quota_weight": validation.MAX_WEIGHT, "limit": MAX_GPUS,
+             "cpu_quota": MAX_CPU_MEMORY, "memory_quota_gib": MAX_CPU_MEMORY}
+UNITS = {"gpus": " GPUs", "limit": " GPUs", "over_quota_weight": "", "cpu_quota": " CPUs",
+         "memory_quota_gib": " GiB"}
 
 
 def _num(data: dict, key: str, default, allow_none=False):
     v = data.get(key, default)
     if v is None and allow_none:
         return None
-    unit = (" GPUs" if key != "over_quota_weight" else "") + (", or null" if allow_none else "")
+    unit = UNITS[key] + (", or null" if allow_none else "")
     return validation.number(v, key, 0, QUOTA_MAX[key], unit=unit)
 
 
@@ -62,6 +66,9 @@ def _quota_fields(data: dict, current=None) -> dict:
         "gpus": _num(data, "gpus", cur["gpus"]),
         "over_quota_weight": _num(data, "over_quota_weight", cur["over_quota_weight"]),
         "limit": _num(data, "limit", cur["limit"], allow_none=True),
+        # CPU and memory quotas: caps the scheduler holds the work to (Quota.cpu, .memory_gib)
+        "cpu_quota": _num(data, "cpu_quota", cur.get("cpu_quota"), allow_none=True),
+        "memory_quota_gib": _num(data, "memory_quota_gib", cur.get("memory_quota_gib"), allow_none=True),
     }
     if out["limit"] is not None and out["limit"] < out["gpus"]:
         raise FieldError("limit", f"must be >= the quota ({out['gpus']:g} GPUs) or null")
@@ -97,7 +104,8 @@ def _department_name(dept) -> str:
 
 # -- reads -------------------------------------------------------------------------------
 def dept_dict(d: DepartmentRow, projects: list[str] | None = None) -> dict:
-    out = {"name": d.name, "gpus": d.gpus, "over_quota_weight": d.over_quota_weight, "limit": d.limit}
+    out = {"name": d.name, "gpus": d.gpus, "over_quota_weight": d.over_quota_weight, "limit": d.limit,
+           "cpu_quota": d.cpu_quota, "memory_quota_gib": d.memory_quota_gib}
     if projects is not None:
         out["projects"] = projects
     return out
@@ -129,6 +137,8 @@ def project_dict(p: ProjectRow, members: list[str], use: dict | None = None) -> 
         "gpus": p.gpus,
         "over_quota_weight": p.over_quota_weight,
         "limit": p.limit,
+        "cpu_quota": p.cpu_quota,
+        "memory_quota_gib": p.memory_quota_gib,
         "members": members,
         "allocated_gpus": round(use["allocated_gpus"], 3),
         "running": use["running"],
@@ -228,6 +238,7 @@ def delete_department(s, name: str, actor: str = audit.SYSTEM) -> None:
     if s.scalar(select(func.count()).select_from(ProjectRow).where(ProjectRow.department == name)):
         raise Conflict("name", f"department {name!r} still has projects; delete them first")
     s.execute(delete(DepartmentRow).where(DepartmentRow.name == name))
+    s.execute(delete(PolicyRow).where(PolicyRow.scope == "department", PolicyRow.name == name))
     add_event(s, "org", f"department {name} deleted")
     audit.record(s, actor, "department.deleted", name)
     bump_version(s)
@@ -288,7 +299,7 @@ def update_project(s, name: str, data: dict, actor: str = audit.SYSTEM) -> dict:
     p = s.get(ProjectRow, name)
     if p is None:
         raise NotFound(f"project {name!r} does not exist")
-    q = _quota_fields(data, {"gpus": p.gpus, "over_quota_weight": p.over_quota_weight, "limit": p.limit})
+    q = _quota_fields(data, {k: getattr(p, k) for k in QUOTA_FIELDS})
     dept = _department_name(data.get("department", p.department))
     _check_dept_room(s, dept, q["gpus"], skip=name)
     old = p.gpus
@@ -334,6 +345,7 @@ def delete_project(s, name: str, actor: str = audit.SYSTEM) -> None:
                        f"{', '.join(services[:5])}; delete them first")
     s.execute(delete(MemberRow).where(MemberRow.project == name))
     s.execute(delete(ProjectRow).where(ProjectRow.name == name))
+    s.execute(delete(PolicyRow).where(PolicyRow.scope == "project", PolicyRow.name == name))
     add_event(s, "org", f"project {name} deleted", project=name)
     audit.record(s, actor, "project.deleted", name, project=name)
     bump_version(s)
@@ -347,14 +359,16 @@ def _inference_services(s, project: str) -> list[str]:
 # -- scheduler model ---------------------------------------------------------------------
 def model_departments(s) -> list[Department]:
     return [
-        Department(d.name, {DEFAULT_POOL: Quota(d.gpus, d.over_quota_weight, d.limit)})
+        Department(d.name, {DEFAULT_POOL: Quota(d.gpus, d.over_quota_weight, d.limit, d.cpu_quota,
+                                                d.memory_quota_gib)})
         for d in s.scalars(select(DepartmentRow))
     ]
 
 
 def model_projects(s) -> list[Project]:
     return [
-        Project(p.name, p.department, {DEFAULT_POOL: Quota(p.gpus, p.over_quota_weight, p.limit)})
+        Project(p.name, p.department, {DEFAULT_POOL: Quota(p.gpus, p.over_quota_weight, p.limit, p.cpu_quota,
+                                                           p.memory_quota_gib)})
         for p in s.scalars(select(ProjectRow))
     ]
 

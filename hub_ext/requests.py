@@ -14,6 +14,7 @@ from scheduler.model import DEFAULT_POOL, MILLI, Kind, PodDemand, Project, Quota
 from scheduler.quota import ceilings
 
 from . import validation
+from .policy import Effective
 from .validation import FieldError, check_fields
 
 KINDS = ("workspace", "training", "inference")
@@ -37,6 +38,20 @@ class Limits:
     # Per project: its scheduler model and its department's quota in the default pool, for
     # the ceilings no request can pass (check_can_run); a project missing here is not checked.
     quotas: Mapping[str, tuple[Project, Quota]] = field(default_factory=dict)
+    # Per project: its policy merged with its department's (hub_ext.policy); none: not limited.
+    policies: Mapping[str, Effective] = field(default_factory=dict)
+    templates: Mapping[str, dict] = field(default_factory=dict)  # compute templates
+    node_pools: tuple[str, ...] = (DEFAULT_POOL,)
+    gpu_models: tuple[str, ...] = ()
+
+    def policy(self, project: str) -> Effective:
+        return self.policies.get(project) or Effective()
+
+    def allowed(self, project: str, key: str, names) -> tuple[str, ...]:
+        """``names`` (templates, environments, node pools, GPU models) the project's policy
+        allows, in their order."""
+        only = self.policy(project).allowed(key)
+        return tuple(names) if only is None else tuple(n for n in names if n in only)
 
 
 @dataclass
@@ -51,6 +66,9 @@ class WorkloadRequest:
     cpu: float = 1.0
     memory_gib: float = 4.0
     environment: str = "default"
+    template: str = ""  # the compute template the request started from ('' none)
+    node_pool: str = DEFAULT_POOL
+    gpu_model: str = ""  # '' any
     preemptible: bool = False
     name: str = ""
     command: list[str] = field(default_factory=list)
@@ -110,6 +128,7 @@ def check_can_run(limits: Limits, project: str, demand: PodDemand, field_name: s
     cluster, or than a ceiling of its project (limits; quotas for work that may not go over
     quota). The one rule for the form, the REST API and the CLI; GPUs per node are the
     range of the GPU field itself."""
+    check_cpu_memory(limits, project, demand, pods, pool)
     whole = pods * demand.gpu_count
     if not whole:
         return
@@ -126,6 +145,25 @@ def check_can_run(limits: Limits, project: str, demand: PodDemand, field_name: s
         if milli > most:
             gang = f" ({pods} workers x {per_pod / MILLI:g})" if pods > 1 else ""
             raise FieldError(field_name, f"{why}, got {milli / MILLI:g}{gang}")
+
+
+def check_cpu_memory(limits: Limits, project: str, demand: PodDemand, pods: int = 1,
+                     pool: str | None = None) -> None:
+    """Refuse more CPU or memory than the project's CPU or memory quota holds in all: such
+    work could never start (the scheduler holds running work to them, quota.resource_reason)."""
+    entry = limits.quotas.get(project)
+    if entry is None or pool not in (None, DEFAULT_POOL):
+        return
+    q = entry[0].quotas.get(DEFAULT_POOL)
+    if q is None:
+        return
+    gang = f" ({pods} workers)" if pods > 1 else ""
+    if q.cpu_milli is not None and pods * demand.cpu_milli > q.cpu_milli:
+        raise FieldError("cpu", f"project {project}'s CPU quota is {q.cpu_milli / 1000:g} CPUs, "
+                         f"got {pods * demand.cpu_milli / 1000:g}{gang}")
+    if q.memory_mib is not None and pods * demand.memory_mib > q.memory_mib:
+        raise FieldError("memory_gib", f"project {project}'s memory quota is {q.memory_mib / 1024:g} "
+                         f"GiB, got {pods * demand.memory_mib / 1024:g}{gang}")
 
 
 def _one(data: dict, key: str, default=None):
@@ -180,21 +218,62 @@ def _bool(data, key, default=False):
     raise FieldError(key, f"must be true or false, got {v!r}")
 
 
+TEMPLATE_FIELDS = ("gpu_mode", "gpu_fraction", "gpu_memory_gib", "gpus", "cpu", "memory_gib")
+
+
+def check_policy(limits: Limits, project: str, values: dict[str, tuple[str, float]]) -> None:
+    """The policy's limits on resources: ``values`` maps a policy resource (policy.RESOURCES)
+    to (the request's field, its value); beyond the limit is a FieldError naming both."""
+    pol = limits.policy(project)
+    for resource, (field_name, v) in values.items():
+        pol.check_max(field_name, resource, v)
+
+
+def _template(data: dict, limits: Limits, project: str) -> tuple[str, dict]:
+    """The compute template named (or the first the policy allows when it lists some) and
+    the fields it fills."""
+    pol = limits.policy(project)
+    allowed = limits.allowed(project, "templates", limits.templates)
+    name = _one(data, "template", "") or ""
+    if not name and pol.allowed("templates") is not None:
+        name = allowed[0] if allowed else ""
+        if not name:
+            raise FieldError("template", f"{pol.whose('templates')} allows no template here")
+    if not name:
+        return "", {}
+    if name not in limits.templates:
+        raise FieldError("template", f"must be one of {', '.join(limits.templates) or '(none)'}, "
+                         f"got {validation.show(name)}")
+    pol.check_in("template", "templates", name)
+    return name, {k: v for k, v in limits.templates[name].items() if k in TEMPLATE_FIELDS}
+
+
 def parse_request(data: dict, limits: Limits) -> WorkloadRequest:
     """Check a request (form data or JSON) and return it typed; raise FieldError on the
-    first bad field."""
+    first bad field. A value left out comes from the compute template, else the project's
+    policy's default, else the built-in default; every value is then held to the policy."""
     known = set(WorkloadRequest.__dataclass_fields__)
     check_fields(data, known | {k for k in data if isinstance(k, str) and k.startswith("_")})
     if not limits.projects:
         raise FieldError("project", "you are not a member of any project; ask an admin")
     project = _choice(data, "project", limits.projects[0], limits.projects, " (your projects)")
+    pol = limits.policy(project)
+    template, filled = _template(data, limits, project)
+    data = {**filled, **{k: v for k, v in data.items()
+                         if k not in filled or _one(data, k) not in (None, "")}}
+
+    def dflt(key, builtin):
+        d = pol.default(key)
+        return builtin if d is None else d
+
     kind = _choice(data, "kind", "workspace", KINDS)
     ws_allowed = tuple(k for k in WORKSPACE_KINDS if k != "vscode" or limits.vscode)
     workspace_kind = _choice(data, "workspace_kind", "jupyterlab", ws_allowed)
     mode = _choice(data, "gpu_mode", "fraction", GPU_MODES)
-    req = WorkloadRequest(project=project, kind=kind, workspace_kind=workspace_kind, gpu_mode=mode)
+    req = WorkloadRequest(project=project, kind=kind, workspace_kind=workspace_kind, gpu_mode=mode,
+                          template=template)
     if mode == "fraction":
-        f = _number(data, "gpu_fraction", 0.25, FRACTION_MIN, FRACTION_MAX)
+        f = _number(data, "gpu_fraction", dflt("gpu_fraction", 0.25), FRACTION_MIN, FRACTION_MAX)
         steps = f / FRACTION_STEP
         if abs(steps - round(steps)) > 1e-6:
             raise FieldError(
@@ -204,13 +283,34 @@ def parse_request(data: dict, limits: Limits) -> WorkloadRequest:
         req.gpu_fraction = round(round(steps) * FRACTION_STEP, 2)
     elif mode == "memory":
         req.gpu_memory_gib = _number(
-            data, "gpu_memory_gib", None, 0.5, limits.gpu_memory_gib, unit=" GiB"
+            data, "gpu_memory_gib", pol.default("gpu_memory_gib"), 0.5, limits.gpu_memory_gib, unit=" GiB"
         )
     elif mode == "whole":
-        req.gpus = _number(data, "gpus", 1, 1, limits.max_gpus, integer=True, unit=" (GPUs of the largest node)")
-    req.cpu = _number(data, "cpu", 1, 0.1, limits.max_cpu)
-    req.memory_gib = _number(data, "memory_gib", 4, 0.25, limits.max_memory_gib, unit=" GiB")
-    req.environment = _choice(data, "environment", limits.environments[0], limits.environments)
+        req.gpus = _number(data, "gpus", dflt("gpus", 1), 1, limits.max_gpus, integer=True,
+                           unit=" (GPUs of the largest node)")
+    req.cpu = _number(data, "cpu", dflt("cpu", 1), 0.1, limits.max_cpu)
+    req.memory_gib = _number(data, "memory_gib", dflt("memory_gib", 4), 0.25, limits.max_memory_gib, unit=" GiB")
+    check_policy(limits, project, {
+        **({"gpu_fraction": ("gpu_fraction", req.gpu_fraction)} if mode == "fraction" else {}),
+        **({"gpu_memory_gib": ("gpu_memory_gib", req.gpu_memory_gib)} if mode == "memory" else {}),
+        **({"gpus": ("gpus", req.gpus)} if mode == "whole" else {}),
+        "cpu": ("cpu", req.cpu), "memory_gib": ("memory_gib", req.memory_gib)})
+    envs = limits.allowed(project, "environments", limits.environments)
+    req.environment = _choice(data, "environment", envs[0] if envs else limits.environments[0],
+                              limits.environments)
+    pol.check_in("environment", "environments", req.environment)
+    pools = limits.allowed(project, "node_pools", limits.node_pools)
+    req.node_pool = _choice(data, "node_pool", pools[0] if pools else DEFAULT_POOL, limits.node_pools)
+    pol.check_in("node_pool", "node_pools", req.node_pool)
+    if mode != "none":
+        models = limits.allowed(project, "gpu_models", limits.gpu_models)
+        first = models[0] if pol.allowed("gpu_models") is not None and models else ""
+        req.gpu_model = _one(data, "gpu_model", first) or ""
+        if req.gpu_model and req.gpu_model not in limits.gpu_models:
+            raise FieldError("gpu_model", f"must be one of {', '.join(limits.gpu_models) or '(none)'} "
+                             f"or empty (any), got {validation.show(req.gpu_model)}")
+        if req.gpu_model or pol.allowed("gpu_models") is not None:
+            pol.check_in("gpu_model", "gpu_models", req.gpu_model)
     req.preemptible = _bool(data, "preemptible", kind == "training")
     if kind == "inference" and req.preemptible:
         raise FieldError("preemptible", "inference workloads are never preemptible")
@@ -222,7 +322,8 @@ def parse_request(data: dict, limits: Limits) -> WorkloadRequest:
     req.command = command
     req.credentials = check_names(data.get("credentials"), "credentials")
     req.datasources = check_names(data.get("datasources"), "datasources")
-    check_can_run(limits, project, req.demand(), req.gpu_field, may_go_over_quota=req.may_go_over_quota)
+    check_can_run(limits, project, req.demand(), req.gpu_field, may_go_over_quota=req.may_go_over_quota,
+                  pool=req.node_pool)
     return req
 
 

@@ -155,6 +155,23 @@ class Runtime:
                     free[(p.node, i)] = free.get((p.node, i), MILLI) - p.gpu_milli
         return list(free.values())
 
+    def free_per_pool(self) -> dict[str, dict]:
+        """Per node pool: its GPUs, the GPUs free in it and its GPU models (the spawn form)."""
+        free = {}
+        for w in self.scheduler.snapshot.workloads.values():
+            for p in w.placement:
+                for i in p.gpu_indices:
+                    free[(p.node, i)] = free.get((p.node, i), 0) + p.gpu_milli
+        out: dict[str, dict] = {}
+        for n in self.nodes:
+            pool = out.setdefault(n.pool, {"gpus": 0, "free": 0.0, "models": []})
+            for g in n.gpus:
+                pool["gpus"] += 1
+                pool["free"] += (MILLI - free.get((n.name, g.index), 0)) / MILLI
+                if g.model not in pool["models"]:
+                    pool["models"].append(g.model)
+        return out
+
     def attachables(self, projects) -> dict[str, dict[str, list[str]]]:
         """Per project: the names of its credentials and data sources (the spawn form)."""
         with self.Session() as s:
@@ -195,6 +212,7 @@ class Runtime:
             env = {**launch.account_env(account), **self.env_for(w, b), "GPUPOOL_WORKLOAD": w.name,
                    "GPUPOOL_PROJECT": w.project, "GPUPOOL_CHECKPOINT_DIR": str(workdir), **attached}
             cmd = list(row.spec.get("command") or [])
+            env, cmd = launch.in_environment(self.cfg.environments.get(row.spec.get("environment")), env, cmd)
             launch.check_argv(cmd, env)
             mem = row.spec.get("memory_gib")
             launch.log_header(account, ("workloads", w.name), "output.log", "", fresh=True)

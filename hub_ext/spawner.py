@@ -299,8 +299,10 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
         self.cpu_limit, self.mem_limit = req.cpu, int(req.memory_gib * 1024**3)
         t0 = time.monotonic()
         self.port = self.port or random_port()
-        env = {**launch.account_env(self.account), **self.get_env()}
-        spec = Spec(name=self.workload, argv=[*self.cmd, *self.get_args()], env=env,
+        env, argv = launch.in_environment(rt.cfg.environments.get(req.environment),
+                                          {**launch.account_env(self.account), **self.get_env()},
+                                          [*self.cmd, *self.get_args()])
+        spec = Spec(name=self.workload, argv=argv, env=env,
                     cwd=str(self.account.home), account=self.account,
                     limits=Limits(cpu=req.cpu, memory_bytes=self.mem_limit,
                                   gpu_devices=tuple(d for p in bind.pods for d in launch.gpu_devices(

@@ -8,7 +8,7 @@ import time
 
 from sqlalchemy import delete, func, select, true, update
 
-from scheduler.model import MILLI, Kind, PodPlacement, State, Workload
+from scheduler.model import DEFAULT_POOL, MILLI, Kind, PodPlacement, State, Workload
 
 from . import org
 from .db import EventRow, NodeRow, WorkloadRow, bump_version, get_meta, set_meta, version
@@ -29,6 +29,8 @@ def to_workload(row: WorkloadRow) -> Workload:
         allow_over_quota=req.preemptible or None,
         submit_time=row.submit_time,
         grace_period_s=float(row.spec.get("grace_period_s", 30.0)) if isinstance(row.spec, dict) else 30.0,
+        node_pool=req.node_pool if req.node_pool != DEFAULT_POOL else None,
+        gpu_models=(req.gpu_model,) if req.gpu_model else (),
     )
     if row.state in ("running", "releasing") and row.placement:
         w.state = State.RUNNING if row.state == "running" else State.RELEASING

@@ -16,7 +16,15 @@ import numpy as np
 
 from .model import Bind, Decisions, PodPlacement, Project, Quota, Workload
 from .placement import Choice
-from .quota import IN_QUOTA, Verdict, admit, department_quota, fair_shares, in_quota
+from .quota import (
+    IN_QUOTA,
+    Verdict,
+    admit,
+    department_quota,
+    fair_shares,
+    in_quota,
+    resource_reason,
+)
 from .snapshot import Snapshot
 from .working import Working
 
@@ -94,6 +102,7 @@ class Cycle:
         self.dept_quotas: dict[tuple[str, str], Quota] = {}
         # Per (project, pool): what a quota verdict reads besides usage (see verdict).
         self.quota_rules: dict[tuple[str, str], tuple] = {}
+        self.cpu_memory_caps: dict[tuple[str, str], tuple | None] = {}
         self.capacity_reasons: dict[tuple, tuple[str, str]] = {}
         self.project_pools: dict[str, list[str]] = {}
         a = self.work.arrays
@@ -165,7 +174,34 @@ class Cycle:
 
     def verdict(self, w: Workload, pool: str, freed: int = 0) -> Verdict:
         """The quota rule's answer for ``w``, as things are or with ``freed`` milli-GPU of
-        its own project's work gone."""
+        its own project's work gone; first its project's and department's CPU and memory
+        quotas, which bind every kind of work alike."""
+        caps = self.cpu_memory_caps.get((w.project, pool), ())
+        if caps == ():
+            caps = self.cpu_memory_caps[(w.project, pool)] = self._cpu_memory_caps(w.project, pool)
+        if caps is not None:
+            why = self.cpu_memory_reason(w, pool, caps)
+            if why:
+                return Verdict(False, False, why)
+        return self._gpu_verdict(w, pool, freed)
+
+    def _cpu_memory_caps(self, project: str, pool: str) -> tuple | None:
+        """(project quota, department quota) where either sets a CPU or memory quota."""
+        p = self.snap.projects[project]
+        d = self.snap.departments.get(p.department)
+        pq, dq = p.quotas.get(pool), d.quotas.get(pool) if d is not None else None
+        if not any(q is not None and (q.cpu is not None or q.memory_gib is not None) for q in (pq, dq)):
+            return None
+        return pq, dq
+
+    def cpu_memory_reason(self, w: Workload, pool: str, caps: tuple) -> str:
+        pq, dq = caps
+        cpu, mem = w.pods * w.demand.cpu_milli, w.pods * w.demand.memory_mib
+        dept = self.work.dept_of.get(w.project, "")
+        return (resource_reason(f"project {w.project}", pq, self.work.cpu_memory[(w.project, pool)], cpu, mem)
+                or resource_reason(f"department {dept}", dq, self.work.dept_cpu_memory[(dept, pool)], cpu, mem))
+
+    def _gpu_verdict(self, w: Workload, pool: str, freed: int = 0) -> Verdict:
         rule = self.quota_rules.get((w.project, pool))
         if rule is None:
             project = self.snap.projects[w.project]

@@ -21,6 +21,7 @@ DEFAULT_POOL = "default"
 # The most GPUs a quota or limit may name: far beyond any cluster, and small enough that
 # milli-GPU sums stay exact integers (1e307 GPUs would overflow to inf).
 MAX_GPUS = 1_000_000
+MAX_CPU_MEMORY = 1e9  # CPUs or GiB in a CPU or memory quota
 
 
 class ValidationError(GpupoolError, ValueError):
@@ -99,8 +100,18 @@ class Quota:
     gpus: float = 0.0
     over_quota_weight: float = 1.0
     limit: float | None = None
+    # CPU and memory quotas: caps on what the queue's work holds in the pool (None = none);
+    # work that would pass one waits, with its own reason (quota.resource_reason).
+    cpu: float | None = None
+    memory_gib: float | None = None
 
     def validate(self, where: str) -> None:
+        for key in ("cpu", "memory_gib"):
+            v = getattr(self, key)
+            ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                               and math.isfinite(v) and 0 <= v <= MAX_CPU_MEMORY)
+            if not ok:
+                raise ValidationError(f"{where}.{key}", f"must be a number from 0 to {MAX_CPU_MEMORY:g} or unset, got {v!r}")
         for key in ("gpus", "over_quota_weight", "limit"):
             v = getattr(self, key)
             if key == "limit" and v is None:
@@ -120,6 +131,14 @@ class Quota:
     @functools.cached_property
     def limit_milli(self) -> int | None:
         return None if self.limit is None else round(self.limit * MILLI)
+
+    @functools.cached_property
+    def cpu_milli(self) -> int | None:
+        return None if self.cpu is None else round(self.cpu * 1000)
+
+    @functools.cached_property
+    def memory_mib(self) -> int | None:
+        return None if self.memory_gib is None else round(self.memory_gib * 1024)
 
 
 # A project's quota in a pool it has none for. Shared (a Quota never changes), so that

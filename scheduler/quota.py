@@ -168,6 +168,20 @@ def ceilings(project: Project, dept_quota: Quota, pool: str, may_go_over_quota: 
     return out
 
 
+def resource_reason(who: str, q: Quota | None, held: list[int], cpu_milli: int, memory_mib: int) -> str:
+    """Why work asking ``cpu_milli`` and ``memory_mib`` more would pass ``who``'s CPU or
+    memory quota ``q`` with ``held`` [CPU milli, memory MiB] already held ("" if not)."""
+    if q is None:
+        return ""
+    if q.cpu_milli is not None and cpu_milli and held[0] + cpu_milli > q.cpu_milli:
+        return (f"{who} is at its CPU quota ({held[0] / 1000:g} of {q.cpu_milli / 1000:g} CPUs in use, "
+                f"{cpu_milli / 1000:g} more asked)")
+    if q.memory_mib is not None and memory_mib and held[1] + memory_mib > q.memory_mib:
+        return (f"{who} is at its memory quota ({held[1] / 1024:g} of {q.memory_mib / 1024:g} GiB in "
+                f"use, {memory_mib / 1024:g} more asked)")
+    return ""
+
+
 def _gpus_n(milli: float) -> str:
     return f"{milli / MILLI:g} GPU{'' if milli == MILLI else 's'}"
 

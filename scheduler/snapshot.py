@@ -87,6 +87,8 @@ class Snapshot:
         # Of it, what work that cannot give way holds (Workload.gives_way): the in-quota test of
         # work that may not go over quota counts only this (quota.counted_usage).
         self.fixed_usage: dict[tuple[str, str], int] = defaultdict(int)
+        # (project, pool) -> [CPU milli, memory MiB] its holding work takes (CPU/memory quotas).
+        self.cpu_memory: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
         # Per project, its running preemptible work in eviction order (lowest priority, then
         # most recent first), kept sorted as work comes and goes.
         self.victims: dict[str, list[tuple[int, float, str]]] = defaultdict(list)
@@ -230,6 +232,9 @@ class Snapshot:
             self.usage[(project, pool)] += milli
             if fixed:
                 self.fixed_usage[(project, pool)] += milli
+            held_cpu_memory = self.cpu_memory[(project, pool)]
+            held_cpu_memory[0] += w.demand.cpu_milli
+            held_cpu_memory[1] += w.demand.memory_mib
         if victim is not None:
             bisect.insort(self.victims[project], victim)
         if state == State.RELEASING:
@@ -257,6 +262,9 @@ class Snapshot:
             self.usage[(project, pool)] -= milli
             if fixed:
                 self.fixed_usage[(project, pool)] -= milli
+            held_cpu_memory = self.cpu_memory[(project, pool)]
+            held_cpu_memory[0] -= filed[7]
+            held_cpu_memory[1] -= filed[8]
         if victim is not None:
             keys = self.victims[project]
             del keys[bisect.bisect_left(keys, victim)]

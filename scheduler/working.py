@@ -31,6 +31,14 @@ class Working:
                 dept = (self.dept_of[project], pool)
                 self.dept_usage[dept] += milli
                 self.dept_in_quota[dept] += min(milli, self.quota.get((project, pool), 0))
+        # (project or department, pool) -> [CPU milli, memory MiB] held (CPU/memory quotas)
+        self.cpu_memory: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        self.dept_cpu_memory: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        for (project, pool), (cpu, mem) in snap.cpu_memory.items():
+            self.cpu_memory[(project, pool)] = [cpu, mem]
+            d = self.dept_cpu_memory[(self.dept_of.get(project, ""), pool)]
+            d[0] += cpu
+            d[1] += mem
         self.nodes = snap.nodes
         self._pool_of = [self.arrays.pools[i] for i in self.arrays.pool_id.tolist()]
         self._log: list[tuple[bool, Workload, list[Choice]]] = []
@@ -112,6 +120,9 @@ class Working:
             dept_usage[dkey] += after - before
             if fixed is not None:
                 fixed[key] += after - before
+            for held in (self.cpu_memory[key], self.dept_cpu_memory[dkey]):
+                held[0] += sign * demand.cpu_milli
+                held[1] += sign * demand.memory_mib
         if not take:
             self.epoch += 1
 

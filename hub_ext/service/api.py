@@ -29,7 +29,7 @@ from ..limits import limits_for
 from ..requests import parse_request, workload_name
 from ..ssh.gateway import public_host_key
 from ..training.db import TrainingRow
-from . import governance_api, roles_api, training_api, usage_api
+from . import governance_api, policy_api, roles_api, training_api, usage_api
 from .base import ApiHandler
 from .sharing import gpu_sharing
 
@@ -401,6 +401,7 @@ def routes(prefix: str) -> list:
         url(a + "/me", MeHandler),
         url(a + "/me/ssh-keys", MeSshKeysHandler),
         url(a + "/departments", DepartmentsHandler),
+        *policy_api.routes(a),
         url(a + f"/departments/{n}", DepartmentHandler),
         url(a + "/projects", ProjectsHandler),
         url(a + f"/projects/{n}", ProjectHandler),

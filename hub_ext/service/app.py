@@ -81,8 +81,8 @@ def main() -> None:
         # holds the database and reaches the hub's API (hub_ext/ssh/gateway.py).
         gateway = await ssh_gateway.run(cfg, app.settings["gpupool"].Session, app.settings["gpupool"].hub.url,
                                         os.environ.get("JUPYTERHUB_PUBLIC_URL", ""))
-        if cfg.cull_idle_s:
-            asyncio.ensure_future(culler.run(app.settings["gpupool"]))
+        # idle culling (cull_idle_s, policies' idle timeouts) and policies' maximum runtimes
+        asyncio.ensure_future(culler.run(app.settings["gpupool"]))
         asyncio.ensure_future(_end_with_hub(stop))
         await stop.wait()
         log.info("stopping")

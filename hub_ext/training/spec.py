@@ -21,6 +21,7 @@ from ..requests import (
     check_name,
     check_names,
     check_number,
+    check_policy,
 )
 
 RESTART_POLICIES = ("OnFailure", "Never")
@@ -168,6 +169,16 @@ def parse_training(data: dict, limits: Limits) -> TrainingSpec:
     spec.priority = _number(data, "priority", DEFAULT_PRIORITY[Kind.TRAINING], 0, 99, integer=True)
     spec.credentials = check_names(data.get("credentials"), "credentials")
     spec.datasources = check_names(data.get("datasources"), "datasources")
+    pol = limits.policy(project)
+    if spec.node_pool is None and pol.allowed("node_pools") is not None:
+        pools = limits.allowed(project, "node_pools", limits.node_pools)
+        spec.node_pool = pools[0] if pools else None
+    if spec.node_pool is not None:
+        pol.check_in("node_pool", "node_pools", spec.node_pool)
+    gpu = ({"gpu_memory_gib": ("gpu_memory", spec.gpu_memory_gib)} if spec.gpu_memory_gib else
+           {"gpu_fraction": ("gpu", spec.gpu)} if 0 < spec.gpu < 1 else
+           {"gpus": ("gpu", spec.gpu * spec.workers)} if spec.gpu else {})
+    check_policy(limits, project, {**gpu, "cpu": ("cpu", spec.cpu), "memory_gib": ("memory_gib", spec.memory_gib)})
     check_can_run(limits, project, spec.demand(), "gpu_memory" if spec.gpu_memory_gib else "gpu",
                   may_go_over_quota=spec.preemptible, pods=spec.workers, pool=spec.node_pool)
     return spec

@@ -48,3 +48,13 @@ def test_a_workspace_started_again_is_seen_afresh():
     assert idle_servers([], {}, None, busy, NOW + 100, 3600, 1.0, seen.get, counts) == []
     assert idle_servers(USERS[1:], rows, None, busy, NOW + 4000, 3600, 1.0, seen.get, counts) == []
     assert idle_servers(USERS[1:], rows, None, busy, NOW + 7601, 3600, 1.0, seen.get, counts) == [("bob", "")]
+
+def test_a_policy_idle_timeout_replaces_the_hub_wide_one():
+    from types import SimpleNamespace as NS
+
+    users = [{"name": "u", "servers": {"": {"ready": True, "last_activity": "2026-01-01T00:00:00Z"}}}]
+    rows = {"ws-u": NS(placement=[], project="nlp")}
+    start = 1767225600.0  # 2026-01-01T00:00:00Z
+    assert idle_servers(users, rows, None, {}, start + 120, 3600, 1.0) == []
+    assert idle_servers(users, rows, None, {}, start + 120, 3600, 1.0, idle_for={"nlp": 60}) == [("u", "")]
+    assert idle_servers(users, rows, None, {}, start + 120, 3600, 1.0, idle_for={"other": 60}) == []

@@ -127,3 +127,15 @@ def test_names_are_matched_in_full():
     for kind in v.PATTERNS:
         assert re.match(f"^{v.PATTERNS[kind][0]}$", "a\n")  # the pitfall
         assert not v.is_name("a\n", kind) and not v.is_name("a\x00", kind)
+
+
+def test_the_policy_schema_is_the_code_s():
+    from hub_ext import policy
+
+    props = schema("Policy")["properties"]
+    assert set(props) == set(policy.FIELDS)
+    for key, (lo, hi, integer, _unit) in policy.NUMBERS.items():
+        assert (props[key]["minimum"], props[key]["maximum"]) == (lo, hi), key
+        assert props[key]["type"] == ("integer" if integer else "number"), key
+    for key in policy.LISTS:
+        assert props[key]["maxItems"] == policy.MAX_LIST, key

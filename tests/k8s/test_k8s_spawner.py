@@ -174,8 +174,10 @@ class _Runtime:
     """What the mixin asks the hub's Runtime for: the user's limits and remembered options."""
 
     def __init__(self, project: str):
+        from hub_ext.config import Gpupool
         from hub_ext.requests import Limits
 
+        self.cfg = Gpupool()  # its environments: name -> image
         self.store = _Store()
         self._limits = Limits(projects=(project,), max_gpus=8, vscode=True)
 

@@ -16,7 +16,7 @@ _env = Environment(
     autoescape=select_autoescape(["html"]),
 )
 _env.filters.update(humanize.FILTERS)
-NAV = [("", "Overview"), ("org", "Organisation"), ("nodes", "Nodes & GPUs"),
+NAV = [("", "Overview"), ("org", "Organisation"), ("policies", "Policies"), ("nodes", "Nodes & GPUs"),
        ("queue", "Queue"), ("events", "Events"), ("credentials", "Credentials & data"),
        ("audit", "Audit"), ("usage", "Usage"), ("ssh-keys", "SSH keys")]
 # Pages only some roles may open, and the role each needs (said on their 403 page too).

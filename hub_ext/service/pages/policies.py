@@ -1,0 +1,31 @@
+"""Policies: each department's and project's policy (hub_ext/policy.py), edited here by who
+may manage them (the page calls the REST API, which audits every change)."""
+
+from __future__ import annotations
+
+import json
+
+from tornado import web
+
+from ... import org, policy, roles
+from .base import PageHandler
+
+
+class PoliciesPage(PageHandler):
+    @web.authenticated
+    def get(self):
+        who = self.who
+        seen_depts = roles.visible_departments(who)
+        with self.Session() as s:
+            projects = org.list_projects(s, roles.visible_projects(who))
+            depts = [d["name"] for d in org.list_departments(s) if seen_depts is None or d["name"] in seen_depts]
+            rows = [("department", d, policy.stored(s, "department", d),
+                     roles.allowed(who, "manage_department", department=d)) for d in depts]
+            rows += [("project", p["name"], policy.stored(s, "project", p["name"]),
+                      roles.allowed(who, "manage_project", project=p["name"])) for p in projects]
+        self.render_page("policies.html", rows=[(sc, n, json.dumps(spec, indent=1), bool(m)) for sc, n, spec, m in rows],
+                         fields=policy.FIELDS)
+
+
+def routes(prefix):
+    return [(prefix + r"/policies", PoliciesPage)]
