@@ -174,10 +174,13 @@ class Gateway:
         return any(k.split()[1].encode() == wanted for k in mine)
 
     def not_running(self, login: Login) -> str:
+        # the same words whether it is stopped or another user's: nothing leaks about others
         what = f"workspace {login.name!r}" if login.name else "your default workspace"
-        return (f"gpupool: {what} is not running. Start it in the browser"
+        # a server name can be passed to start; a workload name (ws-USER[-SERVER]) cannot
+        server = "" if not login.name else " SERVER" if login.name.startswith("ws-") else f" {login.name}"
+        return (f"gpupool: {what} is not running (or is not yours). Start it in the browser"
                 f"{f' ({self.hub_url})' if self.hub_url else ''} or with "
-                f"`gpupool workspace start{f' {login.name}' if login.name else ''}`, then connect again.\r\n")
+                f"`gpupool workspace start{server}`, then connect again.\r\n")
 
     async def start(self, host: str, port: int, state_dir: str | Path) -> asyncssh.SSHAcceptor:
         gateway = self

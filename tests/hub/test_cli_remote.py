@@ -119,6 +119,14 @@ def test_logs_and_follow(chub, tmp_path):
     assert r.returncode != 0 and "HTTP 404" in r.stderr
 
 
+def test_a_workspace_log_is_its_owners_alone(chub, tmp_path):
+    """bob shares project nlp with alice: he sees her workspace listed, not its output."""
+    r = subprocess.run([GPUPOOL, "workspace", "logs", "ws-alice"], env=cli_env(chub, tmp_path, "bob"),
+                       capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL)
+    assert r.returncode != 0 and "HTTP 403" in r.stderr and "owner" in r.stderr, r.stderr
+    assert not r.stdout
+
+
 def test_training_exec_by_rank(chub, tmp_path):
     r = gp(chub, tmp_path, "training", "submit", "sleeper", "--project", "nlp", "--gpu", "0.25", "--", "sleep", "600")
     assert r.returncode == 0, r.stderr
