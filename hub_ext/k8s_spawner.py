@@ -46,6 +46,7 @@ from kubespawner import KubeSpawner
 from traitlets import Dict, Unicode, default
 
 from gpupool.errors import GpupoolError
+from scheduler.contract import SCHEDULER_NAME, Preload, gpu_parts, request_annotations
 
 from . import attach, humanize
 from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest
@@ -54,7 +55,7 @@ from .spawner import GpupoolSpawnerMixin, Refused
 __all__ = ["GpupoolKubeSpawner", "PodFailed", "pending_reason", "pod_failure"]
 
 HOME_VOLUME = "home"
-PRELOAD_VOLUME = "gpupool-preload"
+PRELOAD_VOLUME = Preload.VOLUME
 
 # Container states the kubelet keeps retrying but that no retry fixes by itself.
 FATAL_WAITING = frozenset({
@@ -122,17 +123,17 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
     """``c.JupyterHub.spawner_class = "hub_ext.k8s_spawner.GpupoolKubeSpawner"``."""
 
     gpupool_scheduler_name = Unicode(
-        "gpupool", config=True, help="schedulerName of workspace pods (gpupool-scheduler's)"
+        SCHEDULER_NAME, config=True, help="schedulerName of workspace pods (gpupool-scheduler's)"
     )
     preload_host_dir = Unicode(
-        "/var/lib/gpupool/lib", config=True,
+        Preload().host_dir, config=True,
         help="host directory gpupool-node-agent copies the interception library to",
     )
     preload_mount_dir = Unicode(
-        "/usr/local/lib/gpupool", config=True,
+        Preload().mount_dir, config=True,
         help="where that directory is mounted in the pod (gpupool-scheduler --preload-path's)",
     )
-    preload_name = Unicode("libgpupool.so", config=True, help="the library's file name")
+    preload_name = Unicode(Preload().name, config=True, help="the library's file name")
     environment_images = Dict(
         {}, config=True, help="form environment -> image; others use KubeSpawner.image"
     )
@@ -171,34 +172,17 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
             self._gp_base = {k: getattr(self, k) for k in self._BASE}
         base = self._gp_base
         demand = req.demand()
-        ann = {
-            "gpupool.io/project": req.project,
-            "gpupool.io/kind": "workspace",
-            "gpupool.io/preemptible": "true" if req.preemptible else "false",
-            "gpupool.io/allow-over-quota": "true" if req.preemptible else "false",
-        }
-        limits: dict[str, str] = {}
-        share = False
-        if demand.gpus:
-            limits["nvidia.com/gpu"] = str(demand.gpus)
-        elif demand.gpu_fraction:
-            ann["gpupool.io/gpu-fraction"] = f"{demand.gpu_fraction:g}"
-            share = True
-        elif demand.gpu_memory_mib:
-            ann["gpupool.io/gpu-memory"] = f"{demand.gpu_memory_mib}Mi"
-            share = True
-        volumes = [{"name": HOME_VOLUME, "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
-        mounts = [{"name": HOME_VOLUME, "mountPath": self.home_mount_path}]
-        env: dict[str, str] = {}
-        container: dict = {}
-        if share:
-            ann["gpupool.io/config-map"] = self.config_map_name
-            container["envFrom"] = [{"configMapRef": {"name": self.config_map_name}}]
-            volumes.append({"name": PRELOAD_VOLUME, "hostPath": {
-                "path": self.preload_host_dir, "type": "DirectoryOrCreate"}})
-            mounts.append({"name": PRELOAD_VOLUME, "mountPath": self.preload_mount_dir,
-                           "readOnly": True})
-            env["LD_PRELOAD"] = f"{self.preload_mount_dir.rstrip('/')}/{self.preload_name}"
+        ann = request_annotations(req.project, "workspace", preemptible=req.preemptible,
+                                  allow_over_quota=req.preemptible)
+        preload = Preload(self.preload_host_dir, self.preload_mount_dir, self.preload_name)
+        gpu = gpu_parts(self.pod_name, demand.gpus or demand.gpu_fraction, demand.gpu_memory_mib, preload)
+        ann.update(gpu.annotations)
+        limits = dict(gpu.limits)
+        volumes = [{"name": HOME_VOLUME, "persistentVolumeClaim": {"claimName": "{pvc_name}"}},
+                   *gpu.volumes]
+        mounts = [{"name": HOME_VOLUME, "mountPath": self.home_mount_path}, *gpu.mounts]
+        env: dict[str, str] = dict(gpu.env)
+        container: dict = {"envFrom": gpu.env_from} if gpu.shared else {}
         if att:
             parts = attach.kube_spawner_settings(att, self.credentials_secret_name)
             env.update(parts["environment"])

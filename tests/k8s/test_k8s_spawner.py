@@ -83,7 +83,7 @@ def test_manifest_fraction_jupyterlab(manifest):
          "hostPath": {"path": "/var/lib/gpupool/lib", "type": "DirectoryOrCreate"}},
     ]
     (c,) = spec["containers"]
-    assert c["envFrom"] == [{"configMapRef": {"name": cm}}]
+    assert c["envFrom"] == [{"configMapRef": {"name": cm, "optional": False}}]
     assert c["volumeMounts"] == [
         {"name": "home", "mountPath": "/home/jovyan"},
         {"name": "gpupool-preload", "mountPath": "/usr/local/lib/gpupool", "readOnly": True},
