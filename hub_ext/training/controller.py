@@ -36,7 +36,7 @@ from .spec import TrainingSpec
 
 log = logging.getLogger("gpupool.training")
 
-__all__ = ["GangState", "K8sTrainings", "checkpoint_claim", "gang_state"]
+__all__ = ["GangState", "K8sTrainings", "checkpoint_claim", "gang_state", "worker_logs"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,16 @@ def gang_state(pods: list[dict], workers: int) -> GangState:
         if c.get("status") == "False":
             return GangState("Pending", c.get("message") or c.get("reason") or "waiting for gpupool-scheduler")
     return GangState("Pending", "waiting for gpupool-scheduler")
+
+
+async def worker_logs(kc: KubeClient, namespace: str, name: str, rank: int, tail: int = 200) -> list[str]:
+    """Worker ``rank``'s output, from the API server; none before its pod exists."""
+    try:
+        raw = await kc.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}-{rank}/log",
+                               params={"tailLines": tail}, decode=False, as_bytes=True)
+    except ApiError:
+        return []
+    return raw.decode(errors="replace").splitlines()[-tail:]
 
 
 def checkpoint_claim(name: str) -> str:
@@ -267,13 +277,7 @@ class K8sTrainings:
             self._set(name, "Suspended", "suspended", "suspended", workload_state="stopped")
 
     async def logs(self, name: str, rank: int, tail: int = 200) -> list[str]:
-        """Worker ``rank``'s output, from the API server."""
-        try:
-            raw = await self.kc.request("GET", f"{self.api}/pods/{name}-{rank}/log",
-                                        params={"tailLines": tail}, decode=False, as_bytes=True)
-        except ApiError:
-            return []
-        return raw.decode(errors="replace").splitlines()[-tail:]
+        return await worker_logs(self.kc, self.namespace, name, rank, tail)
 
     def _set(self, name: str, status: str, reason: str, event: str | None = None, *,
              workload_state: str | None = None, placement: list | None = None, **fields) -> None:
