@@ -25,7 +25,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
-from scheduler.contract import L
+from scheduler.contract import A, L
 from scheduler.k8s.client import ApiError, KubeClient
 
 from ..db import WorkloadRow
@@ -43,7 +43,15 @@ __all__ = ["GangState", "K8sTrainings", "checkpoint_claim", "gang_state", "worke
 class GangState:
     status: str  # Pending | Running | Preempted | Succeeded | Failed
     reason: str = ""
-    nodes: tuple[str, ...] = ()
+    placement: tuple[dict, ...] = ()  # per bound worker: {node, gpu_indices, gpu_milli}
+
+
+def _placement(pod: dict) -> dict:
+    """Where gpupool-scheduler bound a worker (its annotations, written with the binding)."""
+    ann = pod["metadata"].get("annotations") or {}
+    idx = [int(i) for i in (ann.get(A.GPU_INDICES) or "").split(",") if i.strip().isdigit()]
+    milli = int(ann.get(A.GPU_MILLI) or 0) if idx else 0
+    return {"node": pod["spec"]["nodeName"], "gpu_indices": idx, "gpu_milli": milli}
 
 
 def _condition(pod: dict, kind: str) -> dict:
@@ -77,11 +85,12 @@ def gang_state(pods: list[dict], workers: int) -> GangState:
     leaving = [p for p in pods if p["metadata"].get("deletionTimestamp")]
     if bound and (leaving or len(pods) < workers):
         return GangState("Preempted", "its workers were evicted by gpupool-scheduler")
-    nodes = tuple(sorted({p["spec"]["nodeName"] for p in bound}))
+    nodes = ", ".join(sorted({p["spec"]["nodeName"] for p in bound}))
+    placement = tuple(_placement(p) for p in sorted(bound, key=lambda p: p["metadata"]["name"]))
     if len(bound) == workers == len(pods):
         if all((p.get("status") or {}).get("phase") == "Running" for p in pods):
-            return GangState("Running", f"{workers} worker(s) running on {', '.join(nodes)}", nodes)
-        return GangState("Pending", f"bound to {', '.join(nodes)}; containers starting", nodes)
+            return GangState("Running", f"{workers} worker(s) running on {nodes}", placement)
+        return GangState("Pending", f"bound to {nodes}; containers starting", placement)
     for p in pods:
         c = _condition(p, "PodScheduled")
         if c.get("status") == "False":
@@ -223,7 +232,7 @@ class K8sTrainings:
             if t is None or (t.status == g.status and t.reason == g.reason):
                 return
         self._set(name, g.status, g.reason, event if g.status != status else None, workload_state=state,
-                  placement=[{"node": n} for n in g.nodes])
+                  placement=list(g.placement))
 
     async def _preempted(self, name: str, spec: TrainingSpec) -> None:
         """The whole gang restarts: delete what is left, wait until it is gone, create it again."""
