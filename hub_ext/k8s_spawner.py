@@ -46,7 +46,13 @@ from kubespawner import KubeSpawner
 from traitlets import Dict, Unicode, default
 
 from gpupool.errors import GpupoolError
-from scheduler.contract import SCHEDULER_NAME, Preload, gpu_parts, request_annotations
+from scheduler.contract import (
+    SCHEDULER_NAME,
+    Preload,
+    gpu_parts,
+    request_annotations,
+    workload_annotations,
+)
 
 from . import attach, humanize
 from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest
@@ -188,6 +194,7 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
             env.update(parts["environment"])
             volumes += parts["volumes"]
             mounts += parts["volume_mounts"]
+        ann.update(workload_annotations(self.workload, self.user.name))
         self.extra_annotations = {**base["extra_annotations"], **ann}
         self.extra_resource_limits = {**base["extra_resource_limits"], **limits}
         self.extra_resource_guarantees = {**base["extra_resource_guarantees"], **limits}

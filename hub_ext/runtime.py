@@ -22,6 +22,7 @@ from scheduler.model import MILLI, Bind, State, ValidationError, Workload
 
 from . import accounting, attach, credentials, datasources, launch, org, roles
 from .backends import Trainings, kube_client
+from .cluster_events import PodEvents
 from .config import Gpupool
 from .db import GpuSampleRow, SampleRow, WorkloadRow
 from .host.accounts import Account, Accounts
@@ -136,6 +137,7 @@ class Runtime:
                 from . import k8s_cluster  # the organisation and the inventory from the cluster
 
                 self.cluster = asyncio.ensure_future(k8s_cluster.follow(self.cfg, self.Session))
+                asyncio.ensure_future(PodEvents(self.kube, self.Session, self.cfg.namespace).run())
                 return
             self._recover_processes()
             self.scheduler.start()

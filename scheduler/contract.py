@@ -36,6 +36,7 @@ __all__ = [
     "memory_mib",
     "request_annotations",
     "share_env",
+    "workload_annotations",
 ]
 
 SCHEDULER_NAME = "gpupool"
@@ -62,6 +63,9 @@ class A:
     # Set by a job controller on the pods of a job it restarted after a preemption: the core
     # then spares it from preemption for a while (SchedulerConfig.resume_protection_s).
     RESUMED = "gpupool.io/resumed"
+    # Written by the hub: its workload and the user (read by the hub's event log only)
+    WORKLOAD = "gpupool.io/workload"
+    OWNER = "gpupool.io/owner"
     # Written by the scheduler when it binds (the restart state lives on the pods):
     GPU_INDICES = "gpupool.io/gpu-indices"
     GPU_MILLI = "gpupool.io/gpu-milli"
@@ -80,11 +84,18 @@ class L:
     """Labels of the objects the hub makes (selectors find them by these)."""
 
     MANAGED_BY = "app.kubernetes.io/managed-by"
-    WORKLOAD = "gpupool.io/workload"  # the hub's workload name
-    OWNER = "gpupool.io/owner"
     TRAINING = "gpupool.io/training"  # a training's pods, Service and checkpoint claim
     RANK = "gpupool.io/rank"
     INFERENCE = "gpupool.io/inference-service"
+
+
+def workload_annotations(workload: str, owner: str = "") -> dict[str, str]:
+    """Which hub workload a pod belongs to and whose it is (the event log and GPU-hours are
+    kept per workload and user); annotations, as hub names are not label values."""
+    out = {A.WORKLOAD: workload}
+    if owner:
+        out[A.OWNER] = owner
+    return out
 
 
 @dataclass(frozen=True)

@@ -196,8 +196,8 @@ class K8sTrainings:
             t = s.get(TrainingRow, name)
             if t is None:
                 return
-            spec, preemptions = TrainingSpec.from_dict(t.spec), t.preemptions
-        opts = K8sOptions(namespace=self.namespace, checkpoint_claim=checkpoint_claim(name),
+            spec, preemptions, owner = TrainingSpec.from_dict(t.spec), t.preemptions, t.owner
+        opts = K8sOptions(namespace=self.namespace, checkpoint_claim=checkpoint_claim(name), owner=owner,
                           priority=spec.priority + preemptions if preemptions else None, resumed=resumed)
         self._busy.add(name)
         try:

@@ -21,6 +21,7 @@ from scheduler.contract import (
     gpu_parts,
     memory_mib,
     request_annotations,
+    workload_annotations,
 )
 
 from ..attach import Attachments, pod_parts, secret_manifest, secret_name
@@ -46,6 +47,7 @@ class K8sOptions:
     # credentials (by reference to the Secret ``NAME-credentials``) and data sources
     attachments: Attachments = Attachments()
     preload: Preload = PRELOAD
+    owner: str = ""  # the hub user who submitted it
 
 
 def _checkpoint_dir(spec: TrainingSpec) -> str:
@@ -82,6 +84,7 @@ def worker_pod(spec: TrainingSpec, rank: int, opts: K8sOptions = K8sOptions()) -
     gpu = gpu_parts(name, spec.gpu, memory_mib(spec.gpu_memory_gib) if spec.gpu_memory_gib else 0,
                     opts.preload)
     annotations.update(gpu.annotations)
+    annotations.update(workload_annotations(spec.name, opts.owner))
     env.update(gpu.env)
     resources: dict = {"requests": {"cpu": f"{spec.cpu:g}", "memory": f"{memory_mib(spec.memory_gib)}Mi"}}
     if gpu.limits:

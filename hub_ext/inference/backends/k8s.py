@@ -15,7 +15,15 @@ import contextlib
 import logging
 
 from hub_ext.attach import Attachments, pod_parts, secret_manifest, secret_name
-from scheduler.contract import PRELOAD, SCHEDULER_NAME, L, Preload, gpu_parts, request_annotations
+from scheduler.contract import (
+    PRELOAD,
+    SCHEDULER_NAME,
+    L,
+    Preload,
+    gpu_parts,
+    request_annotations,
+    workload_annotations,
+)
 from scheduler.k8s.client import ApiError, KubeClient
 
 from ..service import Replica, RState, Service
@@ -41,6 +49,7 @@ def replica_pod(spec: ServiceSpec, name: str, namespace: str,
     ann = request_annotations(spec.project, "inference")
     gpu = gpu_parts(name, spec.gpu, preload=preload)
     ann.update(gpu.annotations)
+    ann.update(workload_annotations(name, spec.owner))
     container["env"] += [{"name": k, "value": v} for k, v in gpu.env.items()]
     if gpu.limits:
         container["resources"] = {"limits": dict(gpu.limits)}
