@@ -40,6 +40,7 @@ rejects) ends the spawn at once with that message instead of waiting for
 from __future__ import annotations
 
 import asyncio
+import time
 
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
@@ -55,6 +56,7 @@ from scheduler.contract import (
 )
 
 from . import attach, humanize
+from .metrics import SPAWN_SECONDS
 from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest
 from .spawner import GpupoolSpawnerMixin, Refused
 
@@ -241,9 +243,23 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
             self._gp_submitted += (
                 f". Attached credentials: {', '.join(req.credentials) or '(none)'}; "
                 f"data sources: {', '.join(req.datasources) or '(none)'}")
+        self._gp_t0, self._gp_project = time.monotonic(), req.project
         return KubeSpawner.start(self)
 
     async def _start(self):
+        """KubeSpawner's start, timed as the embedded spawner's is (queue wait included)."""
+        outcome = "failed"
+        try:
+            result = await self._start_pod()
+            outcome = "started"
+            return result
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            SPAWN_SECONDS.labels(self._gp_project, outcome).observe(time.monotonic() - self._gp_t0)
+
+    async def _start_pod(self):
         # KubeSpawner.start wraps this coroutine in the future progress() follows; the
         # Secret the pod references must exist before the pod is created.
         att = getattr(self, "_gp_attached", None)

@@ -35,7 +35,8 @@ def test_replica_pod_manifest():
     assert pod["spec"]["schedulerName"] == "gpupool"
     assert pod["metadata"]["annotations"] == {"gpupool.io/project": "p", "gpupool.io/kind": "inference",
                                               "gpupool.io/gpu-fraction": "0.25",
-                                              "gpupool.io/config-map": "llm-abc-gpupool"}
+                                              "gpupool.io/config-map": "llm-abc-gpupool",
+                                              "gpupool.io/workload": "llm-abc"}
     c = pod["spec"]["containers"][0]
     assert c["envFrom"] == [{"configMapRef": {"name": "llm-abc-gpupool", "optional": False}}]
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 9000}

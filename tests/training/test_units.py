@@ -171,6 +171,7 @@ def test_kubernetes_objects_for_a_fractional_gang():
         "gpupool.io/project": "nlp", "gpupool.io/kind": "training", "gpupool.io/priority": "50",
         "gpupool.io/preemptible": "true", "gpupool.io/gang": "bert", "gpupool.io/gang-size": "2",
         "gpupool.io/gpu-fraction": "0.5", "gpupool.io/config-map": "bert-1-gpupool",
+        "gpupool.io/workload": "bert",
     }
     s = pod1["spec"]
     assert (s["hostname"], s["subdomain"], s["schedulerName"], s["restartPolicy"],
