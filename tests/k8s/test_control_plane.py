@@ -16,10 +16,12 @@ import json
 import os
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 
 import pytest
 
+from hub_ext.cluster_events import bind_time
 from scheduler.contract import A, L
 from scheduler.k8s.client import ApiError
 from tests.chart import procs
@@ -160,7 +162,7 @@ def test_members_workloads_become_pods_and_a_workspace_preempts_the_training(con
 
         async def carol_ws():
             return [p for p in await pods(kc, "hub.jupyter.org/username=carol") if p["spec"].get("nodeName")]
-        await wait_until(carol_ws, "carol's workspace bound")
+        (carol_pod,) = await wait_until(carol_ws, "carol's workspace bound")
         t = training()
         assert "Preempted" in [x["status"] for x in t["transitions"]]
         assert t["status"] == "Pending"
@@ -182,6 +184,27 @@ def test_members_workloads_become_pods_and_a_workspace_preempts_the_training(con
         await until("the gang runs again", lambda: training()["status"] == "Running")
         t = training()
         assert [len(p["gpu_indices"]) for p in t["placement"]] == [8, 8]
+
+        # the event log and GPU-hours, as an admin sees them
+        admin = HubClient(hub.url).login("admin", passwords["admin-password"]).token("admin")
+        ws_name = carol_pod["metadata"]["annotations"][A.WORKLOAD]
+
+        def events(workload: str) -> dict[str, list[dict]]:
+            status, body = call(hub.url, admin, "GET", f"/events?workload={urllib.parse.quote(workload)}")
+            assert status == 200, body
+            out: dict[str, list[dict]] = {}
+            for e in body["items"]:
+                out.setdefault(e["kind"], []).append(e)
+            return out
+
+        await until("carol's workspace released", lambda: "released" in events(ws_name))
+        ev = events(ws_name)
+        assert ev["placed"][0]["ts"] == bind_time(carol_pod)
+        assert {"placed", "preempted", "released"} <= set(events("gang-0"))
+        status, usage = call(hub.url, admin, "GET", "/usage?by=user")
+        assert status == 200, usage
+        (row,) = [r for r in usage["items"] if r["name"] == "carol"]
+        assert row["gpu_hours"] == round(8 * (ev["released"][0]["ts"] - ev["placed"][0]["ts"]) / 3600, 6)
         assert "Running" in _cli(hub, alice, "training", "describe", "gang")
 
     async def go(kc):
