@@ -180,6 +180,7 @@ def test_members_workloads_become_pods_and_a_workspace_preempts_the_training(con
         assert same["metadata"]["uid"] == claim["metadata"]["uid"]
 
         # carol stops: the gang binds again, with the same claim
+        await asyncio.sleep(1.1)  # the API's times are whole seconds: her GPU-hours are not 0
         _stop_server(hub, carol, "carol")
         await until("the gang runs again", lambda: training()["status"] == "Running")
         t = training()
@@ -203,6 +204,10 @@ def test_members_workloads_become_pods_and_a_workspace_preempts_the_training(con
         assert {"placed", "preempted", "released"} <= set(events("gang-0"))
         status, usage = call(hub.url, admin, "GET", "/usage?by=user")
         assert status == 200, usage
+        # the admin panel's queue page lists the training with its state
+        status, page = call(hub.url, admin, "GET", "/services/gpupool/queue", api=False)
+        assert status == 200, page
+        assert "gang" in page["raw"] and "running" in page["raw"]
         (row,) = [r for r in usage["items"] if r["name"] == "carol"]
         assert row["gpu_hours"] == round(8 * (ev["released"][0]["ts"] - ev["placed"][0]["ts"]) / 3600, 6)
         assert "Running" in _cli(hub, alice, "training", "describe", "gang")
