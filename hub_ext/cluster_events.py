@@ -25,7 +25,7 @@ from sqlalchemy import select
 from scheduler.contract import SCHEDULER_NAME, A
 from scheduler.k8s.client import ApiError, KubeClient
 
-from .db import EventRow
+from .db import EventRow, WorkloadRow
 from .events import add_event
 
 log = logging.getLogger("gpupool")
@@ -149,6 +149,8 @@ class PodEvents:
                              + (f" GPU {','.join(map(str, placement[0]['gpu_indices']))} "
                                 f"({placement[0]['gpu_milli'] / 1000:g} each)" if placement else ""),
                              gpus=gpus, placement=placement)
+            if not ann.get(A.GANG):  # a gang's row is its controller's (training/controller.py)
+                self._running(ann.get(A.WORKLOAD), placement, bound)
             done.add("placed")
         end = end_time(pod, time.time() if deleted else None)
         if end is not None and "released" not in done:
@@ -159,6 +161,16 @@ class PodEvents:
             done.add("released")
         if deleted:
             self.done.pop(uid, None)
+
+    def _running(self, workload: str | None, placement: list[dict], since: float) -> None:
+        """The hub's row of a one-pod workload (a workspace) is running once its pod is bound."""
+        if not workload:
+            return
+        with self.Session() as s:
+            w = s.get(WorkloadRow, workload)
+            if w is not None and w.state == "pending":
+                w.state, w.placement, w.start_time, w.reason = "running", placement, since, ""
+                s.commit()
 
     async def _evicted(self, pod: dict, tries: int = 6) -> bool:
         """gpupool-scheduler's ``Preempted`` Event on this pod (written just after its delete,

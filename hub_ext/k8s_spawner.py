@@ -233,6 +233,9 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
         except FieldError as e:
             raise Refused(f"Invalid request: {e}", reason="invalid") from None
         self.gpupool.store.save_options(self.user.name, req.to_dict())
+        # the hub's row of the workspace (REST, CLI, admin panel); the event log marks it
+        # running when gpupool-scheduler binds its pod (hub_ext/cluster_events.py)
+        self.gpupool.store.add_workload(self.workload, self.user.name, req, notify=False, server=self.name)
         self.apply_request(req, att)
         self._gp_attached = att
         kind = WORKSPACE_KINDS[req.workspace_kind]
@@ -333,6 +336,7 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
         try:
             await KubeSpawner.stop(self, now=now)
         finally:
+            self.gpupool.store.remove_workload(self.workload)
             await self._delete_secret()
 
     async def _delete_secret(self) -> None:

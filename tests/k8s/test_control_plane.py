@@ -144,6 +144,12 @@ def test_members_workloads_become_pods_and_a_workspace_preempts_the_training(con
         async def alice_ws():
             return [p for p in await pods(kc, "hub.jupyter.org/username=alice") if p["spec"].get("nodeName")]
         await wait_until(alice_ws, "alice's workspace bound")
+
+        def workspace_state() -> str:
+            status, body = call(hub.url, alice, "GET", "/workloads")
+            assert status == 200, body
+            return next((w["state"] for w in body["items"] if w["owner"] == "alice" and w["kind"] == "workspace"), "")
+        await until("alice's workspace running in REST", lambda: workspace_state() == "running")
         status, body = call(hub.url, alice, "POST", "/inferences", {
             "name": "echo", "project": "serving", "command": ["python", "-m", "http.server"], "gpu": 0.25,
             "min_replicas": 1, "image": "python:3.12-slim", "port": 8000})

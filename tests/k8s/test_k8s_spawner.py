@@ -170,6 +170,12 @@ class _Store:
     def save_options(self, user: str, options: dict) -> None:
         self.saved[user] = options
 
+    def add_workload(self, name: str, owner: str, req, notify: bool, server: str = "") -> None:
+        self.rows = {**getattr(self, "rows", {}), name: req}
+
+    def remove_workload(self, name: str) -> None:
+        getattr(self, "rows", {}).pop(name, None)
+
 
 class _Runtime:
     """What the mixin asks the hub's Runtime for: the user's limits and remembered options."""
