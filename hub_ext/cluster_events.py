@@ -87,21 +87,23 @@ class PodEvents:
     """Follows the pods of ``namespace`` that gpupool-scheduler places; one per hub."""
 
     def __init__(self, kc: KubeClient, Session, namespace: str, scheduler_name: str = SCHEDULER_NAME,
-                 resync_s: float = 1.0):
+                 resync_s: float = 1.0, relist_s: int = 10):
         self.kc, self.Session, self.namespace = kc, Session, namespace
         self.path = f"/api/v1/namespaces/{namespace}/pods"
         self.scheduler_name = scheduler_name
-        self.resync_s = resync_s
+        self.resync_s, self.relist_s = resync_s, relist_s
         self.seen: dict[str, dict] = {}  # uid -> the last pod seen
         self.done: dict[str, set[str]] = {}  # uid -> event kinds written
 
     async def run(self) -> None:
         """List, then watch from there (a deleted pod's last state carries its
-        ``deletionTimestamp``); list again when the watch ends or is too old."""
+        ``deletionTimestamp``); list again when the watch ends (every ``relist_s``: a deletion
+        the watch missed is seen there, its end at most its ``deletionTimestamp``) or is too
+        old."""
         while True:
             try:
                 rv = await self.sync()
-                async for ev in self.kc.watch(self.path, rv):
+                async for ev in self.kc.watch(self.path, rv, timeoutSeconds=self.relist_s):
                     if ev.get("type") in ("ADDED", "MODIFIED", "DELETED") and self._ours(ev["object"]):
                         await self.observe(ev["object"], deleted=ev["type"] == "DELETED")
             except asyncio.CancelledError:
