@@ -132,14 +132,15 @@ class PodEvents:
     async def observe(self, pod: dict, deleted: bool = False) -> None:
         uid = pod["metadata"]["uid"]
         done = self.done.setdefault(uid, set())
-        if deleted:
-            self.seen.pop(uid, None)
-        else:
+        if not deleted:
             self.seen[uid] = pod
+        # a deleted pod stays in ``seen`` until its end is written: a write that fails (the
+        # database busy) is done again at the next list
         bound = bind_time(pod)
         if bound is None:
             if deleted:
                 self.done.pop(uid, None)
+                self.seen.pop(uid, None)
             return
         key, meta = allocation_key(pod), pod["metadata"]
         ann = meta.get("annotations") or {}
@@ -163,6 +164,7 @@ class PodEvents:
             done.add("released")
         if deleted:
             self.done.pop(uid, None)
+            self.seen.pop(uid, None)
 
     def _running(self, workload: str | None, placement: list[dict], since: float) -> None:
         """The hub's row of a one-pod workload (a workspace) is running once its pod is bound."""
