@@ -214,6 +214,17 @@ class Gpupool(Configurable):
     def _kubeconfig_default(self):
         return os.environ.get("GPUPOOL_KUBECONFIG", "")
 
+    checkpoint_storage = Unicode(
+        "10Gi", help="Size of each training's checkpoint claim (backend = kubernetes): a "
+        "PersistentVolumeClaim that outlives the training's pods, so a preempted training "
+        "resumes from its checkpoints.",
+    ).tag(config=True)
+
+    checkpoint_storage_class = Unicode(
+        "", help="StorageClass of the checkpoint claims (backend = kubernetes); empty: the "
+        "cluster's default. It must allow ReadWriteMany when a training's workers span nodes.",
+    ).tag(config=True)
+
     accounts = Enum(
         ["create", "existing", "personal"],
         help="Which OS account runs each user's workloads. create: an account per user, made on "

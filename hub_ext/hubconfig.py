@@ -69,7 +69,7 @@ def configure(c) -> Runtime:
         c.SharedPasswordAuthenticator.admin_password = cfg.admin_password
         c.Authenticator.admin_users = admins
         c.Authenticator.allowed_users = users - admins
-    if rt.accounts.mode == "personal":
+    if not rt.kubernetes and rt.accounts.mode == "personal":
         # Every workload would run as the hub's own account: only its owner may log in.
         me = pwd.getpwuid(os.geteuid()).pw_name
         admins = {me}

@@ -40,22 +40,31 @@ rejects) ends the spawn at once with that message instead of waiting for
 from __future__ import annotations
 
 import asyncio
+import time
 
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
 from traitlets import Dict, Unicode, default
 
 from gpupool.errors import GpupoolError
+from scheduler.contract import (
+    SCHEDULER_NAME,
+    Preload,
+    gpu_parts,
+    request_annotations,
+    workload_annotations,
+)
 from scheduler.model import DEFAULT_POOL
 
 from . import attach, humanize
+from .metrics import SPAWN_SECONDS
 from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest
 from .spawner import GpupoolSpawnerMixin, Refused
 
 __all__ = ["GpupoolKubeSpawner", "PodFailed", "pending_reason", "pod_failure"]
 
 HOME_VOLUME = "home"
-PRELOAD_VOLUME = "gpupool-preload"
+PRELOAD_VOLUME = Preload.VOLUME
 
 # Container states the kubelet keeps retrying but that no retry fixes by itself.
 FATAL_WAITING = frozenset({
@@ -123,17 +132,17 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
     """``c.JupyterHub.spawner_class = "hub_ext.k8s_spawner.GpupoolKubeSpawner"``."""
 
     gpupool_scheduler_name = Unicode(
-        "gpupool", config=True, help="schedulerName of workspace pods (gpupool-scheduler's)"
+        SCHEDULER_NAME, config=True, help="schedulerName of workspace pods (gpupool-scheduler's)"
     )
     preload_host_dir = Unicode(
-        "/var/lib/gpupool/lib", config=True,
+        Preload().host_dir, config=True,
         help="host directory gpupool-node-agent copies the interception library to",
     )
     preload_mount_dir = Unicode(
-        "/usr/local/lib/gpupool", config=True,
+        Preload().mount_dir, config=True,
         help="where that directory is mounted in the pod (gpupool-scheduler --preload-path's)",
     )
-    preload_name = Unicode("libgpupool.so", config=True, help="the library's file name")
+    preload_name = Unicode(Preload().name, config=True, help="the library's file name")
     environment_images = Dict(
         {}, config=True, help="form environment -> image; others use KubeSpawner.image"
     )
@@ -172,43 +181,25 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
             self._gp_base = {k: getattr(self, k) for k in self._BASE}
         base = self._gp_base
         demand = req.demand()
-        ann = {
-            "gpupool.io/project": req.project,
-            "gpupool.io/kind": "workspace",
-            "gpupool.io/preemptible": "true" if req.preemptible else "false",
-            "gpupool.io/allow-over-quota": "true" if req.preemptible else "false",
-        }
-        if req.node_pool != DEFAULT_POOL:  # the pool and GPU model chosen in the form
-            ann["gpupool.io/node-pool"] = req.node_pool
-        if req.gpu_model:
-            ann["gpupool.io/gpu-model"] = req.gpu_model
-        limits: dict[str, str] = {}
-        share = False
-        if demand.gpus:
-            limits["nvidia.com/gpu"] = str(demand.gpus)
-        elif demand.gpu_fraction:
-            ann["gpupool.io/gpu-fraction"] = f"{demand.gpu_fraction:g}"
-            share = True
-        elif demand.gpu_memory_mib:
-            ann["gpupool.io/gpu-memory"] = f"{demand.gpu_memory_mib}Mi"
-            share = True
-        volumes = [{"name": HOME_VOLUME, "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
-        mounts = [{"name": HOME_VOLUME, "mountPath": self.home_mount_path}]
-        env: dict[str, str] = {}
-        container: dict = {}
-        if share:
-            ann["gpupool.io/config-map"] = self.config_map_name
-            container["envFrom"] = [{"configMapRef": {"name": self.config_map_name}}]
-            volumes.append({"name": PRELOAD_VOLUME, "hostPath": {
-                "path": self.preload_host_dir, "type": "DirectoryOrCreate"}})
-            mounts.append({"name": PRELOAD_VOLUME, "mountPath": self.preload_mount_dir,
-                           "readOnly": True})
-            env["LD_PRELOAD"] = f"{self.preload_mount_dir.rstrip('/')}/{self.preload_name}"
+        ann = request_annotations(req.project, "workspace", preemptible=req.preemptible,
+                                  allow_over_quota=req.preemptible,
+                                  node_pool=req.node_pool if req.node_pool != DEFAULT_POOL else None,
+                                  gpu_model=req.gpu_model or None)  # as chosen in the form
+        preload = Preload(self.preload_host_dir, self.preload_mount_dir, self.preload_name)
+        gpu = gpu_parts(self.pod_name, demand.gpus or demand.gpu_fraction, demand.gpu_memory_mib, preload)
+        ann.update(gpu.annotations)
+        limits = dict(gpu.limits)
+        volumes = [{"name": HOME_VOLUME, "persistentVolumeClaim": {"claimName": "{pvc_name}"}},
+                   *gpu.volumes]
+        mounts = [{"name": HOME_VOLUME, "mountPath": self.home_mount_path}, *gpu.mounts]
+        env: dict[str, str] = dict(gpu.env)
+        container: dict = {"envFrom": gpu.env_from} if gpu.shared else {}
         if att:
             parts = attach.kube_spawner_settings(att, self.credentials_secret_name)
             env.update(parts["environment"])
             volumes += parts["volumes"]
             mounts += parts["volume_mounts"]
+        ann.update(workload_annotations(self.workload, self.user.name))
         self.extra_annotations = {**base["extra_annotations"], **ann}
         self.extra_resource_limits = {**base["extra_resource_limits"], **limits}
         self.extra_resource_guarantees = {**base["extra_resource_guarantees"], **limits}
@@ -246,6 +237,9 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
         except FieldError as e:
             raise Refused(f"Invalid request: {e}", reason="invalid") from None
         self.gpupool.store.save_options(self.user.name, req.to_dict())
+        # the hub's row of the workspace (REST, CLI, admin panel); the event log marks it
+        # running when gpupool-scheduler binds its pod (hub_ext/cluster_events.py)
+        self.gpupool.store.add_workload(self.workload, self.user.name, req, notify=False, server=self.name)
         self.apply_request(req, att)
         self._gp_attached = att
         kind = WORKSPACE_KINDS[req.workspace_kind]
@@ -256,9 +250,23 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
             self._gp_submitted += (
                 f". Attached credentials: {', '.join(req.credentials) or '(none)'}; "
                 f"data sources: {', '.join(req.datasources) or '(none)'}")
+        self._gp_t0, self._gp_project = time.monotonic(), req.project
         return KubeSpawner.start(self)
 
     async def _start(self):
+        """KubeSpawner's start, timed as the embedded spawner's is (queue wait included)."""
+        outcome = "failed"
+        try:
+            result = await self._start_pod()
+            outcome = "started"
+            return result
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            SPAWN_SECONDS.labels(self._gp_project, outcome).observe(time.monotonic() - self._gp_t0)
+
+    async def _start_pod(self):
         # KubeSpawner.start wraps this coroutine in the future progress() follows; the
         # Secret the pod references must exist before the pod is created.
         att = getattr(self, "_gp_attached", None)
@@ -332,6 +340,7 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
         try:
             await KubeSpawner.stop(self, now=now)
         finally:
+            self.gpupool.store.remove_workload(self.workload)
             await self._delete_secret()
 
     async def _delete_secret(self) -> None:

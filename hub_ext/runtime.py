@@ -1,5 +1,7 @@
-"""The hub-side runtime: database, GPU inventory, the embedded scheduler loop, the
-launcher for trainings/inferences and the allocation sampler. One per hub process."""
+"""The hub-side runtime: database, and the backend ``Gpupool.backend`` chooses
+(hub_ext/backends.py). Embedded: GPU inventory, the embedded scheduler loop, the launcher
+for trainings/inferences and the allocation sampler; kubernetes: the training controller
+and the API server's client. One per hub process."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from scheduler.embedded import EmbeddedScheduler, gpu_env
 from scheduler.model import MILLI, Bind, State, ValidationError, Workload
 
 from . import accounting, attach, credentials, datasources, launch, org, roles
+from .backends import Trainings, kube_client
+from .cluster_events import PodEvents
 from .config import Gpupool
 from .db import GpuSampleRow, SampleRow, WorkloadRow
 from .host.accounts import Account, Accounts
@@ -31,6 +35,7 @@ from .limits import limits_for
 from .requests import Limits
 from .schema import make_sessionmaker
 from .store import DbStore, placement_from_json, placement_json, to_workload
+from .training.controller import K8sTrainings
 from .training.db import TrainingRow
 from .training.runner import JobRunner
 
@@ -50,11 +55,33 @@ class Runtime:
         self.store = DbStore(self.Session)
         with self.Session() as s:
             self.org_file = org.load_starter(s, cfg.org_file)
-        if cfg.backend == "kubernetes":  # the nodes come from the cluster (k8s_inventory)
-            self.nodes, self.inventory_source = [], "kubernetes"
+        self.kubernetes = cfg.backend == "kubernetes"
+        # credentials and data sources reach workloads through this one object (attach.py)
+        self.delivery = attach.Delivery(self.Session, credentials.vault_for(cfg), cfg.state_dir)
+        self._started = False
+        self._reaping: list[asyncio.Future] = []  # what _recover_processes ends
+        if self.kubernetes:
+            self._build_kubernetes()
         else:
-            self.nodes, self.inventory_source = discover(cfg.declared_gpus, cfg.use_nvml)
-            self.store.set_nodes(self.nodes, self.inventory_source)
+            self._build_embedded()
+
+    def _build_kubernetes(self) -> None:
+        """Pods bound by gpupool-scheduler: no GPUs of the hub's own, no scheduler loop, no
+        processes; trainings and replicas go through the API server."""
+        cfg = self.cfg
+        self.nodes, self.inventory_source = [], "kubernetes"  # the cluster's: hub_ext.k8s_inventory
+        self.scheduler = None
+        self.kube = kube_client(cfg)
+        self.trainings: Trainings = K8sTrainings(
+            self.kube, self.Session, cfg.namespace, checkpoint_size=cfg.checkpoint_storage,
+            storage_class=cfg.checkpoint_storage_class)
+        log.info("gpupool: kubernetes backend: workloads are pods in namespace %s", cfg.namespace)
+
+    def _build_embedded(self) -> None:
+        cfg = self.cfg
+        state = Path(cfg.state_dir)
+        self.nodes, self.inventory_source = discover(cfg.declared_gpus, cfg.use_nvml)
+        self.store.set_nodes(self.nodes, self.inventory_source)
         # Workloads run as their owners' OS accounts under a monitor that outlives the hub
         # (hub_ext.host); what still runs from before a restart is kept, not dropped.
         if cfg.accounts == "personal" and os.geteuid() == 0:
@@ -72,10 +99,6 @@ class Runtime:
         self._startup_log()
         self.scheduler = EmbeddedScheduler(self.store, self.nodes, cfg.schedule_period_s)
         self.scheduler.launch = self._launch_process
-        # credentials and data sources reach workloads through this one object (attach.py)
-        self.delivery = attach.Delivery(self.Session, credentials.vault_for(cfg), cfg.state_dir)
-        self._started = False
-        self._reaping: list[asyncio.Future] = []  # what _recover_processes ends
         self.trainings = JobRunner(self.scheduler, self.Session, self.nodes, cfg.state_dir, cfg.preload_library,
                                    delivery=self.delivery, launcher=self.launcher, accounts=self.accounts)
 
@@ -109,14 +132,16 @@ class Runtime:
     def start(self) -> None:
         if not self._started:
             self._started = True
-            self._recover_processes()
-            self.scheduler.start()
             self.trainings.start()
-            asyncio.ensure_future(self._sample_loop())
-            if self.cfg.backend == "kubernetes":
+            if self.kubernetes:
                 from . import k8s_cluster  # the organisation and the inventory from the cluster
 
                 self.cluster = asyncio.ensure_future(k8s_cluster.follow(self.cfg, self.Session))
+                asyncio.ensure_future(PodEvents(self.kube, self.Session, self.cfg.namespace).run())
+                return
+            self._recover_processes()
+            self.scheduler.start()
+            asyncio.ensure_future(self._sample_loop())
 
     # -- what the form and the rules need ------------------------------------------------
     def limits(self, user: str, scopes=()) -> Limits:
@@ -149,6 +174,8 @@ class Runtime:
 
     def _free_per_gpu(self) -> list[int]:
         free = {(n.name, g.index): MILLI for n in self.nodes for g in n.gpus}
+        if self.scheduler is None:
+            return list(free.values())
         for w in self.scheduler.snapshot.workloads.values():
             for p in w.placement:
                 for i in p.gpu_indices:

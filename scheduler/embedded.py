@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from . import metrics
+from .contract import share_env
 from .core import decide
 from .model import (
     MILLI,
@@ -91,9 +92,7 @@ def gpu_env(node: Node, pod: PodPlacement, demand_memory_mib: int, preload: str 
     if gpus and pod.gpu_milli < MILLI:
         # The interception library's interface (native/README.md): memory cap per device,
         # share of SM time, and a shared account file per workload.
-        cap = demand_memory_mib or gpus[0].memory_mib * pod.gpu_milli // MILLI
-        env["GPUPOOL_MEMORY_LIMIT"] = f"{cap}M"
-        env["GPUPOOL_COMPUTE_SHARE"] = str(max(1, min(100, round(pod.gpu_milli / 10))))
+        env.update(share_env(gpus[0].memory_mib, pod.gpu_milli, demand_memory_mib))
         env["GPUPOOL_SHARED_REGION"] = region_path(workload or node.name)
         if preload and os.path.exists(preload):
             env["LD_PRELOAD"] = preload

@@ -1,9 +1,10 @@
-"""Inference services inside the hub process (embedded mode).
+"""Inference services of the hub process.
 
 ``configure(c, cfg, rt)`` (called from ``hub_ext.hubconfig.configure``) registers the
 activator as the JupyterHub service ``gpupool-serve`` -- the proxy routes
 ``/services/gpupool-serve/NAME/...`` to it -- and starts, on the hub's event loop, the
-controller with the embedded backend on the hub's scheduler, the activator's HTTP server,
+controller with the backend of ``Gpupool.backend`` (processes placed by the hub's
+scheduler, or replica pods placed by gpupool-scheduler), the activator's HTTP server,
 and a loop that follows the ``inference_services`` table the REST API writes.
 
 Authentication: a JupyterHub token (``Authorization: token ...``, ``Bearer``, or
@@ -24,9 +25,10 @@ from sqlalchemy import select
 
 from hub_ext import org, roles
 
+from ..backends import replica_backend
 from . import activator
 from .activator import Exchange
-from .backends.embedded import EmbeddedBackend, free_port
+from .backends.embedded import free_port
 from .controller import Controller
 from .db import REPLICA, InferenceRow, replica_rows
 from .service import Service
@@ -95,10 +97,7 @@ class HubTokenAuth:
 class HubInference:
     def __init__(self, rt, port: int, token: str, poll_s: float = 1.0):
         self.rt, self.port, self.token, self.poll_s = rt, port, token, poll_s
-        backend = EmbeddedBackend(rt.scheduler, launcher=rt.launcher, accounts=rt.accounts,
-                                  state_dir=Path(rt.cfg.state_dir) / "inference", rows=rt.store,
-                                  preload=rt.cfg.preload_library, delivery=rt.delivery)
-        self.controller = Controller(backend)
+        self.controller = Controller(replica_backend(rt))
         self._status: dict[str, dict] = {}
 
     def start(self) -> None:
@@ -109,7 +108,8 @@ class HubInference:
         self.server = activator.Server(self.controller, f"/services/{NAME}/",
                                        HubTokenAuth(hub_auth, self.rt.Session))
         asyncio.ensure_future(self.server.listen(self.port)).add_done_callback(self._listening)
-        self.recover()
+        if not self.rt.kubernetes:  # replica pods outlive the hub on their own
+            self.recover()
         self.controller.start()
         asyncio.ensure_future(self._follow())
 

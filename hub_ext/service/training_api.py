@@ -1,8 +1,9 @@
 """REST API v1 for training jobs: /trainings (list, submit), /trainings/NAME (describe,
 delete), /trainings/NAME/suspend|resume, /trainings/NAME/logs.
 
-The service writes jobs and control requests; the job runner in the hub process
-(``hub_ext.training.runner``) picks them up within its poll period. Members see and submit
+The service writes jobs and control requests; the hub process's training backend (the job
+runner or, on Kubernetes, the training controller: hub_ext/backends.py) picks them up within
+its poll period. Members see and submit
 in their own projects; the owner or an admin may delete, suspend or resume.
 """
 
@@ -11,9 +12,11 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from .. import org, roles, validation
+from ..backends import kube_client
 from ..db import EventRow, WorkloadRow
 from ..launch import read_tail
 from ..limits import limits_for
+from ..training.controller import worker_logs
 from ..training.db import (
     STATUSES,
     TrainingRow,
@@ -113,7 +116,7 @@ class TrainingActionHandler(_Requests):
 
 
 class TrainingLogsHandler(_Base):
-    def get(self, name):
+    async def get(self, name):
         tail = validation.integer_arg(self.get_argument("tail", None), "tail", 200, 1, 10_000)
         rank = validation.integer_arg(self.get_argument("rank", None), "rank", 0, 0, MAX_WORKERS - 1)
         with self.Session() as s:
@@ -121,9 +124,14 @@ class TrainingLogsHandler(_Base):
             workers = int(t.spec.get("workers", 1))
         if not 0 <= rank < workers:
             raise FieldError("rank", f"must be from 0 to {workers - 1}, got {rank}")
-        where = worker_log(self.ctx.cfg.state_dir, name, rank)
-        text = read_tail(*where, MAX_LOG_BYTES) if where else ""  # the account's file, read safely
-        lines = text.splitlines()[-tail:]
+        cfg = self.ctx.cfg
+        if cfg.backend == "kubernetes":  # the worker pod's log, through the API server
+            async with kube_client(cfg) as kc:
+                lines = await worker_logs(kc, cfg.namespace, name, rank, tail)
+        else:
+            where = worker_log(cfg.state_dir, name, rank)
+            text = read_tail(*where, MAX_LOG_BYTES) if where else ""  # the account's file, read safely
+            lines = text.splitlines()[-tail:]
         self.send({"name": name, "rank": rank, "lines": lines})
 
 

@@ -12,20 +12,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.k8s.objects import A
+from scheduler.contract import (
+    PRELOAD,
+    SCHEDULER_NAME,
+    A,
+    L,
+    Preload,
+    gpu_parts,
+    memory_mib,
+    request_annotations,
+    workload_annotations,
+)
 
 from ..attach import Attachments, pod_parts, secret_manifest, secret_name
 from .gang import distributed_env
 from .spec import TrainingSpec
 
-LABEL_JOB = "gpupool.io/training"
-LABEL_RANK = "gpupool.io/rank"
+LABEL_JOB = L.TRAINING
+LABEL_RANK = L.RANK
 
 
 @dataclass(frozen=True)
 class K8sOptions:
     namespace: str = "default"
-    scheduler_name: str = "gpupool"
+    scheduler_name: str = SCHEDULER_NAME
     master_port: int = 29500
     checkpoint_claim: str = ""  # a PersistentVolumeClaim mounted at the checkpoint folder
     default_image: str = "python:3.11-slim"
@@ -36,6 +46,8 @@ class K8sOptions:
     resumed: bool = False
     # credentials (by reference to the Secret ``NAME-credentials``) and data sources
     attachments: Attachments = Attachments()
+    preload: Preload = PRELOAD
+    owner: str = ""  # the hub user who submitted it
 
 
 def _checkpoint_dir(spec: TrainingSpec) -> str:
@@ -64,15 +76,19 @@ def worker_pod(spec: TrainingSpec, rank: int, opts: K8sOptions = K8sOptions()) -
                                          run_id=spec.name),
            "GPUPOOL_WORKLOAD": spec.name, "GPUPOOL_PROJECT": spec.project,
            "GPUPOOL_CHECKPOINT_DIR": _checkpoint_dir(spec)}
-    annotations = {
-        A.PROJECT: spec.project, A.KIND: "training",
-        A.PRIORITY: str(opts.priority if opts.priority is not None else spec.priority),
-        A.PREEMPTIBLE: str(spec.preemptible).lower(),
-        A.GANG: spec.name, A.GANG_SIZE: str(spec.workers),
-    }
-    if opts.resumed:
-        annotations[A.RESUMED] = "true"
-    resources: dict = {"requests": {"cpu": f"{spec.cpu:g}", "memory": f"{round(spec.memory_gib * 1024)}Mi"}}
+    annotations = request_annotations(
+        spec.project, "training",
+        priority=opts.priority if opts.priority is not None else spec.priority,
+        preemptible=spec.preemptible, gang=spec.name, gang_size=spec.workers,
+        node_pool=spec.node_pool or None, resumed=opts.resumed)
+    gpu = gpu_parts(name, spec.gpu, memory_mib(spec.gpu_memory_gib) if spec.gpu_memory_gib else 0,
+                    opts.preload)
+    annotations.update(gpu.annotations)
+    annotations.update(workload_annotations(spec.name, opts.owner))
+    env.update(gpu.env)
+    resources: dict = {"requests": {"cpu": f"{spec.cpu:g}", "memory": f"{memory_mib(spec.memory_gib)}Mi"}}
+    if gpu.limits:
+        resources["limits"] = dict(gpu.limits)
     container: dict = {
         "name": "worker",
         "image": spec.image or opts.default_image,
@@ -81,17 +97,8 @@ def worker_pod(spec: TrainingSpec, rank: int, opts: K8sOptions = K8sOptions()) -
         "ports": [{"name": "dist", "containerPort": opts.master_port}],
         "resources": resources,
     }
-    if spec.gpu_memory_gib:
-        annotations[A.MEMORY] = f"{round(spec.gpu_memory_gib * 1024)}Mi"
-    elif 0 < spec.gpu < 1:
-        annotations[A.FRACTION] = f"{spec.gpu:g}"
-    elif spec.gpu >= 1:
-        resources["limits"] = {"nvidia.com/gpu": str(int(spec.gpu))}
-    if annotations.get(A.MEMORY) or annotations.get(A.FRACTION):
-        # the scheduler writes this ConfigMap (GPU, memory cap, preload) before binding
-        container["envFrom"] = [{"configMapRef": {"name": f"{name}-gpupool", "optional": False}}]
-    if spec.node_pool:
-        annotations[A.NODE_POOL] = spec.node_pool
+    if gpu.shared:
+        container["envFrom"] = gpu.env_from
     pod_spec: dict = {
         "schedulerName": opts.scheduler_name,
         "restartPolicy": "Never",  # the job controller restarts the whole gang, not a pod
@@ -100,10 +107,12 @@ def worker_pod(spec: TrainingSpec, rank: int, opts: K8sOptions = K8sOptions()) -
         "subdomain": spec.name,
         "containers": [container],
     }
+    mounts, volumes = list(gpu.mounts), list(gpu.volumes)
     if opts.checkpoint_claim:
-        container["volumeMounts"] = [{"name": "checkpoints", "mountPath": _checkpoint_dir(spec)}]
-        pod_spec["volumes"] = [{"name": "checkpoints",
-                                "persistentVolumeClaim": {"claimName": opts.checkpoint_claim}}]
+        mounts.append({"name": "checkpoints", "mountPath": _checkpoint_dir(spec)})
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": opts.checkpoint_claim}})
+    if mounts:
+        container["volumeMounts"], pod_spec["volumes"] = mounts, volumes
     if opts.attachments:
         parts = pod_parts(opts.attachments, secret_name(spec.name))
         container["env"] += parts.env

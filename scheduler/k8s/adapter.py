@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from .. import metrics
+from ..contract import DEFAULT_PRELOAD, SCHEDULER_NAME, A
 from ..core import decide
 from ..model import MILLI, Decisions, PodPlacement, Project, State, ValidationError, Workload
 from ..quota import OverQuotaLedger, waiting_over_quota
@@ -59,9 +60,9 @@ NET_ERRORS = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
 
 @dataclass
 class AdapterConfig:
-    scheduler_name: str = "gpupool"
-    node_pool_label: str = "gpupool.io/node-pool"
-    preload_path: str = "/usr/local/lib/gpupool/libgpupool.so"
+    scheduler_name: str = SCHEDULER_NAME
+    node_pool_label: str = A.NODE_POOL
+    preload_path: str = DEFAULT_PRELOAD
     bind_concurrency: int = 48
     status_concurrency: int = 4
     batch_s: float = 0.02  # gather events this long before a cycle

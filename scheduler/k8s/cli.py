@@ -13,6 +13,7 @@ import socket
 import sys
 
 from .. import metrics
+from ..contract import DEFAULT_PRELOAD
 from ..snapshot import SchedulerConfig
 from .adapter import AdapterConfig, GpupoolScheduler
 from .client import KubeClient
@@ -35,7 +36,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--identity", default=f"{socket.gethostname()}_{os.getpid()}",
                     help="this replica's name in the Lease (default HOSTNAME_PID)")
     ap.add_argument("--node-pool-label", default="gpupool.io/node-pool", help="node label naming its pool")
-    ap.add_argument("--preload-path", default="/usr/local/lib/gpupool/libgpupool.so",
+    ap.add_argument("--preload-path", default=DEFAULT_PRELOAD,
                     help="interception library written as LD_PRELOAD into fraction ConfigMaps")
     ap.add_argument("--bind-concurrency", type=int, default=48, help="Bindings in flight at once")
     ap.add_argument("--policy", default="gpupool", help="placement policy of the core")

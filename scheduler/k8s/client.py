@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -88,6 +89,25 @@ class KubeClient:
         cert = (conf.cert_file, conf.key_file) if conf.cert_file and conf.key_file else None
         return cls(cast(str, conf.host), token, conf.ssl_ca_cert, verify=conf.verify_ssl,
                    client_cert=cert, **kw)
+
+    @classmethod
+    def from_file_or_pod(cls, path: str = "", **kw: Any) -> KubeClient:
+        """Without I/O on the network: from a simple kubeconfig file (``path``), else from
+        the pod's service account (in-cluster). ValueError when neither is there."""
+        if path:
+            simple = _simple_kubeconfig(path)
+            if simple is None:
+                raise ValueError(f"{path}: only a server, a CA and a token or client certificate "
+                                 "are understood in a kubeconfig")
+            return cls(**simple, **kw)
+        sa = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+        if not host or not (sa / "token").exists():
+            raise ValueError("no kubeconfig given and not running in a pod (no service account)")
+        if ":" in host:
+            host = f"[{host}]"
+        return cls(f"https://{host}:{port or 443}", (sa / "token").read_text().strip(),
+                   str(sa / "ca.crt"), **kw)
 
     async def __aenter__(self) -> KubeClient:
         await self.open()

@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..contract import GPU_RESOURCE, A, Preload
+
 __all__ = [
     "GpuInfo",
     "GpuUsage",
@@ -62,12 +64,11 @@ LABEL_PRESENT = "nvidia.com/gpu.present"
 LABEL_COUNT = "nvidia.com/gpu.count"
 LABEL_PRODUCT = "nvidia.com/gpu.product"
 LABEL_MEMORY = "nvidia.com/gpu.memory"
-ANN_UUIDS = "gpupool.io/gpu-uuids"
+ANN_UUIDS = A.NODE_GPU_UUIDS
 ANN_GPUS = "gpupool.io/gpus"
 ANN_USAGE = "gpupool.io/gpu-usage"
-GPU_RESOURCE = "nvidia.com/gpu"
-PRELOAD_NAME = "libgpupool.so"
-DEFAULT_HOST_LIB_DIR = "/var/lib/gpupool/lib"
+PRELOAD_NAME = Preload().name
+DEFAULT_HOST_LIB_DIR = Preload().host_dir
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -20,6 +20,7 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import Any
 
+from ..contract import DEFAULT_PRELOAD, GPU_RESOURCE, A, config_map_name, share_env
 from ..model import (
     DEFAULT_POOL,
     GPU,
@@ -50,42 +51,8 @@ __all__ = [
 ]
 
 JSON = dict[str, Any]
-GPU_RESOURCE = "nvidia.com/gpu"
-DEFAULT_PRELOAD = "/usr/local/lib/gpupool/libgpupool.so"
-
-
-class A:
-    """Annotation (or label) names. Requests are read from annotations first, then labels."""
-
-    PREFIX = "gpupool.io/"
-    PROJECT = "gpupool.io/project"
-    KIND = "gpupool.io/kind"
-    PRIORITY = "gpupool.io/priority"
-    PREEMPTIBLE = "gpupool.io/preemptible"
-    OVER_QUOTA = "gpupool.io/allow-over-quota"
-    FRACTION = "gpupool.io/gpu-fraction"
-    MEMORY = "gpupool.io/gpu-memory"
-    GANG = "gpupool.io/gang"
-    GANG_SIZE = "gpupool.io/gang-size"
-    NODE_POOL = "gpupool.io/node-pool"
-    GPU_MODEL = "gpupool.io/gpu-model"
-    TOPOLOGY = "gpupool.io/topology-key"
-    CONFIG_MAP = "gpupool.io/config-map"
-    # Set by a job controller on the pods of a job it restarted after a preemption: the core
-    # then spares it from preemption for a while (SchedulerConfig.resume_protection_s).
-    RESUMED = "gpupool.io/resumed"
-    # Written by the scheduler when it binds (the restart state lives on the pods):
-    GPU_INDICES = "gpupool.io/gpu-indices"
-    GPU_MILLI = "gpupool.io/gpu-milli"
-    OVER_QUOTA_PLACED = "gpupool.io/over-quota"
-    PLANNED_NODE = "gpupool.io/node"
-    # Node side (written by the node agent; optional):
-    NODE_GPU_UUIDS = "gpupool.io/gpu-uuids"
-    NODE_GPU_PRODUCT = "nvidia.com/gpu.product"
-    NODE_GPU_MEMORY = "nvidia.com/gpu.memory"
-
-    ALL_REQUEST = (PROJECT, KIND, PRIORITY, PREEMPTIBLE, OVER_QUOTA, FRACTION, MEMORY, GANG,
-                   GANG_SIZE, NODE_POOL, GPU_MODEL, TOPOLOGY, CONFIG_MAP, RESUMED)
+# The names and the environment live in the workload contract; re-exported for readers here.
+__all__ += ["GPU_RESOURCE", "DEFAULT_PRELOAD"]
 
 
 # ------------------------------------------------------------------------------ quantities
@@ -309,7 +276,7 @@ def parse_pod(pod: JSON) -> PodRequest:
         topology_key=get(A.TOPOLOGY),
         grace_period_s=float(30 if grace is None else grace),
         submit_time=parse_time(meta.get("creationTimestamp")),
-        config_map=(get(A.CONFIG_MAP) or f"{name}-gpupool") if demand.is_fractional else None,
+        config_map=(get(A.CONFIG_MAP) or config_map_name(name)) if demand.is_fractional else None,
         node=node, placement=placement, plan=plan,
         over_quota=over_quota,
         resumed=False if resumed_s is None else _bool(resumed_s, A.RESUMED),
@@ -454,19 +421,13 @@ def fraction_config_map(pod: PodRequest, p: PodPlacement, node: Node,
     """The per-pod ConfigMap a fractional pod's ``envFrom`` names: which GPU, the memory
     cap in bytes, and the interception library to preload."""
     gpu = node.gpus[p.gpu_indices[0]]
-    d = pod.demand
-    if d.gpu_memory_mib:
-        cap = d.gpu_memory_mib * 2**20
-    else:
-        cap = (gpu.memory_mib * 2**20 * p.gpu_milli) // MILLI
     data = {
         "NVIDIA_VISIBLE_DEVICES": gpu.uuid or str(gpu.index),
         "GPUPOOL_GPU_INDEX": str(gpu.index),
         "GPUPOOL_GPU_UUID": gpu.uuid,
         "GPUPOOL_GPU_MODEL": gpu.model,
         "GPUPOOL_GPU_MILLI": str(p.gpu_milli),
-        "GPUPOOL_MEMORY_LIMIT": str(cap),
-        "GPUPOOL_COMPUTE_SHARE": str(max(1, min(100, math.ceil(p.gpu_milli / 10)))),
+        **share_env(gpu.memory_mib, p.gpu_milli, pod.demand.gpu_memory_mib),
         "LD_PRELOAD": preload,
     }
     return {

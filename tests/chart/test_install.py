@@ -216,7 +216,7 @@ def test_hub_workspace_and_inference_replica_bound_by_gpupool_scheduler(chart_cl
     assert ws["spec"]["automountServiceAccountToken"] is False
     assert ann["gpupool.io/project"] == "nlp" and ann["gpupool.io/gpu-milli"] == "500"
     assert ws["metadata"]["labels"]["hub.jupyter.org/username"] == "alice"
-    assert {"configMapRef": {"name": ann["gpupool.io/config-map"]}} in \
+    assert {"configMapRef": {"name": ann["gpupool.io/config-map"], "optional": False}} in \
         ws["spec"]["containers"][0]["envFrom"]
     assert ws_cm["GPUPOOL_GPU_MILLI"] == "500"
     assert ws_cm["LD_PRELOAD"] == "/usr/local/lib/gpupool/libgpupool.so"

@@ -177,7 +177,7 @@ def test_fair_share_over_time_off_keeps_no_lag():
 def test_gpu_env_for_a_fraction():
     env = gpu_env(NODE, PodPlacement("n", (1,), 250), 0, "/nonexistent.so", "ws-a")
     assert env["CUDA_VISIBLE_DEVICES"] == "1"
-    assert env["GPUPOOL_MEMORY_LIMIT"] == f"{81920 // 4}M"
+    assert env["GPUPOOL_MEMORY_LIMIT"] == str(81920 * 2**20 // 4)  # bytes, as on Kubernetes
     assert env["GPUPOOL_COMPUTE_SHARE"] == "25"
     assert "LD_PRELOAD" not in env
 

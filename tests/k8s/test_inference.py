@@ -34,9 +34,11 @@ def test_replica_pod_manifest():
     pod = replica_pod(spec, "llm-abc", "ns")
     assert pod["spec"]["schedulerName"] == "gpupool"
     assert pod["metadata"]["annotations"] == {"gpupool.io/project": "p", "gpupool.io/kind": "inference",
-                                              "gpupool.io/gpu-fraction": "0.25"}
+                                              "gpupool.io/gpu-fraction": "0.25",
+                                              "gpupool.io/config-map": "llm-abc-gpupool",
+                                              "gpupool.io/workload": "llm-abc"}
     c = pod["spec"]["containers"][0]
-    assert c["envFrom"] == [{"configMapRef": {"name": "llm-abc-gpupool"}}]
+    assert c["envFrom"] == [{"configMapRef": {"name": "llm-abc-gpupool", "optional": False}}]
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 9000}
     whole = replica_pod(parse_spec({"name": "w", "project": "p", "command": ["s"], "gpu": 2}), "w-1", "ns")
     assert whole["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "2"}}

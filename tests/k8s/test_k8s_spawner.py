@@ -74,6 +74,7 @@ def test_manifest_fraction_jupyterlab(manifest):
         "gpupool.io/project": "nlp", "gpupool.io/kind": "workspace",
         "gpupool.io/preemptible": "false", "gpupool.io/allow-over-quota": "false",
         "gpupool.io/gpu-fraction": "0.25", "gpupool.io/config-map": cm,
+        "gpupool.io/workload": sp.workload, "gpupool.io/owner": sp.user.name,
     }  # fmt: skip
     spec = m["spec"]
     assert spec["schedulerName"] == "gpupool"
@@ -83,7 +84,7 @@ def test_manifest_fraction_jupyterlab(manifest):
          "hostPath": {"path": "/var/lib/gpupool/lib", "type": "DirectoryOrCreate"}},
     ]
     (c,) = spec["containers"]
-    assert c["envFrom"] == [{"configMapRef": {"name": cm}}]
+    assert c["envFrom"] == [{"configMapRef": {"name": cm, "optional": False}}]
     assert c["volumeMounts"] == [
         {"name": "home", "mountPath": "/home/jovyan"},
         {"name": "gpupool-preload", "mountPath": "/usr/local/lib/gpupool", "readOnly": True},
@@ -169,6 +170,12 @@ class _Store:
     def save_options(self, user: str, options: dict) -> None:
         self.saved[user] = options
 
+    def add_workload(self, name: str, owner: str, req, notify: bool, server: str = "") -> None:
+        self.rows = {**getattr(self, "rows", {}), name: req}
+
+    def remove_workload(self, name: str) -> None:
+        getattr(self, "rows", {}).pop(name, None)
+
 
 class _Runtime:
     """What the mixin asks the hub's Runtime for: the user's limits and remembered options."""
@@ -208,6 +215,14 @@ def test_spawner_start_through_kubespawner(k8s_cluster: ClusterInfo, ns, sched, 
     c.KubeSpawner.k8s_api_ssl_ca_cert = str(k8s_cluster.ca_file)
     c.KubeSpawner.start_timeout = 240
 
+    from prometheus_client import REGISTRY
+
+    def spawns(outcome: str) -> float:
+        return REGISTRY.get_sample_value("gpupool_spawn_duration_seconds_count",
+                                         {"project": "p-kstart", "outcome": outcome}) or 0
+
+    before = spawns("started")
+
     async def go():
         async with kube(k8s_cluster) as kc:
             await create_org(kc, "d-kstart", 8, {"p-kstart": {"gpus": 1}})
@@ -238,6 +253,7 @@ def test_spawner_start_through_kubespawner(k8s_cluster: ClusterInfo, ns, sched, 
     assert url.startswith("http://")
     assert gone
     assert rt.store.saved["mock@name"]["gpu_fraction"] == 0.25
+    assert spawns("started") == before + 1  # the spawn-duration metric covers this spawner
 
 
 # ----------------------------------------------------------- fatal errors and the pending reason

@@ -170,7 +170,8 @@ def test_kubernetes_objects_for_a_fractional_gang():
     assert pod1["metadata"]["annotations"] == {
         "gpupool.io/project": "nlp", "gpupool.io/kind": "training", "gpupool.io/priority": "50",
         "gpupool.io/preemptible": "true", "gpupool.io/gang": "bert", "gpupool.io/gang-size": "2",
-        "gpupool.io/gpu-fraction": "0.5",
+        "gpupool.io/gpu-fraction": "0.5", "gpupool.io/config-map": "bert-1-gpupool",
+        "gpupool.io/workload": "bert",
     }
     s = pod1["spec"]
     assert (s["hostname"], s["subdomain"], s["schedulerName"], s["restartPolicy"],
@@ -181,8 +182,13 @@ def test_kubernetes_objects_for_a_fractional_gang():
     assert env["NODE_RANK"] == "1" and env["LOCAL_RANK"] == "0" and env["SEED"] == "1"
     assert env["GPUPOOL_CHECKPOINT_DIR"] == "/checkpoints"
     assert c["envFrom"] == [{"configMapRef": {"name": "bert-1-gpupool", "optional": False}}]
-    assert c["volumeMounts"] == [{"name": "checkpoints", "mountPath": "/checkpoints"}]
-    assert s["volumes"] == [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}}]
+    assert env["LD_PRELOAD"] == "/usr/local/lib/gpupool/libgpupool.so"
+    assert c["volumeMounts"] == [
+        {"name": "gpupool-preload", "mountPath": "/usr/local/lib/gpupool", "readOnly": True},
+        {"name": "checkpoints", "mountPath": "/checkpoints"}]
+    assert s["volumes"] == [
+        {"name": "gpupool-preload", "hostPath": {"path": "/var/lib/gpupool/lib", "type": "DirectoryOrCreate"}},
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}}]
     # the scheduler's adapter reads them as one gang of two half-GPU pods
     for pod in (pod0, pod1):
         req = parse_pod(pod)

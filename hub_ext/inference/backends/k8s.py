@@ -1,9 +1,9 @@
 """Replicas as pods placed by gpupool-scheduler (``schedulerName: gpupool``).
 
 ``replica_pod`` is a plain function (tested by comparing dicts): kind ``inference`` and
-the project in annotations (scheduler/k8s/README.md), a fraction through
-``gpupool.io/gpu-fraction`` plus the ConfigMap the scheduler writes (``envFrom``), whole
-GPUs through ``nvidia.com/gpu``, a readiness probe on ``ready_path``. The backend polls
+the project in annotations, the GPU ask as the workload contract writes it
+(``scheduler.contract.gpu_parts``: a share with the scheduler's ConfigMap and the
+interception library mounted, whole GPUs as ``nvidia.com/gpu``), a readiness probe on ``ready_path``. The backend polls
 each pod: ``PodScheduled=False`` gives the replica its pending reason (the core's), a
 binding makes it starting, ``Ready`` makes it routable at ``podIP:port``. Stop = delete.
 """
@@ -15,17 +15,26 @@ import contextlib
 import logging
 
 from hub_ext.attach import Attachments, pod_parts, secret_manifest, secret_name
+from scheduler.contract import (
+    PRELOAD,
+    SCHEDULER_NAME,
+    L,
+    Preload,
+    gpu_parts,
+    request_annotations,
+    workload_annotations,
+)
 from scheduler.k8s.client import ApiError, KubeClient
 
 from ..service import Replica, RState, Service
 from ..spec import ServiceSpec
 
 log = logging.getLogger("gpupool.inference")
-LABEL = "gpupool.io/inference-service"
+LABEL = L.INFERENCE
 
 
 def replica_pod(spec: ServiceSpec, name: str, namespace: str,
-                attachments: Attachments | None = None) -> dict:
+                attachments: Attachments | None = None, preload: Preload = PRELOAD) -> dict:
     """``attachments``: the service's credentials (by reference to the Secret
     ``SERVICE-credentials``, ``credentials_secret``) and data sources."""
     container: dict = {
@@ -37,22 +46,28 @@ def replica_pod(spec: ServiceSpec, name: str, namespace: str,
         "readinessProbe": {"httpGet": {"path": spec.ready_path, "port": spec.port},
                            "periodSeconds": 1},
     }
-    ann = {"gpupool.io/project": spec.project, "gpupool.io/kind": "inference"}
-    if spec.gpu < 1:
-        ann["gpupool.io/gpu-fraction"] = f"{spec.gpu:g}"
-        container["envFrom"] = [{"configMapRef": {"name": f"{name}-gpupool"}}]
-    else:
-        container["resources"] = {"limits": {"nvidia.com/gpu": str(int(spec.gpu))}}
-    pod_spec: dict = {"schedulerName": "gpupool", "containers": [container],
+    ann = request_annotations(spec.project, "inference")
+    gpu = gpu_parts(name, spec.gpu, preload=preload)
+    ann.update(gpu.annotations)
+    ann.update(workload_annotations(name, spec.owner))
+    container["env"] += [{"name": k, "value": v} for k, v in gpu.env.items()]
+    if gpu.limits:
+        container["resources"] = {"limits": dict(gpu.limits)}
+    if gpu.shared:
+        container["envFrom"] = gpu.env_from
+    pod_spec: dict = {"schedulerName": SCHEDULER_NAME, "containers": [container],
                       "restartPolicy": "Always", "terminationGracePeriodSeconds": 30}
+    mounts, volumes = list(gpu.mounts), list(gpu.volumes)
     if attachments:
         parts = pod_parts(attachments, secret_name(spec.name))
         container["env"] += parts.env
-        if parts.mounts:
-            container["volumeMounts"], pod_spec["volumes"] = parts.mounts, parts.volumes
+        mounts += parts.mounts
+        volumes += parts.volumes
+    if mounts:
+        container["volumeMounts"], pod_spec["volumes"] = mounts, volumes
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "annotations": ann,
-                         "labels": {LABEL: spec.name, "app.kubernetes.io/managed-by": "gpupool"}},
+                         "labels": {LABEL: spec.name, L.MANAGED_BY: "gpupool"}},
             "spec": pod_spec}
 
 

@@ -1,0 +1,300 @@
+"""Trainings on Kubernetes: the hub's controller of training gangs as pods.
+
+It takes the jobs the REST API, the CLI and the widget submit (rows in state ``submitted``,
+as the embedded ``JobRunner`` does) and makes, per job, a checkpoint claim that outlives
+the pods (``NAME-checkpoints``), a headless Service and one pod per worker
+(``training.k8s.training_objects``) that gpupool-scheduler binds as one gang. It follows
+the pods through the API server and moves the job:
+
+- Pending, with gpupool-scheduler's reason (the pods' ``PodScheduled=False`` message);
+- Running once every worker is bound and running;
+- Preempted when a bound worker is deleted by anyone but the hub (gpupool-scheduler
+  evicts by deleting): the rest of the gang is deleted, then the job is created again
+  with its priority raised by its preemption count, ``gpupool.io/resumed`` and the same
+  checkpoint claim;
+- Succeeded when every worker succeeded, Failed when one failed (its exit code).
+
+Suspend and delete delete the pods (delete also the Service and the claim). Logs come from
+the API server (``logs``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from scheduler.contract import A, L
+from scheduler.k8s.client import ApiError, KubeClient
+
+from ..db import WorkloadRow
+from ..events import add_event
+from .db import FINAL, SUBMITTED, TrainingRow, set_status
+from .k8s import K8sOptions, training_objects
+from .spec import TrainingSpec
+
+log = logging.getLogger("gpupool.training")
+
+__all__ = ["GangState", "K8sTrainings", "checkpoint_claim", "gang_state", "worker_logs"]
+
+
+@dataclass(frozen=True)
+class GangState:
+    status: str  # Pending | Running | Preempted | Succeeded | Failed
+    reason: str = ""
+    placement: tuple[dict, ...] = ()  # per bound worker: {node, gpu_indices, gpu_milli}
+
+
+def _placement(pod: dict) -> dict:
+    """Where gpupool-scheduler bound a worker (its annotations, written with the binding)."""
+    ann = pod["metadata"].get("annotations") or {}
+    idx = [int(i) for i in (ann.get(A.GPU_INDICES) or "").split(",") if i.strip().isdigit()]
+    milli = int(ann.get(A.GPU_MILLI) or 0) if idx else 0
+    return {"node": pod["spec"]["nodeName"], "gpu_indices": idx, "gpu_milli": milli}
+
+
+def _condition(pod: dict, kind: str) -> dict:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return c
+    return {}
+
+
+def _exit(pod: dict) -> tuple[int, str] | None:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            return int(term.get("exitCode", 0)), term.get("reason") or ""
+    return None
+
+
+def gang_state(pods: list[dict], workers: int) -> GangState:
+    """The job's state from its worker pods (API JSON). A bound worker that is being
+    deleted or gone, while the job did not ask for it, is a preemption."""
+    bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
+    for p in pods:
+        phase = (p.get("status") or {}).get("phase")
+        code = _exit(p)
+        if phase == "Failed" or (code is not None and code[0] != 0):
+            c, why = code or (1, (p.get("status") or {}).get("reason") or "")
+            return GangState("Failed", f"worker {p['metadata']['name']} exited with code {c}"
+                             + (f" ({why})" if why else ""))
+    if len(pods) == workers and all((p.get("status") or {}).get("phase") == "Succeeded" for p in pods):
+        return GangState("Succeeded", "every worker exited with code 0")
+    leaving = [p for p in pods if p["metadata"].get("deletionTimestamp")]
+    if bound and (leaving or len(pods) < workers):
+        return GangState("Preempted", "its workers were evicted by gpupool-scheduler")
+    nodes = ", ".join(sorted({p["spec"]["nodeName"] for p in bound}))
+    placement = tuple(_placement(p) for p in sorted(bound, key=lambda p: p["metadata"]["name"]))
+    if len(bound) == workers == len(pods):
+        if all((p.get("status") or {}).get("phase") == "Running" for p in pods):
+            return GangState("Running", f"{workers} worker(s) running on {nodes}", placement)
+        return GangState("Pending", f"bound to {nodes}; containers starting", placement)
+    for p in pods:
+        c = _condition(p, "PodScheduled")
+        if c.get("status") == "False":
+            return GangState("Pending", c.get("message") or c.get("reason") or "waiting for gpupool-scheduler")
+    return GangState("Pending", "waiting for gpupool-scheduler")
+
+
+async def worker_logs(kc: KubeClient, namespace: str, name: str, rank: int, tail: int = 200) -> list[str]:
+    """Worker ``rank``'s output, from the API server; none before its pod exists."""
+    try:
+        raw = await kc.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}-{rank}/log",
+                               params={"tailLines": tail}, decode=False, as_bytes=True)
+    except ApiError:
+        return []
+    return raw.decode(errors="replace").splitlines()[-tail:]
+
+
+def checkpoint_claim(name: str) -> str:
+    return f"{name}-checkpoints"
+
+
+def claim_manifest(spec: TrainingSpec, namespace: str, size: str, storage_class: str = "") -> dict:
+    claim: dict = {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": checkpoint_claim(spec.name), "namespace": namespace,
+                     "labels": {L.TRAINING: spec.name, L.MANAGED_BY: "gpupool"}},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": size}}},
+    }
+    if storage_class:
+        claim["spec"]["storageClassName"] = storage_class
+    return claim
+
+
+class K8sTrainings:
+    """The training backend on Kubernetes; one per hub process (``Runtime.trainings``)."""
+
+    def __init__(self, kc: KubeClient, Session, namespace: str, poll_s: float = 0.5,
+                 checkpoint_size: str = "10Gi", storage_class: str = ""):
+        self.kc, self.Session, self.namespace, self.poll_s = kc, Session, namespace, poll_s
+        self.checkpoint_size, self.storage_class = checkpoint_size, storage_class
+        self.api = f"/api/v1/namespaces/{namespace}"
+        self._task: asyncio.Task | None = None
+        self._busy: set[str] = set()  # jobs whose pods the hub itself is deleting or creating
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except Exception:
+                log.exception("training controller poll failed")
+            await asyncio.sleep(self.poll_s)
+
+    async def poll(self) -> None:
+        """Launch new jobs, carry out control requests, follow every active job's pods."""
+        with self.Session() as s:
+            new = [w.name for w in s.query(WorkloadRow).filter(
+                WorkloadRow.kind == "training", WorkloadRow.state == SUBMITTED)]
+            reqs = s.query(TrainingRow).filter(TrainingRow.request != "").all()
+            todo = [(t.name, t.request) for t in reqs]
+            for t in reqs:
+                t.request = ""
+            active = [(t.name, TrainingSpec.from_dict(t.spec), t.status) for t in
+                      s.query(TrainingRow).filter(TrainingRow.status.notin_((*FINAL, "Suspended")))]
+            s.commit()
+        for name in new:
+            await self.launch(name)
+        for name, what in todo:
+            await self.control(name, what)
+        pods, _ = await self.kc.list_all(f"{self.api}/pods", labelSelector=L.TRAINING)
+        by_job: dict[str, list[dict]] = {}
+        for p in pods:
+            by_job.setdefault(p["metadata"]["labels"][L.TRAINING], []).append(p)
+        for name, spec, status in active:
+            if name not in self._busy and name not in new:
+                await self._follow(name, spec, status, by_job.get(name, []))
+
+    # -- one job -------------------------------------------------------------------------
+    async def _post(self, obj: dict) -> None:
+        plural = {"Pod": "pods", "Service": "services", "Secret": "secrets",
+                  "PersistentVolumeClaim": "persistentvolumeclaims"}[obj["kind"]]
+        try:
+            await self.kc.post(f"{self.api}/{plural}", obj)
+        except ApiError as e:
+            if e.status != 409 or obj["kind"] == "Pod":  # the Service and claim outlive pods
+                raise
+
+    async def launch(self, name: str, resumed: bool = False) -> None:
+        """Create the job's claim, Service and worker pods; its priority is raised by one per
+        preemption so that a requeued gang goes ahead of the work that preempted it."""
+        with self.Session() as s:
+            t = s.get(TrainingRow, name)
+            if t is None:
+                return
+            spec, preemptions, owner = TrainingSpec.from_dict(t.spec), t.preemptions, t.owner
+        opts = K8sOptions(namespace=self.namespace, checkpoint_claim=checkpoint_claim(name), owner=owner,
+                          priority=spec.priority + preemptions if preemptions else None, resumed=resumed)
+        self._busy.add(name)
+        try:
+            await self._post(claim_manifest(spec, self.namespace, self.checkpoint_size, self.storage_class))
+            for obj in training_objects(spec, opts):
+                await self._post(obj)
+        except ApiError as e:
+            self._set(name, "Failed", f"could not create its pods: {e}", "failed", workload_state="failed")
+            return
+        finally:
+            self._busy.discard(name)
+        self._set(name, "Pending", "requeued with its checkpoint claim" if resumed else
+                  "waiting for gpupool-scheduler", workload_state="pending")
+
+    async def _follow(self, name: str, spec: TrainingSpec, status: str, pods: list[dict]) -> None:
+        g = gang_state(pods, spec.workers)
+        if g.status == "Pending" and not pods and status in ("Running", "Pending"):
+            with self.Session() as s:
+                w = s.get(WorkloadRow, name)
+                launched = w is not None and w.state in ("pending", "running")
+            if launched and status == "Running":  # every worker vanished at once
+                g = GangState("Preempted", "its workers were evicted by gpupool-scheduler")
+        if g.status == "Preempted":
+            await self._preempted(name, spec)
+            return
+        if g.status == status and g.status != "Pending":
+            return
+        state = {"Running": "running", "Succeeded": "succeeded", "Failed": "failed"}.get(g.status, "pending")
+        event = {"Running": "started", "Succeeded": "succeeded", "Failed": "failed"}.get(g.status)
+        with self.Session() as s:
+            t = s.get(TrainingRow, name)
+            if t is None or (t.status == g.status and t.reason == g.reason):
+                return
+        self._set(name, g.status, g.reason, event if g.status != status else None, workload_state=state,
+                  placement=list(g.placement))
+
+    async def _preempted(self, name: str, spec: TrainingSpec) -> None:
+        """The whole gang restarts: delete what is left, wait until it is gone, create it again."""
+        with self.Session() as s:
+            t = s.get(TrainingRow, name)
+            n = (t.preemptions if t else 0) + 1
+        self._set(name, "Preempted", "its workers were evicted by gpupool-scheduler; requeued",
+                  "preempted", workload_state="pending", preemptions=n)
+        self._busy.add(name)
+        try:
+            await self._delete_pods(name, grace=int(spec.grace_period_s))
+        finally:
+            self._busy.discard(name)
+        await self.launch(name, resumed=True)
+
+    async def _delete_pods(self, name: str, grace: int = 0) -> None:
+        sel = f"{L.TRAINING}={name}"
+        with contextlib.suppress(ApiError):
+            await self.kc.delete(f"{self.api}/pods", {"apiVersion": "v1", "kind": "DeleteOptions",
+                                                      "gracePeriodSeconds": grace}, labelSelector=sel)
+        while True:
+            left, _ = await self.kc.list_all(f"{self.api}/pods", labelSelector=sel)
+            if not left:
+                return
+            await asyncio.sleep(self.poll_s)
+
+    async def control(self, name: str, what: str) -> None:
+        """suspend | resume | delete (the REST API's requests)."""
+        if what == "resume":
+            await self.launch(name, resumed=True)
+            return
+        self._busy.add(name)
+        try:
+            await self._delete_pods(name)
+            if what == "delete":
+                for path in (f"services/{name}", f"persistentvolumeclaims/{checkpoint_claim(name)}"):
+                    with contextlib.suppress(ApiError):
+                        await self.kc.delete(f"{self.api}/{path}")
+        finally:
+            self._busy.discard(name)
+        if what == "delete":
+            with self.Session() as s:
+                t = s.get(TrainingRow, name)
+                for row in (t, s.get(WorkloadRow, name)):
+                    if row is not None:
+                        s.delete(row)
+                if t is not None:
+                    add_event(s, "deleted", f"training {name} deleted", name, t.project)
+                s.commit()
+        else:
+            self._set(name, "Suspended", "suspended", "suspended", workload_state="stopped")
+
+    async def logs(self, name: str, rank: int, tail: int = 200) -> list[str]:
+        return await worker_logs(self.kc, self.namespace, name, rank, tail)
+
+    def _set(self, name: str, status: str, reason: str, event: str | None = None, *,
+             workload_state: str | None = None, placement: list | None = None, **fields) -> None:
+        with self.Session() as s:
+            set_status(s, name, status, reason, event, **fields)
+            w = s.get(WorkloadRow, name)
+            if w is not None and workload_state is not None:
+                w.state = workload_state
+                w.reason = reason
+                w.placement = placement or []
+            s.commit()

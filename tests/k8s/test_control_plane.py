@@ -1,0 +1,235 @@
+"""On Kubernetes the hub is the control plane: ``helm install`` of the chart, then the hub
+(the chart's configuration, the chart's ServiceAccount and RBAC) and gpupool-scheduler (the
+chart's arguments) run as local processes against the cluster, kwok playing the kubelets.
+
+As project members, through the hub's REST API and CLI: a 2-worker training gang, a
+workspace and an inference service become pods bound by gpupool-scheduler, their states
+show in REST and the CLI; an in-quota workspace of another project preempts the training,
+which shows Preempted, is requeued with raised priority and binds again with the same
+checkpoint claim once the workspace stops."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from hub_ext.cluster_events import bind_time
+from scheduler.contract import A, L
+from scheduler.k8s.client import ApiError
+from tests.chart import procs
+from tests.chart.chartlib import CHART, RELEASE, helm_run, sa_kubeconfig, values_file
+from tests.chart.conftest import chart_cluster, helm  # noqa: F401  (this package's own cluster)
+from tests.chart.test_install import NS, _configmap_data, _hub_db_volume, run
+from tests.hub.hubclient import HubClient, call
+from tests.k8s.helpers import wait_until
+
+pytestmark = pytest.mark.slow
+
+ORG = {
+    "create": True, "nodePool": "default", "admins": ["admin"], "users": [],
+    "departments": [
+        {"name": "research", "gpus": 32, "projects": [
+            {"name": "nlp", "gpus": 0, "members": ["alice", "admin"]},
+            {"name": "vision", "gpus": 24, "members": ["alice", "carol"]}]},
+        {"name": "ops", "gpus": 1, "projects": [{"name": "serving", "gpus": 1, "members": ["alice"]}]},
+    ],
+}  # fmt: skip
+VALUES = {"hub": {"workspaces": {"httpTimeoutSeconds": 20}}, "organisation": ORG}
+
+
+@pytest.fixture(scope="module")
+def control_plane(helm, chart_cluster, tmp_path_factory):  # noqa: F811
+    """The release, then the hub and gpupool-scheduler with the chart's configuration and
+    ServiceAccount tokens. Yields (hub, passwords)."""
+    tmp = tmp_path_factory.mktemp("control-plane")
+    run(_hub_db_volume, chart_cluster)
+    helm_run(helm, "install", RELEASE, str(CHART), "-n", NS, "--create-namespace",
+             "-f", str(values_file(tmp, VALUES)), "--wait", "--timeout", "5m", info=chart_cluster)
+
+    async def setup(kc):
+        kcs = {sa: await sa_kubeconfig(kc, chart_cluster, NS, f"gpupool-{sa}", tmp / f"{sa}.kc")
+               for sa in ("hub", "scheduler")}
+        hub_files = await _configmap_data(kc, "gpupool-hub-config")
+        secret = (await kc.get(f"/api/v1/namespaces/{NS}/secrets/gpupool-hub"))["data"]
+        dep = await kc.get(f"/apis/apps/v1/namespaces/{NS}/deployments/gpupool-scheduler")
+        # the in-cluster scheduler and hub stand down: the local copies are the ones tested
+        for d in ("gpupool-scheduler", "gpupool-hub"):
+            await kc.patch(f"/apis/apps/v1/namespaces/{NS}/deployments/{d}/scale", {"spec": {"replicas": 0}})
+        return kcs, hub_files, secret, dep["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    kcs, hub_files, secret, args = run(setup, chart_cluster)
+    passwords = {k: base64.b64decode(v).decode() for k, v in secret.items()}
+    (tmp / "hub").mkdir()
+    sched = procs.scheduler(tmp, kcs["scheduler"], args).start()
+    hub = procs.ChartHub(tmp / "hub", hub_files, kcs["hub"], passwords)
+    try:
+        hub.start().wait_up()
+        yield hub, passwords
+    except BaseException:
+        for p in (sched, hub):
+            print(f"--- {p.name} ---\n{p.tail(20000)}")
+        raise
+    finally:
+        hub.stop()
+        sched.stop()
+        helm_run(helm, "uninstall", RELEASE, "-n", NS, "--wait", info=chart_cluster, check=False)
+
+
+def _cli(hub, token: str, *args: str) -> str:
+    env = {**os.environ, "GPUPOOL_URL": hub.url, "GPUPOOL_TOKEN": token}
+    out = subprocess.run([sys.executable, "-m", "hub_ext.cli", *args], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _start_server(hub, token: str, user: str, options: dict) -> None:
+    req = urllib.request.Request(f"{hub.url}/hub/api/users/{user}/server", method="POST",
+                                 data=json.dumps(options).encode(),
+                                 headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.status in (201, 202)
+
+
+def _stop_server(hub, token: str, user: str) -> None:
+    req = urllib.request.Request(f"{hub.url}/hub/api/users/{user}/server", method="DELETE",
+                                 headers={"Authorization": f"token {token}"})
+    urllib.request.urlopen(req, timeout=60)
+
+
+WHOLE = {"gpu_mode": "whole", "gpus": 8, "cpu": 1, "memory_gib": 2, "workspace_kind": "jupyterlab"}
+
+
+def test_members_workloads_become_pods_and_a_workspace_preempts_the_training(control_plane, chart_cluster):  # noqa: F811
+    hub, passwords = control_plane
+    alice = HubClient(hub.url).login("alice", passwords["user-password"]).token("alice")
+    carol = HubClient(hub.url).login("carol", passwords["user-password"]).token("carol")
+
+    def training() -> dict:
+        status, t = call(hub.url, alice, "GET", "/trainings/gang")
+        assert status == 200, t
+        return t
+
+    async def pods(kc, selector: str) -> list[dict]:
+        return (await kc.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=selector))["items"]
+
+    async def until(what: str, pred):
+        async def check():
+            return await asyncio.to_thread(pred)
+        return await wait_until(check, what, timeout=120)
+
+    async def flow(kc):
+        # a 2-worker gang over quota (nlp has none), through the CLI: 16 GPUs on two nodes
+        _cli(hub, alice, "training", "submit", "gang", "--project", "nlp", "--gpu", "8", "--workers", "2",
+             "--preemptible", "--image", "busybox", "--", "torchrun", "train.py")
+        await until("the gang runs", lambda: training()["status"] == "Running")
+        gang = await pods(kc, f"{L.TRAINING}=gang")
+        assert len(gang) == 2 and all(p["spec"]["nodeName"] for p in gang)
+        assert {p["spec"]["schedulerName"] for p in gang} == {"gpupool"}
+        claim = await kc.get(f"/api/v1/namespaces/{NS}/persistentvolumeclaims/gang-checkpoints")
+        await kc.get(f"/api/v1/namespaces/{NS}/services/gang")
+        assert "gang" in _cli(hub, alice, "training", "list") and "Running" in _cli(hub, alice, "training", "list")
+
+        # a workspace (vision, in quota) and an inference service, as members
+        _start_server(hub, alice, "alice", {"project": "vision", **WHOLE})
+
+        async def alice_ws():
+            return [p for p in await pods(kc, "hub.jupyter.org/username=alice") if p["spec"].get("nodeName")]
+        await wait_until(alice_ws, "alice's workspace bound")
+
+        def workspace_state() -> str:
+            status, body = call(hub.url, alice, "GET", "/workloads")
+            assert status == 200, body
+            return next((w["state"] for w in body["items"] if w["owner"] == "alice" and w["kind"] == "workspace"), "")
+        await until("alice's workspace running in REST", lambda: workspace_state() == "running")
+        status, body = call(hub.url, alice, "POST", "/inferences", {
+            "name": "echo", "project": "serving", "command": ["python", "-m", "http.server"], "gpu": 0.25,
+            "min_replicas": 1, "image": "python:3.12-slim", "port": 8000})
+        assert status in (200, 201, 202), body
+
+        async def replica():
+            return [p for p in await pods(kc, f"{L.INFERENCE}=echo") if p["spec"].get("nodeName")]
+        (rep,) = await wait_until(replica, "the inference replica bound by gpupool-scheduler")
+        assert rep["metadata"]["annotations"][A.GPU_MILLI] == "250"
+        assert "echo" in _cli(hub, alice, "inference", "list")
+
+        # carol's in-quota workspace needs a whole node: only the gang's can be taken
+        first = {p["metadata"]["uid"] for p in gang}
+        _start_server(hub, carol, "carol", {"project": "vision", **WHOLE})
+        await until("the gang is preempted", lambda: training()["preemptions"] == 1)
+
+        async def carol_ws():
+            return [p for p in await pods(kc, "hub.jupyter.org/username=carol") if p["spec"].get("nodeName")]
+        (carol_pod,) = await wait_until(carol_ws, "carol's workspace bound")
+        t = training()
+        assert "Preempted" in [x["status"] for x in t["transitions"]]
+        assert t["status"] == "Pending"
+
+        async def requeued():
+            ps = await pods(kc, f"{L.TRAINING}=gang")
+            return ps if len(ps) == 2 and not {p["metadata"]["uid"] for p in ps} & first else None
+        again = await wait_until(requeued, "the gang created again")
+        for p in again:
+            assert p["metadata"]["annotations"][A.RESUMED] == "true"
+            assert int(p["metadata"]["annotations"][A.PRIORITY]) > int(gang[0]["metadata"]["annotations"][A.PRIORITY])
+            assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "gang-checkpoints"}} \
+                in p["spec"]["volumes"]
+        same = await kc.get(f"/api/v1/namespaces/{NS}/persistentvolumeclaims/gang-checkpoints")
+        assert same["metadata"]["uid"] == claim["metadata"]["uid"]
+
+        # carol stops: the gang binds again, with the same claim
+        await asyncio.sleep(1.1)  # the API's times are whole seconds: her GPU-hours are not 0
+        _stop_server(hub, carol, "carol")
+        await until("the gang runs again", lambda: training()["status"] == "Running")
+        t = training()
+        assert [len(p["gpu_indices"]) for p in t["placement"]] == [8, 8]
+
+        # the event log and GPU-hours, as an admin sees them
+        admin = HubClient(hub.url).login("admin", passwords["admin-password"]).token("admin")
+        ws_name = carol_pod["metadata"]["annotations"][A.WORKLOAD]
+
+        def events(workload: str) -> dict[str, list[dict]]:
+            status, body = call(hub.url, admin, "GET", f"/events?workload={urllib.parse.quote(workload)}")
+            assert status == 200, body
+            out: dict[str, list[dict]] = {}
+            for e in body["items"]:
+                out.setdefault(e["kind"], []).append(e)
+            return out
+
+        await until("carol's workspace released", lambda: "released" in events(ws_name))
+        ev = events(ws_name)
+        assert ev["placed"][0]["ts"] == bind_time(carol_pod)
+        assert {"placed", "preempted", "released"} <= set(events("gang-0"))
+        status, usage = call(hub.url, admin, "GET", "/usage?by=user")
+        assert status == 200, usage
+        # the admin panel's queue page lists the training with its state
+        status, page = call(hub.url, admin, "GET", "/services/gpupool/queue", api=False)
+        assert status == 200, page
+        assert "gang" in page["raw"] and "running" in page["raw"]
+        (row,) = [r for r in usage["items"] if r["name"] == "carol"]
+        assert row["gpu_hours"] == round(8 * (ev["released"][0]["ts"] - ev["placed"][0]["ts"]) / 3600, 6)
+        assert "Running" in _cli(hub, alice, "training", "describe", "gang")
+
+    async def go(kc):
+        try:
+            await flow(kc)
+        except BaseException:
+            try:
+                print(json.dumps(await pods(kc, ""), indent=1)[-20000:])
+            except ApiError:
+                pass
+            raise
+
+    try:
+        run(go, chart_cluster)
+    except BaseException:
+        print(f"--- hub ---\n{hub.tail(30000)}")
+        raise
