@@ -27,7 +27,7 @@ import yaml
 from hubclient import HubClient
 from hubclient import call as hub_call
 from hubkernel import run_code
-from hubproc import ADMIN_PW, USER_PW
+from hubproc import ACCOUNT_PREFIX, ADMIN_PW, USER_PW
 from openapi_check import spec, validate
 
 from hub_ext.host.accounts import Accounts, default_mode
@@ -75,7 +75,7 @@ def ensure_credentials(hub) -> None:
 
 def home_of(user: str) -> Path:
     """The home of the Unix account the hub runs ``user``'s workloads as (made by now)."""
-    return Accounts(mode=default_mode()).for_user(user).home
+    return Accounts(mode=default_mode(), prefix=ACCOUNT_PREFIX).for_user(user).home
 
 
 def run_training(hub, user, body: dict, timeout: float = 120) -> dict:

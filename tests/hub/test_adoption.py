@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from hubclient import HubClient, call
-from hubproc import USER_PW, Hub, free_ports
+from hubproc import ACCOUNT_PREFIX, USER_PW, Hub, free_ports
 
 from hub_ext.host.accounts import Accounts
 from hub_ext.host.process import Launcher
@@ -27,7 +27,7 @@ from tests.waits import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
               pytest.mark.skipif(os.geteuid() != 0, reason="accounts are made only as root")]
 
-USER = "adoptee"  # its account, gpupool-adoptee, is no other test's
+USER = "adoptee"  # its account, PREFIX + adoptee, is no other test's
 MODEL_SERVER = str(Path(__file__).resolve().parents[1] / "inference" / "model_server.py")
 ORG = f"""admins: [admin]
 departments:
@@ -84,7 +84,7 @@ def hub(tmp_path):
         handle = launcher.adopt(name)
         if handle is not None and handle.alive():
             os.killpg(handle.pid, signal.SIGKILL)
-    Accounts(mode="create").remove(USER)
+    Accounts(mode="create", prefix=ACCOUNT_PREFIX).remove(USER)
 
 
 def kill_hub(hub) -> None:
@@ -139,7 +139,7 @@ def test_a_hub_sigkill_stops_nothing_and_the_restarted_hub_adopts_everything(hub
     handles = {n: launcher.adopt(n) for n in [*names, replica]}
     assert all(handles.values()), (handles, launcher.names())
     pids = {n: h.pid for n, h in handles.items()}
-    account = Accounts(mode="create").for_user(USER)
+    account = Accounts(mode="create", prefix=ACCOUNT_PREFIX).for_user(USER)
     assert {n: proc_uid(p) for n, p in pids.items()} == dict.fromkeys(pids, account.uid)
     assert first["pid"] == pids[replica]
     before = {n: w["placement"] for n, w in workloads(hub).items()}
