@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cgroups import Group, ScopeGroup, group_from_json
+from .errors import LaunchError
 from .state import CHILD, EXIT, read_json, same_process
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ)
 
 
-class NotRunning(Exception):
+class NotRunning(LaunchError):
     """The workload has no running process to enter."""
 
 

@@ -6,7 +6,8 @@
         ├── LimitsError       a limit out of range (also a ValueError)
         ├── CgroupError       a cgroup could not be made, joined or removed
         └── LaunchError       a workload could not be started or found
-            └── SpecError     a Spec field out of range (also a ValueError)
+            ├── SpecError     a Spec field out of range (also a ValueError)
+            └── NotRunning    no running process to enter (enter.py)
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ from aiohttp import WSMsgType, WSServerHandshakeError
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.stream import WsApiClient
 
+from gpupool.errors import GpupoolError
+
 log = logging.getLogger("gpupool.ssh")
 STDIN, STDOUT, STDERR, ERROR, RESIZE = 0, 1, 2, 3, 4
 SHELL = "command -v bash >/dev/null && exec bash -i || exec sh -i"
@@ -27,7 +29,7 @@ SFTP = ("for s in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server 
         "do [ -x $s ] && exec $s; done; echo 'this image has no sftp-server' >&2; exit 127")
 
 
-class Refused(Exception):
+class Refused(GpupoolError):
     """The API server refused a request (``status``: 403 when RBAC does not allow it)."""
 
     def __init__(self, status: int, message: str):
