@@ -345,7 +345,7 @@ def test_usage_page_in_the_browser(ahub, tmp_path):
             page.select_option("select[name=by]", "department")
             page.click("#range button")
             page.wait_for_url(re.compile(r".*by=department.*"))
-            assert "GPU-hours by department" in page.locator("h3").inner_text()
+            assert "GPU-hours by department" in page.locator("#usage-title").inner_text()
             shown = {tr.locator("td").nth(0).inner_text(): float(tr.locator("td").nth(1).inner_text())
                      for tr in page.locator("#usage tr").all()[1:]}
             assert "research" in shown

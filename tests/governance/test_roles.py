@@ -245,6 +245,8 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/"): Route("any", fixed("/")),
     ("GET", "/openapi.json"): Route("any", fixed("/openapi.json")),
     ("GET", "/me"): Route("any", fixed("/me")),
+    ("GET", "/me/ssh-keys"): Route("any", fixed("/me/ssh-keys")),
+    ("PUT", "/me/ssh-keys"): Route("any", lambda w, s, ok: Call("/me/ssh-keys", {"keys": []})),
     ("GET", "/roles"): Route("any", fixed("/roles"), list_key="department@"),
     ("GET", "/users/{name}/roles"): Route("any", fixed("/users/erin/roles"), list_key="department@"),
     ("PUT", "/users/{name}/roles"): Route("manage_roles", _user_roles),
@@ -253,11 +255,17 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/departments/{name}"): Route("view", lambda w, s, ok: Call(f"/departments/{_dept(s)}")),
     ("PATCH", "/departments/{name}"): Route("manage_department", lambda w, s, ok: Call(f"/departments/{_dept(s)}", {})),
     ("DELETE", "/departments/{name}"): Route("manage_department", _delete_department),
+    ("GET", "/departments/{name}/policy"): Route("view", lambda w, s, ok: Call(f"/departments/{_dept(s)}/policy")),
+    ("PUT", "/departments/{name}/policy"): Route("manage_department", lambda w, s, ok: Call(
+        f"/departments/{_dept(s)}/policy", {})),
     ("GET", "/projects"): Route("any", fixed("/projects"), list_key="name"),
     ("POST", "/projects"): Route("manage_project", _post_project),
     ("GET", "/projects/{name}"): Route("view", lambda w, s, ok: Call(f"/projects/{_proj(s)}")),
     ("PATCH", "/projects/{name}"): Route("manage_project", lambda w, s, ok: Call(f"/projects/{_proj(s)}", {})),
     ("DELETE", "/projects/{name}"): Route("manage_project", _delete_project),
+    ("GET", "/projects/{name}/policy"): Route("view", lambda w, s, ok: Call(f"/projects/{_proj(s)}/policy")),
+    ("PUT", "/projects/{name}/policy"): Route("manage_project", lambda w, s, ok: Call(
+        f"/projects/{_proj(s)}/policy", {})),
     ("GET", "/projects/{project}/credentials"): Route("use_credentials", _project_items("credentials")),
     ("POST", "/projects/{project}/credentials"): Route("manage_credentials", _project_items("credentials", post=True)),
     ("GET", "/projects/{project}/credentials/{name}"): Route("use_credentials", _project_items("credentials", one=True)),
@@ -272,6 +280,9 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/workloads"): Route("any", fixed("/workloads"), list_key="project"),
     ("POST", "/workloads"): Route("submit", _workload_body),
     ("GET", "/workloads/{name}"): Route("view", lambda w, s, ok: Call(f"/workloads/{w.workloads[s]}")),
+    # a command workload's output is its project's to read; a workspace's is its owner's
+    # (tests/hub/test_cli_remote.py)
+    ("GET", "/workloads/{name}/logs"): Route("view", lambda w, s, ok: Call(f"/workloads/{w.workloads[s]}/logs")),
     ("DELETE", "/workloads/{name}"): Route("manage_workload", lambda w, s, ok: Call(
         f"/workloads/{w.workload(s) if ok else w.workloads[s]}")),
     ("GET", "/nodes"): Route("any", fixed("/nodes")),

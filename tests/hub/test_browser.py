@@ -12,6 +12,8 @@ from hubclient import HubClient
 from hubkernel import run_code
 from hubproc import ADMIN_PW, USER_PW, Hub
 
+from tests import chromium
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not shutil.which("chromium"), reason="Debian's chromium is not installed "
@@ -27,15 +29,7 @@ def bhub(tmp_path_factory):
 
 
 def login(browser, hub, user, password=USER_PW):
-    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = ctx.new_page()
-    page.set_default_timeout(60_000)
-    page.goto(hub.url + "/hub/login")
-    page.fill("#username_input", user)
-    page.fill("#password_input", password)
-    page.click("#login_submit")
-    page.wait_for_url(re.compile(r".*/hub/(home|spawn).*"))
-    return page
+    return chromium.login(browser, hub.url, user, password)
 
 
 def fill_form(page, project, mode="fraction", fraction=None, gpus=None, server=""):
@@ -70,7 +64,7 @@ def test_user_starts_jupyterlab_with_a_quarter_gpu(bhub, browser, shots):
                    " os.environ['GPUPOOL_MEMORY_LIMIT'], os.environ['GPUPOOL_WORKLOAD'])")
     visible, fraction, cap, name = out.split()
     assert visible in {"0", "1", "2", "3"} and fraction == "0.25" and name == "ws-alice"
-    assert cap == f"{81559 // 4}M"
+    assert cap == str(81559 * 2**20 // 4)  # bytes (scheduler/contract.py share_env)
     # the form remembers the last choices
     page.goto(bhub.url + "/hub/spawn/alice/second")
     assert page.input_value("#gp-fraction") == "0.25" and page.input_value("#gp-project") == "nlp"
