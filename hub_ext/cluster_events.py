@@ -9,7 +9,8 @@ places, seen on the API server, written as the embedded scheduler's events are.
   its containers' last finish. GPU-hours close there.
 
 So GPU-hours on Kubernetes are allocation x time between a pod's bind and its end
-(hub_ext/accounting.py reads these events). Allocations are kept per pod: a gang's workers
+(hub_ext/accounting.py reads these events). While a one-pod workload (a workspace) waits,
+its hub row carries gpupool-scheduler's reason. Allocations are kept per pod: a gang's workers
 are ``JOB/RANK``-like keys (the pod's name), one pod workloads their hub workload's name.
 """
 
@@ -22,7 +23,7 @@ from datetime import datetime
 
 from sqlalchemy import select
 
-from scheduler.contract import SCHEDULER_NAME, A
+from scheduler.contract import SCHEDULER_NAME, A, waiting_reason
 from scheduler.k8s.client import ApiError, KubeClient
 
 from .db import EventRow, WorkloadRow
@@ -137,13 +138,15 @@ class PodEvents:
         # a deleted pod stays in ``seen`` until its end is written: a write that fails (the
         # database busy) is done again at the next list
         bound = bind_time(pod)
+        key, meta = allocation_key(pod), pod["metadata"]
+        ann = meta.get("annotations") or {}
         if bound is None:
             if deleted:
                 self.done.pop(uid, None)
                 self.seen.pop(uid, None)
+            elif not ann.get(A.GANG):  # a gang's reason is its controller's
+                self._waiting(ann.get(A.WORKLOAD), waiting_reason(pod))
             return
-        key, meta = allocation_key(pod), pod["metadata"]
-        ann = meta.get("annotations") or {}
         project, user = ann.get(A.PROJECT, self.namespace), ann.get(A.OWNER) or None
         if "placed" not in done:
             gpus, placement = pod_gpus(pod)
@@ -165,6 +168,17 @@ class PodEvents:
         if deleted:
             self.done.pop(uid, None)
             self.seen.pop(uid, None)
+
+    def _waiting(self, workload: str | None, reason: str | None) -> None:
+        """The hub's row of a one-pod workload waiting for a placement carries the scheduler's
+        reason, as in embedded mode (REST, the CLI, the queue and the home page show it)."""
+        if not workload or not reason:
+            return
+        with self.Session() as s:
+            w = s.get(WorkloadRow, workload)
+            if w is not None and w.state == "pending" and w.reason != reason:
+                w.reason = reason
+                s.commit()
 
     def _running(self, workload: str | None, placement: list[dict], since: float) -> None:
         """The hub's row of a one-pod workload (a workspace) is running once its pod is bound."""

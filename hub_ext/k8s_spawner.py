@@ -51,7 +51,9 @@ from scheduler.contract import (
     SCHEDULER_NAME,
     Preload,
     gpu_parts,
+    pod_condition,
     request_annotations,
+    waiting_reason,
     workload_annotations,
 )
 from scheduler.model import DEFAULT_POOL
@@ -61,7 +63,7 @@ from .metrics import SPAWN_SECONDS
 from .requests import WORKSPACE_KINDS, FieldError, WorkloadRequest
 from .spawner import GpupoolSpawnerMixin, Refused
 
-__all__ = ["GpupoolKubeSpawner", "PodFailed", "pending_reason", "pod_failure"]
+__all__ = ["GpupoolKubeSpawner", "PodFailed", "pod_failure"]
 
 HOME_VOLUME = "home"
 PRELOAD_VOLUME = Preload.VOLUME
@@ -78,19 +80,12 @@ class PodFailed(GpupoolError, RuntimeError):
     """The workspace pod cannot start; the message says why (shown to the user)."""
 
 
-def _condition(pod: dict, kind: str) -> dict | None:
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == kind:
-            return c
-    return None
-
-
 def pod_failure(pod: dict | None) -> str | None:
     """Why ``pod`` (API JSON) will not start, or None while it may still."""
     if not pod:
         return None
     status = pod.get("status") or {}
-    sched = _condition(pod, "PodScheduled")
+    sched = pod_condition(pod, "PodScheduled")
     if sched and sched.get("status") == "False" and sched.get("reason") == "InvalidRequest":
         return f"gpupool-scheduler rejected the request: {sched.get('message', '')}"
     statuses = [*(status.get("initContainerStatuses") or []),
@@ -108,16 +103,6 @@ def pod_failure(pod: dict | None) -> str | None:
     if status.get("phase") in ("Failed", "Succeeded"):
         why = status.get("message") or status.get("reason") or "its containers exited"
         return f"pod {status['phase'].lower()}: {why}"
-    return None
-
-
-def pending_reason(pod: dict | None) -> str | None:
-    """gpupool-scheduler's reason while the pod waits for a placement."""
-    if not pod or (pod.get("spec") or {}).get("nodeName"):
-        return None
-    sched = _condition(pod, "PodScheduled")
-    if sched and sched.get("status") == "False":
-        return sched.get("message") or sched.get("reason")
     return None
 
 
@@ -328,7 +313,7 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
                     break
                 if event:
                     yield event
-                reason = pending_reason(self._reflected_pod())
+                reason = waiting_reason(self._reflected_pod())
                 if reason and reason != last:
                     last = reason
                     yield {"message": humanize.waiting(reason, None), "step": "waiting"}

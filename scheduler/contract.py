@@ -12,7 +12,9 @@ functions, no I/O:
   as an annotation (one rounding: to a milli-GPU; one unit: MiB) plus the per-pod ConfigMap
   the scheduler writes (``envFrom``) and the interception library's volume and mount;
 - ``share_env``: the fractional environment the interception library reads (memory cap in
-  bytes, compute share in percent rounded up).
+  bytes, compute share in percent rounded up);
+- ``waiting_reason``: why a pod still waits, as gpupool-scheduler wrote it on the pod
+  (``PodScheduled=False``, ``scheduler.k8s.objects.scheduled_condition``).
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ __all__ = [
     "fraction_text",
     "gpu_parts",
     "memory_mib",
+    "pod_condition",
     "request_annotations",
     "share_env",
+    "waiting_reason",
     "workload_annotations",
 ]
 
@@ -211,3 +215,21 @@ def share_env(gpu_memory_mib: int, gpu_milli: int, demand_memory_mib: int = 0) -
         "GPUPOOL_MEMORY_LIMIT": str(cap),
         "GPUPOOL_COMPUTE_SHARE": str(max(1, min(100, math.ceil(gpu_milli / 10)))),
     }
+
+
+def pod_condition(pod: dict, kind: str) -> dict | None:
+    """The pod's status condition of type ``kind`` (API JSON), or None."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return c
+    return None
+
+
+def waiting_reason(pod: dict | None) -> str | None:
+    """gpupool-scheduler's reason while ``pod`` waits for a placement; None once bound."""
+    if not pod or (pod.get("spec") or {}).get("nodeName"):
+        return None
+    sched = pod_condition(pod, "PodScheduled")
+    if sched and sched.get("status") == "False":
+        return sched.get("message") or sched.get("reason")
+    return None

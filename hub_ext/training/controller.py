@@ -25,7 +25,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
-from scheduler.contract import A, L
+from scheduler.contract import A, L, waiting_reason
 from scheduler.k8s.client import ApiError, KubeClient
 
 from ..db import WorkloadRow
@@ -52,13 +52,6 @@ def _placement(pod: dict) -> dict:
     idx = [int(i) for i in (ann.get(A.GPU_INDICES) or "").split(",") if i.strip().isdigit()]
     milli = int(ann.get(A.GPU_MILLI) or 0) if idx else 0
     return {"node": pod["spec"]["nodeName"], "gpu_indices": idx, "gpu_milli": milli}
-
-
-def _condition(pod: dict, kind: str) -> dict:
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == kind:
-            return c
-    return {}
 
 
 def _exit(pod: dict) -> tuple[int, str] | None:
@@ -92,9 +85,9 @@ def gang_state(pods: list[dict], workers: int) -> GangState:
             return GangState("Running", f"{workers} worker(s) running on {nodes}", placement)
         return GangState("Pending", f"bound to {nodes}; containers starting", placement)
     for p in pods:
-        c = _condition(p, "PodScheduled")
-        if c.get("status") == "False":
-            return GangState("Pending", c.get("message") or c.get("reason") or "waiting for gpupool-scheduler")
+        why = waiting_reason(p)
+        if why:
+            return GangState("Pending", why)
     return GangState("Pending", "waiting for gpupool-scheduler")
 
 

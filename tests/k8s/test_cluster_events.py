@@ -10,9 +10,9 @@ import time
 
 from hub_ext import accounting
 from hub_ext.cluster_events import PodEvents, bind_time, end_time
-from hub_ext.db import EventRow
+from hub_ext.db import EventRow, WorkloadRow
 from hub_ext.schema import make_sessionmaker
-from scheduler.contract import workload_annotations
+from scheduler.contract import waiting_reason, workload_annotations
 from scheduler.k8s.testcluster import ClusterInfo
 
 from .helpers import create_org, delete_org, kube, make_pod, run, wait_until
@@ -112,3 +112,44 @@ def test_an_evicted_pod_is_preempted_in_the_log(k8s_cluster: ClusterInfo, ns, sc
                 await delete_org(kc, "d-ev2", projects)
 
     run(go())
+
+
+def test_a_waiting_workspace_row_carries_the_schedulers_reason(k8s_cluster: ClusterInfo, ns, sched, tmp_path):
+    """As in embedded mode, the hub's row of a waiting workspace says why it waits: the
+    reason gpupool-scheduler wrote on its pod (REST, the CLI, the queue and home pages show
+    the row)."""
+    Session = make_sessionmaker(f"sqlite:///{tmp_path}/hub.db")
+    projects = {"p-ev-wait": {"gpus": 1}}
+    with Session() as s:
+        s.add(WorkloadRow(name="alice/wait", owner="alice", project="p-ev-wait", kind="workspace",
+                          state="pending"))
+        s.commit()
+
+    def row_reason() -> str:
+        with Session() as s:
+            return s.get(WorkloadRow, "alice/wait").reason
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            await create_org(kc, "d-ev-wait", 1, projects)
+            follower = PodEvents(kc, Session, ns)
+            task = asyncio.ensure_future(follower.run())
+            try:  # more GPUs than any node has: it waits, with the scheduler's reason
+                pod = _labelled(make_pod("ws-wait").ns(ns).project("p-ev-wait").kind("workspace").gpus(64)
+                                .obj(), "alice/wait", "alice")
+                await kc.post(f"/api/v1/namespaces/{ns}/pods", pod)
+
+                async def told():
+                    return waiting_reason(await kc.get(f"/api/v1/namespaces/{ns}/pods/ws-wait"))
+                why = await wait_until(told, "the scheduler's reason on the pod")
+                await wait_until(lambda: _async(row_reason() == why), "the reason on the hub's row", timeout=60)
+                return why
+            finally:
+                task.cancel()
+                await kc.delete(f"/api/v1/namespaces/{ns}/pods/ws-wait")
+                await delete_org(kc, "d-ev-wait", projects)
+
+    why = run(go())
+    assert why and row_reason() == why
+    with Session() as s:
+        assert s.get(WorkloadRow, "alice/wait").state == "pending"

@@ -4,9 +4,9 @@ chart's arguments) run as local processes against the cluster, kwok playing the 
 
 As project members, through the hub's REST API and CLI: a 2-worker training gang, a
 workspace and an inference service become pods bound by gpupool-scheduler, their states
-show in REST and the CLI; an in-quota workspace of another project preempts the training,
-which shows Preempted, is requeued with raised priority and binds again with the same
-checkpoint claim once the workspace stops."""
+show in REST, the CLI and the admin panel's queue; an in-quota workspace of another project
+preempts the training, which shows Preempted, is requeued with raised priority and binds
+again with the same checkpoint claim once the workspace stops."""
 
 from __future__ import annotations
 
@@ -143,13 +143,15 @@ def test_members_workloads_become_pods_and_a_workspace_preempts_the_training(con
 
         async def alice_ws():
             return [p for p in await pods(kc, "hub.jupyter.org/username=alice") if p["spec"].get("nodeName")]
-        await wait_until(alice_ws, "alice's workspace bound")
+        (alice_pod,) = await wait_until(alice_ws, "alice's workspace bound")
 
         def workspace_state() -> str:
             status, body = call(hub.url, alice, "GET", "/workloads")
             assert status == 200, body
             return next((w["state"] for w in body["items"] if w["owner"] == "alice" and w["kind"] == "workspace"), "")
         await until("alice's workspace running in REST", lambda: workspace_state() == "running")
+        listing = _cli(hub, alice, "workspace", "list")
+        assert any("vision" in line and "running" in line for line in listing.splitlines()), listing
         status, body = call(hub.url, alice, "POST", "/inferences", {
             "name": "echo", "project": "serving", "command": ["python", "-m", "http.server"], "gpu": 0.25,
             "min_replicas": 1, "image": "python:3.12-slim", "port": 8000})
@@ -214,6 +216,7 @@ def test_members_workloads_become_pods_and_a_workspace_preempts_the_training(con
         status, page = call(hub.url, admin, "GET", "/services/gpupool/queue", api=False)
         assert status == 200, page
         assert "gang" in page["raw"] and "running" in page["raw"]
+        assert alice_pod["metadata"]["annotations"][A.WORKLOAD] in page["raw"]  # her workspace too
         (row,) = [r for r in usage["items"] if r["name"] == "carol"]
         assert row["gpu_hours"] == round(8 * (ev["released"][0]["ts"] - ev["placed"][0]["ts"]) / 3600, 6)
         assert "Running" in _cli(hub, alice, "training", "describe", "gang")

@@ -293,7 +293,7 @@ def test_pod_failure(pod, expect):
 
 
 def test_pending_reason():
-    from hub_ext.k8s_spawner import pending_reason
+    from scheduler.contract import waiting_reason as pending_reason
 
     waiting = {"spec": {}, "status": {"conditions": [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",

@@ -21,7 +21,9 @@ from scheduler.contract import (
     L,
     Preload,
     gpu_parts,
+    pod_condition,
     request_annotations,
+    waiting_reason,
     workload_annotations,
 )
 from scheduler.k8s.client import ApiError, KubeClient
@@ -76,13 +78,6 @@ def credentials_secret(spec: ServiceSpec, namespace: str, values: dict[str, dict
     return secret_manifest(secret_name(spec.name), namespace, values, {LABEL: spec.name})
 
 
-def _condition(pod: dict, kind: str) -> dict | None:
-    for c in pod.get("status", {}).get("conditions", []) or []:
-        if c.get("type") == kind:
-            return c
-    return None
-
-
 class K8sBackend:
     def __init__(self, kc: KubeClient, namespace: str, poll_s: float = 0.5, attachments=None):
         self.kc, self.namespace, self.poll_s = kc, namespace, poll_s
@@ -132,10 +127,8 @@ class K8sBackend:
                     return
                 continue
             ann = pod["metadata"].get("annotations", {})
-            scheduled = _condition(pod, "PodScheduled")
             if not pod["spec"].get("nodeName"):
-                if scheduled and scheduled.get("status") == "False":
-                    r.reason = scheduled.get("message", "") or scheduled.get("reason", "")
+                r.reason = waiting_reason(pod) or r.reason
                 continue
             if r.state == RState.PENDING:
                 r.state, r.reason = RState.STARTING, "model server starting"
@@ -148,7 +141,7 @@ class K8sBackend:
                 with contextlib.suppress(ApiError):
                     await self.kc.delete(f"{self.path}/{r.name}")
                 return
-            ready = _condition(pod, "Ready")
+            ready = pod_condition(pod, "Ready")
             ip = pod.get("status", {}).get("podIP")
             if r.state == RState.STARTING and ready and ready.get("status") == "True" and ip:
                 svc.replica_ready(r, ip, svc.spec.port)
