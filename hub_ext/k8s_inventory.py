@@ -9,17 +9,17 @@ sharing it (``gpu`` in GPUs, e.g. 0.5 for half of one).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 
 from sqlalchemy import delete, select
 
-from scheduler.k8s.client import ApiError, KubeClient
+from scheduler.k8s.client import KubeClient
 from scheduler.k8s.objects import A, parse_node
 from scheduler.model import MILLI
 
 from .db import NodeRow
+from .k8s_mirror import Mirror
 
 log = logging.getLogger("gpupool.k8s_inventory")
 
@@ -93,60 +93,16 @@ def rows(nodes: dict[str, dict], pods: dict[str, dict]) -> list[NodeRow]:
     return list(out.values())
 
 
-class InventorySync:
+class InventorySync(Mirror):
     """Watches Nodes (cluster-wide) and the pods of ``namespace``; after each change the
     ``nodes`` table is made equal to the cluster."""
 
     def __init__(self, kc: KubeClient, Session, namespace: str, retry_s: float = 2.0):
-        self.kc = kc
-        self.Session = Session
-        self.paths = {"nodes": "/api/v1/nodes", "pods": f"/api/v1/namespaces/{namespace}/pods"}
-        self.retry_s = retry_s
-        self.objects: dict[str, dict[str, dict]] = {"nodes": {}, "pods": {}}
-        self.synced = {"nodes": False, "pods": False}
-        self._tasks: list[asyncio.Task] = []
+        super().__init__(kc, Session, {"nodes": "/api/v1/nodes",
+                                       "pods": f"/api/v1/namespaces/{namespace}/pods"}, retry_s)
         self._last: list | None = None
 
-    def start(self) -> None:
-        self._tasks = [asyncio.ensure_future(self._follow(k)) for k in self.paths]
-
-    async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _follow(self, kind: str) -> None:
-        path = self.paths[kind]
-        while True:
-            try:
-                items, rv = await self.kc.list_all(path)
-                self.objects[kind] = {_key(o): o for o in items}
-                self.synced[kind] = True
-                self._apply()
-                while True:
-                    async for ev in self.kc.watch(path, rv):
-                        obj = ev.get("object") or {}
-                        rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
-                        if ev["type"] == "BOOKMARK":
-                            continue
-                        if ev["type"] == "DELETED":
-                            self.objects[kind].pop(_key(obj), None)
-                        else:
-                            self.objects[kind][_key(obj)] = obj
-                        self._apply()
-            except asyncio.CancelledError:
-                raise
-            except ApiError as e:
-                if e.status != 410:
-                    log.warning("watching %s: %s", path, e)
-                    await asyncio.sleep(self.retry_s)
-            except Exception:
-                log.exception("watching %s failed", path)
-                await asyncio.sleep(self.retry_s)
-
-    def _apply(self) -> None:
-        if not all(self.synced.values()):
-            return
+    def apply(self) -> None:
         new = rows(self.objects["nodes"], self.objects["pods"])
         seen = [(r.name, r.pool, r.gpus, r.cpu_milli, r.memory_mib) for r in new]
         if seen == self._last:  # kwok's and the kubelet's heartbeats change nothing shown
@@ -160,8 +116,3 @@ class InventorySync:
             for r in new:
                 s.merge(r)
             s.commit()
-
-
-def _key(obj: dict) -> str:
-    meta = obj.get("metadata") or {}
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"

@@ -15,7 +15,6 @@ other pools of an object are kept as they are.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 import aiohttp
@@ -27,11 +26,10 @@ from scheduler.model import DEFAULT_POOL
 
 from .db import DepartmentRow, MemberRow, ProjectRow, bump_version
 from .events import add_event
+from .k8s_mirror import Mirror
 from .org import Conflict
 from .roles import Forbidden
 from .validation import FieldError
-
-log = logging.getLogger("gpupool.k8s_org")
 
 GROUP = "/apis/gpupool.io/v1alpha1"
 PATHS = {"department": f"{GROUP}/departments", "project": f"{GROUP}/projects"}
@@ -175,59 +173,14 @@ def reconcile(s, departments: dict[str, dict], projects: dict[str, dict]) -> boo
     return changed
 
 
-class OrgSync:
+class OrgSync(Mirror):
     """Lists and watches Departments and Projects; after each event the database copy is
     made equal to what the API server holds."""
 
     def __init__(self, kc: KubeClient, Session, retry_s: float = 2.0):
-        self.kc = kc
-        self.Session = Session
-        self.retry_s = retry_s
-        self.objects: dict[str, dict[str, dict]] = {"department": {}, "project": {}}
-        self.synced = {"department": False, "project": False}
-        self._tasks: list[asyncio.Task] = []
+        super().__init__(kc, Session, PATHS, retry_s)
 
-    def start(self) -> None:
-        self._tasks = [asyncio.ensure_future(self._follow(k)) for k in PATHS]
-
-    async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _follow(self, kind: str) -> None:
-        path = PATHS[kind]
-        while True:
-            try:
-                items, rv = await self.kc.list_all(path)
-                self.objects[kind] = {o["metadata"]["name"]: o for o in items}
-                self.synced[kind] = True
-                self._apply()
-                while True:  # a watch ends after its timeout: go on from the last version
-                    async for ev in self.kc.watch(path, rv):
-                        obj = ev.get("object") or {}
-                        rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
-                        if ev["type"] == "BOOKMARK":
-                            continue
-                        name = obj["metadata"]["name"]
-                        if ev["type"] == "DELETED":
-                            self.objects[kind].pop(name, None)
-                        else:
-                            self.objects[kind][name] = obj
-                        self._apply()
-            except asyncio.CancelledError:
-                raise
-            except ApiError as e:
-                if e.status != 410:  # 410: the version is too old, list again at once
-                    log.warning("watching %s: %s", path, e)
-                    await asyncio.sleep(self.retry_s)
-            except Exception:
-                log.exception("watching %s failed", path)
-                await asyncio.sleep(self.retry_s)
-
-    def _apply(self) -> None:
-        if not all(self.synced.values()):  # both lists first: else a project looks orphaned
-            return
+    def apply(self) -> None:
         with self.Session() as s:
             if reconcile(s, self.objects["department"], self.objects["project"]):
                 s.commit()

@@ -11,6 +11,7 @@ import shutil
 import pytest
 from hubclient import HubClient
 from hubproc import ADMIN_PW, USER_PW, Hub
+from test_browser import login
 from test_workspaces import cli, wait_ready
 
 pytestmark = [
@@ -27,17 +28,6 @@ def hhub(tmp_path_factory):
     h.tokens["admin"] = HubClient(h.url).login("admin", ADMIN_PW).token("admin")
     yield h
     h.stop()
-
-
-def login(browser, hub, user, password=USER_PW):
-    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-    page.set_default_timeout(60_000)
-    page.goto(hub.url + "/hub/login")
-    page.fill("#username_input", user)
-    page.fill("#password_input", password)
-    page.click("#login_submit")
-    page.wait_for_url(re.compile(r".*/hub/(home|spawn).*"))
-    return page
 
 
 def test_cli_start_prints_the_url_and_reports_a_running_workspace(hhub):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -119,17 +118,6 @@ def _admin(h: Hub) -> tuple[HubClient, str]:
     return c, c.token("admin")
 
 
-def login(browser, hub: Hub, user: str, password: str):
-    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-    page.set_default_timeout(60_000)
-    page.goto(hub.url + "/hub/login")
-    page.fill("#username_input", user)
-    page.fill("#password_input", password)
-    page.click("#login_submit")
-    page.wait_for_url(re.compile(r".*/hub/(home|spawn).*"))
-    return page
-
-
 def _page(c: HubClient, h: Hub, page: str) -> str:
     return c.opener.open(f"{h.url}/services/gpupool/{page}").read().decode()
 
@@ -197,7 +185,7 @@ def _organisation_and_inventory(k8s_cluster: ClusterInfo, ns: str, hub: Hub, tmp
     assert not bound(run(pods()))
 
     # the quota edited in the admin panel lands on the object, and the scheduler binds
-    admin = login(browser, hub, "admin", ADMIN_PW)
+    admin = chromium.login(browser, hub.url, "admin", ADMIN_PW)
     admin.goto(hub.url + "/services/gpupool/org")
     row = admin.locator(f"#projects tr[data-name={REST}]")
     row.locator("input[name=gpus]").fill("1")
