@@ -273,6 +273,16 @@ def test_node_pool_and_gpu_model_policies():
         parse_request({"gpu_model": "B"}, limits)
 
 
+def test_idle_timeouts_are_for_workspaces_only():
+    """A training ends by itself or at its maximum runtime and a service scales to zero by
+    its own setting: a policy's idle timeout for them would do nothing, so it is refused."""
+    assert policy.parse({"idle_timeout_workspace_s": 600}) == {"idle_timeout_workspace_s": 600}
+    for kind in ("training", "inference"):
+        with pytest.raises(FieldError) as e:
+            policy.parse({f"idle_timeout_{kind}_s": 600})
+        assert e.value.field == f"idle_timeout_{kind}_s"
+
+
 def test_a_policy_default_above_its_max_is_refused():
     with pytest.raises(FieldError, match="cpu_default: must be at most cpu_max"):
         policy.parse({"cpu_default": 4, "cpu_max": 2})
