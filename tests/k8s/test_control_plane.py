@@ -266,6 +266,13 @@ def test_the_charts_activator_scales_a_hub_service_to_zero_and_back(control_plan
             ps = (await kc.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=f"{L.INFERENCE}=idle"))["items"]
             return [p for p in ps if p["spec"].get("nodeName") or not bound]
 
+        def answers() -> bool:
+            try:
+                return isinstance(served(), dict)
+            except OSError:
+                return False
+        await wait_until(lambda: asyncio.to_thread(answers), "the activator listening")
+
         status, body = call(hub.url, alice, "POST", "/inferences", {
             "name": "idle", "project": "serving", "command": ["python", "-m", "http.server"], "gpu": 0.25,
             "min_replicas": 0, "max_replicas": 1, "scale_to_zero_after_s": 20, "stable_window_s": 1,
