@@ -82,7 +82,7 @@ class Publisher:
             for name, cm in cms.items():
                 st = status_of(cm)
                 row = s.get(InferenceRow, name)
-                if st and row is not None and {k: v for k, v in row.status.items() if k != "updated"} != st:
+                if st and row is not None and {k: v for k, v in (row.status or {}).items() if k != "updated"} != st:
                     row.status = {**st, "updated": time.time()}
             s.commit()
 
