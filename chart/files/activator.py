@@ -1,9 +1,12 @@
 """The chart's inference activator: hub_ext.inference.activator's HTTP front, with replicas as pods
 that gpupool-scheduler places (hub_ext.inference.backends.k8s.K8sBackend) in $GPUPOOL_NAMESPACE.
-The services are the chart's values (activator.services), mounted as services.json.
+The services are the chart's values (activator.services), mounted as services.json, and
+those the hub publishes (hub_ext.inference.published: one ConfigMap each, followed every
+--poll seconds; additions and removals take effect without a restart). This activator owns
+the replicas of all of them. ``GET /_status`` lists the services' state.
 
     python activator.py --services services.json [--port 9000] [--host 0.0.0.0]
-                        [--namespace NS] [--kubeconfig FILE]
+                        [--namespace NS] [--kubeconfig FILE] [--poll SECONDS]
 """
 
 import argparse
@@ -17,6 +20,7 @@ import sys
 from hub_ext.inference import activator
 from hub_ext.inference.backends.k8s import K8sBackend
 from hub_ext.inference.controller import Controller
+from hub_ext.inference.published import Follower
 from hub_ext.inference.spec import parse_spec
 from hub_ext.requests import FieldError
 from scheduler.k8s.client import KubeClient
@@ -36,16 +40,33 @@ async def serve(args) -> None:
         controller = Controller(K8sBackend(kc, args.namespace))
         for spec in specs:
             controller.put(spec)
-        server = activator.Server(controller, "/")
+        follower = Follower(kc, args.namespace, controller, {s.name for s in specs})
+
+        def status(req):
+            return 200, "application/json", json.dumps(
+                {n: s.status() for n, s in controller.services.items()}).encode()
+
+        server = activator.Server(controller, "/", local={"/_status": status})
         await server.listen(args.port, host=args.host)
         controller.start()
+        following = asyncio.ensure_future(follow(follower, args.poll))
         logging.info("activator on :%d, %d services in %s", args.port, len(specs), args.namespace)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         await stop.wait()
+        following.cancel()
         server.close()
         await controller.stop()  # deletes the replicas
+
+
+async def follow(follower: Follower, poll_s: float) -> None:
+    while True:
+        try:
+            await follower.sync()
+        except Exception:
+            logging.exception("following the published inference services failed")
+        await asyncio.sleep(poll_s)
 
 
 def main() -> None:
@@ -55,6 +76,7 @@ def main() -> None:
     ap.add_argument("--host", default="0.0.0.0")
     ap.add_argument("--namespace", default=os.environ.get("GPUPOOL_NAMESPACE", "default"))
     ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
+    ap.add_argument("--poll", type=float, default=1.0, help="seconds between reads of the published services")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(serve(ap.parse_args()))

@@ -1,10 +1,10 @@
 """Inference services of the hub process.
 
-``configure(c, cfg, rt)`` (called from ``hub_ext.hubconfig.configure``) registers the
+``configure(c, cfg, rt)`` (called from ``hub_ext.hubconfig.configure``), on Kubernetes,
+publishes the services for the chart's activator (``published``); otherwise it registers the
 activator as the JupyterHub service ``gpupool-serve`` -- the proxy routes
 ``/services/gpupool-serve/NAME/...`` to it -- and starts, on the hub's event loop, the
-controller with the backend of ``Gpupool.backend`` (processes placed by the hub's
-scheduler, or replica pods placed by gpupool-scheduler), the activator's HTTP server,
+controller with processes placed by the hub's scheduler, the activator's HTTP server,
 and a loop that follows the ``inference_services`` table the REST API writes.
 
 Authentication: a JupyterHub token (``Authorization: token ...``, ``Bearer``, or
@@ -169,7 +169,35 @@ class HubInference:
             s.commit()
 
 
-def configure(c, cfg, rt) -> HubInference:
+class PublishedInference:
+    """On Kubernetes: the services are published for the chart's activator, which serves and
+    scales them (``published``); the hub runs no activator of its own."""
+
+    def __init__(self, rt, poll_s: float = 1.0):
+        from .published import Publisher
+
+        self.publisher, self.poll_s = Publisher(rt.kube, rt.cfg.namespace, rt.Session), poll_s
+
+    def start(self) -> None:
+        asyncio.ensure_future(self._follow())
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                await self.publisher.sync()
+            except Exception:
+                log.exception("publishing inference services failed")
+            await asyncio.sleep(self.poll_s)
+
+
+def configure(c, cfg, rt) -> HubInference | PublishedInference:
+    if rt.kubernetes:
+        published = PublishedInference(rt)
+        try:
+            asyncio.get_running_loop().call_soon(published.start)
+        except RuntimeError:  # config loaded outside the hub: nothing to start
+            pass
+        return published
     # a free port unless set: nothing but the hub's proxy (and a metrics scraper told the
     # port) talks to the activator, and two hubs on one machine must not collide
     port = int(os.environ.get("GPUPOOL_SERVE_PORT") or free_port())
@@ -188,4 +216,4 @@ def configure(c, cfg, rt) -> HubInference:
     return hub
 
 
-__all__ = ["HubInference", "HubTokenAuth", "configure"]
+__all__ = ["HubInference", "HubTokenAuth", "PublishedInference", "configure"]

@@ -6,7 +6,10 @@ As project members, through the hub's REST API and CLI: a 2-worker training gang
 workspace and an inference service become pods bound by gpupool-scheduler, their states
 show in REST, the CLI and the admin panel's queue; an in-quota workspace of another project
 preempts the training, which shows Preempted, is requeued with raised priority and binds
-again with the same checkpoint claim once the workspace stops."""
+again with the same checkpoint claim once the workspace stops. The chart's activator (run
+here too, with its ServiceAccount) serves the inference services submitted through the hub:
+it scales their replicas to zero after their idle time and back on a request, and the admin
+panel's queue shows their state."""
 
 from __future__ import annotations
 
@@ -47,8 +50,8 @@ VALUES = {"hub": {"workspaces": {"httpTimeoutSeconds": 20}}, "organisation": ORG
 
 @pytest.fixture(scope="module")
 def control_plane(helm, chart_cluster, tmp_path_factory):  # noqa: F811
-    """The release, then the hub and gpupool-scheduler with the chart's configuration and
-    ServiceAccount tokens. Yields (hub, passwords)."""
+    """The release, then the hub, gpupool-scheduler and the activator with the chart's
+    configuration and ServiceAccount tokens. Yields (hub, passwords, activator)."""
     tmp = tmp_path_factory.mktemp("control-plane")
     run(_hub_db_volume, chart_cluster)
     helm_run(helm, "install", RELEASE, str(CHART), "-n", NS, "--create-namespace",
@@ -56,28 +59,33 @@ def control_plane(helm, chart_cluster, tmp_path_factory):  # noqa: F811
 
     async def setup(kc):
         kcs = {sa: await sa_kubeconfig(kc, chart_cluster, NS, f"gpupool-{sa}", tmp / f"{sa}.kc")
-               for sa in ("hub", "scheduler")}
+               for sa in ("hub", "scheduler", "activator")}
         hub_files = await _configmap_data(kc, "gpupool-hub-config")
+        act_files = await _configmap_data(kc, "gpupool-activator")
         secret = (await kc.get(f"/api/v1/namespaces/{NS}/secrets/gpupool-hub"))["data"]
         dep = await kc.get(f"/apis/apps/v1/namespaces/{NS}/deployments/gpupool-scheduler")
-        # the in-cluster scheduler and hub stand down: the local copies are the ones tested
-        for d in ("gpupool-scheduler", "gpupool-hub"):
+        # the in-cluster scheduler, hub and activator stand down: the local copies are tested
+        for d in ("gpupool-scheduler", "gpupool-hub", "gpupool-activator"):
             await kc.patch(f"/apis/apps/v1/namespaces/{NS}/deployments/{d}/scale", {"spec": {"replicas": 0}})
-        return kcs, hub_files, secret, dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        return kcs, hub_files, act_files, secret, dep["spec"]["template"]["spec"]["containers"][0]["args"]
 
-    kcs, hub_files, secret, args = run(setup, chart_cluster)
+    kcs, hub_files, act_files, secret, args = run(setup, chart_cluster)
     passwords = {k: base64.b64decode(v).decode() for k, v in secret.items()}
     (tmp / "hub").mkdir()
+    (tmp / "activator").mkdir()
     sched = procs.scheduler(tmp, kcs["scheduler"], args).start()
     hub = procs.ChartHub(tmp / "hub", hub_files, kcs["hub"], passwords)
+    act = procs.activator(tmp / "activator", kcs["activator"], act_files, NS)
     try:
         hub.start().wait_up()
-        yield hub, passwords
+        act.start()
+        yield hub, passwords, act
     except BaseException:
-        for p in (sched, hub):
+        for p in (sched, hub, act):
             print(f"--- {p.name} ---\n{p.tail(20000)}")
         raise
     finally:
+        act.stop()
         hub.stop()
         sched.stop()
         helm_run(helm, "uninstall", RELEASE, "-n", NS, "--wait", info=chart_cluster, check=False)
@@ -109,7 +117,7 @@ WHOLE = {"gpu_mode": "whole", "gpus": 8, "cpu": 1, "memory_gib": 2, "workspace_k
 
 
 def test_members_workloads_become_pods_and_a_workspace_preempts_the_training(control_plane, chart_cluster):  # noqa: F811
-    hub, passwords = control_plane
+    hub, passwords, _ = control_plane
     alice = HubClient(hub.url).login("alice", passwords["user-password"]).token("alice")
     carol = HubClient(hub.url).login("carol", passwords["user-password"]).token("carol")
 
@@ -236,3 +244,71 @@ def test_members_workloads_become_pods_and_a_workspace_preempts_the_training(con
     except BaseException:
         print(f"--- hub ---\n{hub.tail(30000)}")
         raise
+
+
+def test_the_charts_activator_scales_a_hub_service_to_zero_and_back(control_plane, chart_cluster):  # noqa: F811
+    hub, passwords, act = control_plane
+    alice = HubClient(hub.url).login("alice", passwords["user-password"]).token("alice")
+    admin = HubClient(hub.url).login("admin", passwords["admin-password"]).token("admin")
+
+    def served() -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{act.port}/_status", timeout=10) as r:
+            return json.loads(r.read())
+
+    def call_service() -> None:  # held until a replica is ready: kwok's never answers
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{act.port}/idle/", timeout=3)
+        except OSError:
+            pass
+
+    async def flow(kc):
+        async def replicas(bound: bool = True) -> list[dict]:
+            ps = (await kc.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=f"{L.INFERENCE}=idle"))["items"]
+            return [p for p in ps if p["spec"].get("nodeName") or not bound]
+
+        def answers() -> bool:
+            try:
+                return isinstance(served(), dict)
+            except OSError:
+                return False
+        await wait_until(lambda: asyncio.to_thread(answers), "the activator listening")
+
+        status, body = call(hub.url, alice, "POST", "/inferences", {
+            "name": "idle", "project": "serving", "command": ["python", "-m", "http.server"], "gpu": 0.25,
+            "min_replicas": 0, "max_replicas": 1, "scale_to_zero_after_s": 20, "stable_window_s": 1,
+            "request_timeout_s": 2, "image": "python:3.12-slim", "port": 8000})
+        assert status in (200, 201, 202), body
+        # served by the chart's activator, without a restart, at zero replicas
+        await wait_until(lambda: asyncio.to_thread(lambda: "idle" in served()), "the activator serves it")
+        assert served()["idle"]["replicas"] == 0 and await replicas(bound=False) == []
+
+        # a request brings a replica, bound by gpupool-scheduler
+        caller = asyncio.ensure_future(asyncio.to_thread(call_service))
+        (rep,) = await wait_until(replicas, "a replica bound on a request", timeout=120)
+        assert rep["spec"]["schedulerName"] == "gpupool"
+        assert rep["metadata"]["annotations"][A.PROJECT] == "serving"
+        await caller
+
+        # the admin panel's queue shows the service with its replica
+        def queue_shows_a_replica() -> bool:
+            status, page = call(hub.url, admin, "GET", "/services/gpupool/queue", api=False)
+            assert status == 200, page
+            row = next((r for r in page["raw"].split("<tr>") if "<td>idle</td>" in r), "")
+            return '<td class="num">1</td>' in row
+        await wait_until(lambda: asyncio.to_thread(queue_shows_a_replica), "the queue shows idle's replica")
+
+        # idle: back to zero, the pod deleted by the activator
+        await wait_until(lambda: _none(replicas(bound=False)), "scaled to zero after the idle time", timeout=120)
+        await wait_until(lambda: asyncio.to_thread(lambda: served()["idle"]["replicas"] == 0), "activator at zero")
+
+        # removed through the hub: the activator stops serving it
+        status, body = call(hub.url, alice, "DELETE", "/inferences/idle")
+        assert status in (200, 202, 204), body
+        await wait_until(lambda: asyncio.to_thread(lambda: "idle" not in served()), "the activator drops it")
+        assert "echo" in served()  # the others stay
+
+    run(flow, chart_cluster)
+
+
+async def _none(listing) -> bool:
+    return await listing == []

@@ -1,5 +1,6 @@
 """Queue: pending workloads with the scheduler's reason and position, then the ones that
-hold or may hold GPUs, then the finished ones."""
+hold or may hold GPUs, then the finished ones, then the inference services with their state
+(as their activator last wrote it)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from tornado import web
 
 from ... import roles, validation
 from ...db import FINISHED, WorkloadRow
+from ...inference.db import InferenceRow
 from .base import PageHandler
 
 
@@ -34,8 +36,13 @@ class QueuePage(PageHandler):
                                  .order_by(WorkloadRow.start_time.desc())
                                  .offset(page * size).limit(size)).all()
             total = s.scalar(select(func.count()).select_from(base.subquery()))
+            services = select(InferenceRow).order_by(InferenceRow.project, InferenceRow.name)
+            if mine is not None:
+                services = services.where(InferenceRow.project.in_(mine))
+            inference = s.scalars(services.limit(size)).all()
         self.render_page("queue.html", pending=pending, running=running, finished=finished, page=page, size=size,
-                         total=total)
+                         total=total,
+                         inference=inference)
 
 
 def routes(prefix):

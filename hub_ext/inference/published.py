@@ -1,0 +1,121 @@
+"""Inference services on Kubernetes: the hub publishes them, the chart's activator serves them.
+
+One ConfigMap per service in the release namespace, ``gpupool-inference-NAME``, labelled
+``gpupool.io/inference-spec: NAME``: ``data["spec.json"]`` is the service's spec
+(``ServiceSpec.to_dict()``), written only by the hub from its ``inference_services`` rows;
+the annotation ``gpupool.io/inference-status`` is the service's state (``Service.status()``),
+written only by the activator, which owns the replicas: it starts, scales (to zero and back)
+and deletes them. The hub copies the state back into its rows for describe, the CLI and the
+admin panel.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from sqlalchemy import select
+
+from scheduler.k8s.client import ApiError, KubeClient
+
+from .controller import Controller
+from .db import InferenceRow
+from .spec import parse_spec
+
+log = logging.getLogger("gpupool.inference")
+LABEL = "gpupool.io/inference-spec"
+STATUS = "gpupool.io/inference-status"
+SPEC_KEY = "spec.json"
+
+
+def configmap_name(service: str) -> str:
+    return f"gpupool-inference-{service}"
+
+
+def manifest(spec: dict, namespace: str) -> dict:
+    name = spec["name"]
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": configmap_name(name), "namespace": namespace,
+                         "labels": {LABEL: name, "app.kubernetes.io/managed-by": "gpupool"}},
+            "data": {SPEC_KEY: json.dumps(spec, sort_keys=True)}}
+
+
+def spec_of(cm: dict) -> dict:
+    return json.loads(cm.get("data", {}).get(SPEC_KEY, "{}"))
+
+
+def status_of(cm: dict) -> dict:
+    raw = cm["metadata"].get("annotations", {}).get(STATUS)
+    return json.loads(raw) if raw else {}
+
+
+async def _published(kc: KubeClient, namespace: str) -> dict[str, dict]:
+    items = (await kc.get(f"/api/v1/namespaces/{namespace}/configmaps", labelSelector=LABEL))["items"]
+    return {cm["metadata"]["labels"][LABEL]: cm for cm in items}
+
+
+class Publisher:
+    """The hub's side: its rows become ConfigMaps; the activator's state comes back to the rows."""
+
+    def __init__(self, kc: KubeClient, namespace: str, Session):
+        self.kc, self.namespace, self.Session = kc, namespace, Session
+        self.path = f"/api/v1/namespaces/{namespace}/configmaps"
+
+    async def sync(self) -> None:
+        with self.Session() as s:
+            specs = {r.name: r.spec for r in s.scalars(select(InferenceRow)).all()}
+        cms = await _published(self.kc, self.namespace)
+        for name in set(cms) - set(specs):
+            try:
+                await self.kc.delete(f"{self.path}/{configmap_name(name)}")
+            except ApiError as e:
+                if e.status != 404:
+                    raise
+        for name, spec in specs.items():
+            want = manifest(spec, self.namespace)
+            if name not in cms:
+                await self.kc.post(self.path, want)
+            elif cms[name].get("data") != want["data"]:
+                await self.kc.patch(f"{self.path}/{configmap_name(name)}", {"data": want["data"]})
+        with self.Session() as s:
+            for name, cm in cms.items():
+                st = status_of(cm)
+                row = s.get(InferenceRow, name)
+                if st and row is not None and {k: v for k, v in (row.status or {}).items() if k != "updated"} != st:
+                    row.status = {**st, "updated": time.time()}
+            s.commit()
+
+
+class Follower:
+    """The activator's side: published services join ``controller`` (and leave it when their
+    ConfigMap goes); their state is written back on the ConfigMap when it changes.
+    ``fixed``: services of the activator's own configuration, never removed here."""
+
+    def __init__(self, kc: KubeClient, namespace: str, controller: Controller, fixed: set[str]):
+        self.kc, self.namespace, self.controller, self.fixed = kc, namespace, controller, fixed
+        self.path = f"/api/v1/namespaces/{namespace}/configmaps"
+        self.followed: set[str] = set()
+
+    async def sync(self) -> None:
+        cms = await _published(self.kc, self.namespace)
+        for name in self.followed - set(cms):
+            self.followed.discard(name)
+            await self.controller.remove(name)
+        for name, cm in cms.items():
+            if name in self.fixed:
+                continue
+            try:
+                self.controller.put(parse_spec(spec_of(cm)))
+            except Exception as e:  # a spec this version cannot read: say why, skip it
+                log.warning("inference service %s: %s", name, e)
+                continue
+            self.followed.add(name)
+            st = self.controller.services[name].status()
+            st.pop("requests_total", None)
+            if st != status_of(cm):
+                await self.kc.patch(f"{self.path}/{configmap_name(name)}",
+                                    {"metadata": {"annotations": {STATUS: json.dumps(st, sort_keys=True)}}})
+
+
+__all__ = ["LABEL", "STATUS", "Follower", "Publisher", "configmap_name", "manifest", "spec_of", "status_of"]
