@@ -120,3 +120,21 @@ def test_pool_quota_changes_are_audited(s):
     assert [(r.action, r.target, list(r.details)) for r in rows] == [
         ("department.updated", "research", ["pools"]), ("project.quota", "nlp", ["pools"])]
     assert rows[1].details["pools"][1]["fast"]["gpus"] == 1
+
+
+def test_org_file_sets_quotas_per_pool(tmp_path):
+    f = tmp_path / "org.yaml"
+    f.write_text("departments:\n  - name: research\n    gpus: 3\n    pools: {fast: {gpus: 2}}\n"
+                 "    projects:\n      - name: nlp\n        gpus: 1\n"
+                 "        pools: {fast: {gpus: 1, over_quota_weight: 2}}\n")
+    Session = make_sessionmaker(f"sqlite:///{tmp_path / 'db3.sqlite'}")
+    with Session() as s:
+        org.load_starter(s, f)
+        assert org.get_project(s, "nlp")["pools"]["fast"]["over_quota_weight"] == 2
+        assert org.get_department(s, "research")["pools"]["fast"]["gpus"] == 2
+    f.write_text("departments:\n  - name: research\n    gpus: 3\n    pools: {fast: {gpus: 1}}\n"
+                 "    projects:\n      - name: nlp\n        pools: {fast: {gpus: 2}}\n")
+    with make_sessionmaker(f"sqlite:///{tmp_path / 'db4.sqlite'}")() as s:
+        with pytest.raises(FieldError) as e:
+            org.load_starter(s, f)
+    assert e.value.field == "departments[0].projects[0].pools.fast.gpus"
