@@ -39,6 +39,8 @@ class DepartmentRow(Base):
     limit: Mapped[float | None] = mapped_column(Float, nullable=True)
     cpu_quota: Mapped[float | None] = mapped_column(Float, nullable=True)  # CPUs; None: none
     memory_quota_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # node pool (not the default) -> its quota fields, as the columns above name them
+    pool_quotas: Mapped[dict] = mapped_column(JSON, default=dict, server_default="{}")
 
 
 class ProjectRow(Base):
@@ -50,6 +52,8 @@ class ProjectRow(Base):
     limit: Mapped[float | None] = mapped_column(Float, nullable=True)
     cpu_quota: Mapped[float | None] = mapped_column(Float, nullable=True)  # CPUs; None: none
     memory_quota_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # node pool (not the default) -> its quota fields, as the columns above name them
+    pool_quotas: Mapped[dict] = mapped_column(JSON, default=dict, server_default="{}")
 
 
 class MemberRow(Base):

@@ -21,6 +21,7 @@ from .requests import (
 )
 
 NOTICE_S = 900  # how long the form names a request that was cancelled while queued
+FORM_REFRESH_MS = 5000  # how often an open form takes the free capacity again
 
 _env = Environment(
     loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
@@ -46,6 +47,7 @@ def form_context(rt, user: str, scopes=(), workload: str = "") -> dict:
         "environments": rt.cfg.environments,
         "templates": rt.cfg.compute_templates,
         "pools": rt.free_per_pool(),
+        "refresh_ms": FORM_REFRESH_MS,
         # per project: what its policy allows (the rules refuse the rest, naming the policy)
         "allowed": {p: {"templates": list(limits.allowed(p, "templates", limits.templates)),
                         "environments": list(limits.allowed(p, "environments", limits.environments)),
@@ -55,6 +57,7 @@ def form_context(rt, user: str, scopes=(), workload: str = "") -> dict:
         "fraction": {"min": FRACTION_MIN, "max": FRACTION_MAX, "step": FRACTION_STEP},
         "gpu_model": gpu.model if gpu else "none",
         "attachables": rt.attachables(limits.projects),  # credentials, data sources by project
+        # in a <script> element: "</" is escaped so that no value can close it
         "status_json": json.dumps(
             {**rt.project_status(limits.projects),
              "gpu_memory_gib": limits.gpu_memory_gib, "max_gpus": limits.max_gpus,
@@ -63,7 +66,7 @@ def form_context(rt, user: str, scopes=(), workload: str = "") -> dict:
                              "environments": list(limits.allowed(p, "environments", limits.environments)),
                              "node_pools": list(limits.allowed(p, "node_pools", limits.node_pools))}
                          for p in limits.projects}}
-        ),
+        ).replace("</", "<\\/"),
     }
 
 

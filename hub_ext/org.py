@@ -1,7 +1,9 @@
 """The organisation store: departments, projects (quotas, members) and their usage.
 
 Errors: ``FieldError`` (bad value, HTTP 400), ``NotFound`` (404), ``Conflict`` (409).
-A department's quota bounds the sum of its projects' quotas. Shrinking a project's quota
+A department's quota bounds the sum of its projects' quotas, in each node pool. Quotas
+in the default pool are the rows' columns; other pools' are in ``pools`` (pool -> the same
+fields). Shrinking a project's quota
 below what it runs now is allowed: the scheduler reclaims over-quota work.
 """
 
@@ -45,6 +47,7 @@ class Conflict(GpupoolError, ValueError):
 
 
 QUOTA_FIELDS = ("gpus", "over_quota_weight", "limit", "cpu_quota", "memory_quota_gib")
+MAX_POOLS = 64  # node pools with a quota of their own, per department or project
 # field -> the most it may be (scheduler.model.Quota refuses more)
 QUOTA_MAX = {"gpus": MAX_GPUS, "over_quota_weight": validation.MAX_WEIGHT, "limit": MAX_GPUS,
              "cpu_quota": MAX_CPU_MEMORY, "memory_quota_gib": MAX_CPU_MEMORY}
@@ -72,6 +75,34 @@ def _quota_fields(data: dict, current=None) -> dict:
     }
     if out["limit"] is not None and out["limit"] < out["gpus"]:
         raise FieldError("limit", f"must be >= the quota ({out['gpus']:g} GPUs) or null")
+    return out
+
+
+def _pool_quotas(data: dict, current: dict | None = None) -> dict:
+    """``pools``: node pool -> quota fields (null removes the pool's quota); merged into
+    ``current``. Errors name the pool: ``pools.fast.gpus``."""
+    out = {k: dict(v) for k, v in (current or {}).items()}
+    if "pools" not in data:
+        return out
+    raw = data["pools"]
+    if not isinstance(raw, dict):
+        raise FieldError("pools", f"must be an object of node pool -> quota, got {validation.show(raw)}")
+    for pool, q in raw.items():
+        validation.name(pool, "pools", "name")
+        where = f"pools.{pool}"
+        if pool == DEFAULT_POOL:
+            raise FieldError(where, f"the {DEFAULT_POOL} pool's quota is set by the top-level fields "
+                             f"({', '.join(QUOTA_FIELDS)})")
+        if q is None:
+            out.pop(pool, None)
+            continue
+        if not isinstance(q, dict):
+            raise FieldError(where, f"must be a JSON object of quota fields or null, got {validation.show(q)}")
+        with _where(where):
+            validation.check_fields(q, QUOTA_FIELDS)
+            out[pool] = _quota_fields(q, out.get(pool))
+    if len(out) > MAX_POOLS:
+        raise FieldError("pools", f"must name at most {MAX_POOLS} node pools, got {len(out)}")
     return out
 
 
@@ -105,7 +136,7 @@ def _department_name(dept) -> str:
 # -- reads -------------------------------------------------------------------------------
 def dept_dict(d: DepartmentRow, projects: list[str] | None = None) -> dict:
     out = {"name": d.name, "gpus": d.gpus, "over_quota_weight": d.over_quota_weight, "limit": d.limit,
-           "cpu_quota": d.cpu_quota, "memory_quota_gib": d.memory_quota_gib}
+           "cpu_quota": d.cpu_quota, "memory_quota_gib": d.memory_quota_gib, "pools": d.pool_quotas or {}}
     if projects is not None:
         out["projects"] = projects
     return out
@@ -139,6 +170,7 @@ def project_dict(p: ProjectRow, members: list[str], use: dict | None = None) -> 
         "limit": p.limit,
         "cpu_quota": p.cpu_quota,
         "memory_quota_gib": p.memory_quota_gib,
+        "pools": p.pool_quotas or {},
         "members": members,
         "allocated_gpus": round(use["allocated_gpus"], 3),
         "running": use["running"],
@@ -199,22 +231,39 @@ def _projects_sum(s, dept: str, skip: str | None = None) -> float:
     return float(s.scalar(q))
 
 
+def _projects_pool_sums(s, dept: str, skip: str | None = None) -> dict[str, float]:
+    """Per node pool other than the default: the sum of the department's project quotas."""
+    out: dict[str, float] = defaultdict(float)
+    q = select(ProjectRow.pool_quotas).where(ProjectRow.department == dept)
+    if skip:
+        q = q.where(ProjectRow.name != skip)
+    for (pools,) in s.execute(q):
+        for pool, quota in (pools or {}).items():
+            out[pool] += quota["gpus"]
+    return out
+
+
+def _pool_gpus(pools: dict, pool: str) -> float:
+    return (pools.get(pool) or {}).get("gpus", 0.0)
+
+
 def create_department(s, data: dict, actor: str = audit.SYSTEM) -> dict:
-    _check_unknown(data, ("name", *QUOTA_FIELDS))
+    _check_unknown(data, ("name", "pools", *QUOTA_FIELDS))
     name = _check_name(data, "department")
     if s.get(DepartmentRow, name) is not None:
         raise Conflict("name", f"department {name!r} already exists")
     q = _quota_fields(data)
-    s.add(DepartmentRow(name=name, **q))
+    pools = _pool_quotas(data)
+    s.add(DepartmentRow(name=name, **q, pool_quotas=pools))
     add_event(s, "org", f"department {name} created")
-    audit.record(s, actor, "department.created", name, q)
+    audit.record(s, actor, "department.created", name, {**q, "pools": pools})
     bump_version(s)
     s.flush()
     return get_department(s, name)
 
 
 def update_department(s, name: str, data: dict, actor: str = audit.SYSTEM) -> dict:
-    _check_unknown(data, QUOTA_FIELDS)
+    _check_unknown(data, (*QUOTA_FIELDS, "pools"))
     d = s.get(DepartmentRow, name)
     if d is None:
         raise NotFound(f"department {name!r} does not exist")
@@ -222,12 +271,18 @@ def update_department(s, name: str, data: dict, actor: str = audit.SYSTEM) -> di
     used = _projects_sum(s, name)
     if q["gpus"] + 1e-9 < used:
         raise FieldError("gpus", f"must be >= {used:g}, the sum of the department's project quotas")
+    pools = _pool_quotas(data, d.pool_quotas)
+    for pool, held in sorted(_projects_pool_sums(s, name).items()):
+        if _pool_gpus(pools, pool) + 1e-9 < held:
+            raise FieldError(f"pools.{pool}.gpus", f"must be >= {held:g}, the sum of the department's "
+                             f"project quotas in node pool {pool}")
     before = dept_dict(d)
     for k, v in q.items():
         setattr(d, k, v)
+    d.pool_quotas = pools
     add_event(s, "org", f"department {name} quota {q['gpus']:g} GPUs")
     audit.record(s, actor, "department.updated", name,
-                 {k: [before[k], v] for k, v in q.items() if before[k] != v})
+                 {k: [before[k], v] for k, v in {**q, "pools": pools}.items() if before[k] != v})
     bump_version(s)
     return get_department(s, name)
 
@@ -244,7 +299,8 @@ def delete_department(s, name: str, actor: str = audit.SYSTEM) -> None:
     bump_version(s)
 
 
-def _check_dept_room(s, dept: str, gpus: float, skip: str | None = None) -> None:
+def _check_dept_room(s, dept: str, gpus: float, skip: str | None = None,
+                     pools: dict | None = None) -> None:
     d = s.get(DepartmentRow, dept)
     if d is None:
         raise FieldError("department", f"department {dept!r} does not exist")
@@ -255,6 +311,16 @@ def _check_dept_room(s, dept: str, gpus: float, skip: str | None = None) -> None
             f"must be from 0 to {max(room, 0):g}: department {dept!r} has a quota of "
             f"{d.gpus:g} GPUs and its other projects hold {d.gpus - room:g}",
         )
+    held = _projects_pool_sums(s, dept, skip)
+    for pool, quota in sorted((pools or {}).items()):
+        has = _pool_gpus(d.pool_quotas or {}, pool)
+        room = has - held.get(pool, 0.0)
+        if quota["gpus"] > room + 1e-9:
+            raise FieldError(
+                f"pools.{pool}.gpus",
+                f"must be from 0 to {max(room, 0):g}: department {dept!r} has a quota of "
+                f"{has:g} GPUs in node pool {pool} and its other projects hold {held.get(pool, 0.0):g}",
+            )
 
 
 def _set_members(s, project: str, members: list[str], had: set[str] | None = None) -> None:
@@ -276,38 +342,44 @@ def _batches(items: list, size: int = 500):
 
 
 def create_project(s, data: dict, actor: str = audit.SYSTEM) -> dict:
-    _check_unknown(data, ("name", "department", "members", *QUOTA_FIELDS))
+    _check_unknown(data, ("name", "department", "members", "pools", *QUOTA_FIELDS))
     name = _check_name(data, "project")
     if s.get(ProjectRow, name) is not None:
         raise Conflict("name", f"project {name!r} already exists")
     dept = _department_name(data.get("department"))
     q = _quota_fields(data)
-    _check_dept_room(s, dept, q["gpus"])
+    pools = _pool_quotas(data)
+    _check_dept_room(s, dept, q["gpus"], pools=pools)
     members = _members(data) or []
-    s.add(ProjectRow(name=name, department=dept, **q))
+    s.add(ProjectRow(name=name, department=dept, **q, pool_quotas=pools))
     s.flush()
     _set_members(s, name, members)
     add_event(s, "org", f"project {name} created with {q['gpus']:g} GPUs", project=name)
-    audit.record(s, actor, "project.created", name, {"department": dept, **q, "members": members}, name)
+    audit.record(s, actor, "project.created", name, {"department": dept, **q, "pools": pools,
+                                                            "members": members}, name)
     bump_version(s)
     s.flush()
     return get_project(s, name)
 
 
 def update_project(s, name: str, data: dict, actor: str = audit.SYSTEM) -> dict:
-    _check_unknown(data, ("department", "members", *QUOTA_FIELDS))
+    _check_unknown(data, ("department", "members", "pools", *QUOTA_FIELDS))
     p = s.get(ProjectRow, name)
     if p is None:
         raise NotFound(f"project {name!r} does not exist")
     q = _quota_fields(data, {k: getattr(p, k) for k in QUOTA_FIELDS})
+    pools = _pool_quotas(data, p.pool_quotas)
     dept = _department_name(data.get("department", p.department))
-    _check_dept_room(s, dept, q["gpus"], skip=name)
+    _check_dept_room(s, dept, q["gpus"], skip=name, pools=pools)
     old = p.gpus
-    before = {"department": p.department, **{k: getattr(p, k) for k in QUOTA_FIELDS}}
+    before = {"department": p.department, **{k: getattr(p, k) for k in QUOTA_FIELDS},
+              "pools": p.pool_quotas or {}}
     p.department = dept
     for k, v in q.items():
         setattr(p, k, v)
-    changed = {k: [before[k], v] for k, v in {"department": dept, **q}.items() if before[k] != v}
+    p.pool_quotas = pools
+    changed = {k: [before[k], v] for k, v in {"department": dept, **q, "pools": pools}.items()
+               if before[k] != v}
     if changed:
         audit.record(s, actor, "project.quota", name, changed, name)
     members = _members(data)
@@ -357,20 +429,20 @@ def _inference_services(s, project: str) -> list[str]:
 
 
 # -- scheduler model ---------------------------------------------------------------------
+def _model_quotas(row) -> dict[str, Quota]:
+    """The scheduler's quotas of a department or project row, per node pool."""
+    def quota(q: dict) -> Quota:
+        return Quota(q["gpus"], q["over_quota_weight"], q["limit"], q.get("cpu_quota"), q.get("memory_quota_gib"))
+    own = {k: getattr(row, k) for k in QUOTA_FIELDS}
+    return {DEFAULT_POOL: quota(own), **{pool: quota(q) for pool, q in (row.pool_quotas or {}).items()}}
+
+
 def model_departments(s) -> list[Department]:
-    return [
-        Department(d.name, {DEFAULT_POOL: Quota(d.gpus, d.over_quota_weight, d.limit, d.cpu_quota,
-                                                d.memory_quota_gib)})
-        for d in s.scalars(select(DepartmentRow))
-    ]
+    return [Department(d.name, _model_quotas(d)) for d in s.scalars(select(DepartmentRow))]
 
 
 def model_projects(s) -> list[Project]:
-    return [
-        Project(p.name, p.department, {DEFAULT_POOL: Quota(p.gpus, p.over_quota_weight, p.limit, p.cpu_quota,
-                                                           p.memory_quota_gib)})
-        for p in s.scalars(select(ProjectRow))
-    ]
+    return [Project(p.name, p.department, _model_quotas(p)) for p in s.scalars(select(ProjectRow))]
 
 
 # -- starter organisation ----------------------------------------------------------------
@@ -427,12 +499,12 @@ def check_org_file(data) -> dict:
     for i, d in enumerate(_list_of(data.get("departments"), "departments")):
         where = f"departments[{i}]"
         with _where(where):
-            validation.check_fields(d, ("name", "admins", "viewers", "projects", *QUOTA_FIELDS))
+            validation.check_fields(d, ("name", "admins", "viewers", "projects", "pools", *QUOTA_FIELDS))
             for key in ("admins", "viewers"):
                 _list_of(d.get(key), key, "user")
         for j, p in enumerate(_list_of(d.get("projects"), f"{where}.projects")):
             with _where(f"{where}.projects[{j}]"):
-                validation.check_fields(p, ("name", "members", *QUOTA_FIELDS))
+                validation.check_fields(p, ("name", "members", "pools", *QUOTA_FIELDS))
     return data
 
 

@@ -133,6 +133,10 @@ class OrgWriter(ApiHandler):
     async def change_org(self, change, name: str | None, *args, deleted: bool = False):
         if self.ctx.cfg.backend != "kubernetes":
             return await self.off_loop(self._commit, change, args)
+        if any(isinstance(a, dict) and "pools" in a for a in args):
+            # the objects are the truth there, and the hub writes only their default pool
+            raise validation.FieldError("pools", "on Kubernetes other node pools' quotas are set in the "
+                                        "Department or Project object's spec.quotas.<pool>")
         from .. import k8s_org  # aiohttp and kubernetes_asyncio: the k8s extra
 
         out = await self.off_loop(self._check, change, args)

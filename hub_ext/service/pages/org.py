@@ -3,9 +3,13 @@ Admins edit here (the page calls the REST API); members see their projects read-
 
 from __future__ import annotations
 
+from sqlalchemy import select
 from tornado import web
 
+from scheduler.model import DEFAULT_POOL
+
 from ... import org, roles
+from ...db import NodeRow
 from .base import PageHandler
 
 
@@ -17,10 +21,15 @@ class OrgPage(PageHandler):
         with self.Session() as s:
             projects = org.list_projects(s, roles.visible_projects(who))
             depts = [d for d in org.list_departments(s) if seen is None or d["name"] in seen]
+            node_pools = set(s.scalars(select(NodeRow.pool).distinct()))
         editable = {p["name"] for p in projects if roles.allowed(who, "manage_project", project=p["name"])}
         creatable = [d["name"] for d in depts if roles.allowed(who, "manage_project", department=d["name"])]
+        # pools with nodes, and pools a quota names (its nodes may join later)
+        pools = sorted((node_pools | {k for x in depts + projects for k in x["pools"]}) - {DEFAULT_POOL})
+        pool_rows = [("departments", d, self.is_admin) for d in depts] + \
+            [("projects", p, p["name"] in editable) for p in projects]
         self.render_page("org.html", depts=depts, projects=projects, editable=editable,
-                         creatable=creatable)
+                         creatable=creatable, pools=pools, pool_rows=pool_rows, default_pool=DEFAULT_POOL)
 
 
 def routes(prefix):

@@ -1,0 +1,138 @@
+"""Quotas per node pool: set through REST and the admin panel, refused with the field and
+pool named, bounded per pool by the department, and used by the scheduler (work in one pool
+waits at that pool's quota while the project's quota in another pool is free). The spawn
+form's free GPUs per pool follow another user's workspace while the form stays open."""
+
+import shutil
+import sys
+
+import pytest
+from hubclient import HubClient, call
+from hubproc import ADMIN_PW, USER_PW, Hub
+
+from tests.chromium import login
+from tests.waits import wait_for
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not shutil.which("chromium"), reason="Debian's chromium is not installed "
+                       "(scripts/setup-system installs it)"),
+]
+
+CONFIG = """c = get_config()  # noqa
+c.Gpupool.use_nvml = False
+c.Gpupool.declared_gpus = [
+    {"node": "a", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "count": 2},
+    {"node": "b", "model": "NVIDIA B200", "memory_mib": 183359, "count": 2, "pool": "fast"},
+]
+"""
+SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+@pytest.fixture(scope="module")
+def phub(tmp_path_factory):
+    h = Hub(tmp_path_factory.mktemp("phub"), config=CONFIG).start()
+    yield h
+    h.stop()
+
+
+def _state(hub, token, name):
+    status, w = call(hub.url, token, "GET", f"/workloads/{name}")
+    assert status == 200, w
+    return w
+
+
+def _error(reply, field):
+    status, body = reply
+    assert status == 400 and body["error"]["field"] == field, reply
+    return body["error"]["message"]
+
+
+def test_rest_refusals_name_the_field_and_pool(phub):
+    admin = HubClient(phub.url).login("admin", ADMIN_PW).token("admin")
+    status, d = call(phub.url, admin, "PATCH", "/departments/ops", {"pools": {"fast": {"gpus": 1}}})
+    assert status == 200 and d["pools"]["fast"]["gpus"] == 1
+    msg = _error(call(phub.url, admin, "PATCH", "/projects/serving", {"pools": {"fast": {"gpus": 1.5}}}),
+                 "pools.fast.gpus")
+    assert "from 0 to 1: department 'ops' has a quota of 1 GPUs in node pool fast" in msg
+    assert call(phub.url, admin, "PATCH", "/projects/serving", {"pools": {"fast": {"gpus": 1}}})[0] == 200
+    msg = _error(call(phub.url, admin, "PATCH", "/departments/ops", {"pools": {"fast": {"gpus": 0.5}}}),
+                 "pools.fast.gpus")
+    assert "sum of the department's project quotas in node pool fast" in msg
+    _error(call(phub.url, admin, "PATCH", "/projects/serving", {"pools": {"fast": {"limit": -1}}}),
+           "pools.fast.limit")
+    _error(call(phub.url, admin, "PATCH", "/projects/serving", {"pools": {"fast": {"weight": 1}}}),
+           "pools.fast.weight")
+    status, p = call(phub.url, admin, "GET", "/projects/serving")
+    assert p["pools"]["fast"] == {"gpus": 1, "over_quota_weight": 1, "limit": None,
+                                  "cpu_quota": None, "memory_quota_gib": None}
+
+
+def test_pool_quota_set_in_the_panel_is_the_one_the_scheduler_uses(phub, browser, shots):
+    admin = HubClient(phub.url).login("admin", ADMIN_PW).token("admin")
+    bob = HubClient(phub.url).login("bob", USER_PW).token("bob")
+    assert call(phub.url, admin, "PATCH", "/departments/research", {"pools": {"fast": {"gpus": 1}}})[0] == 200
+    assert call(phub.url, admin, "PATCH", "/projects/nlp", {"pools": {"fast": {"gpus": 1}}})[0] == 200
+
+    # alice's form is open before bob's workspace starts in pool fast
+    form = login(browser, phub.url, "alice", USER_PW)
+    form.goto(phub.url + "/hub/spawn")
+    assert "fast: 2 of 2 GPUs free" in form.inner_text("#gp-pool")
+    status, w = call(phub.url, bob, "POST", "/workloads", {
+        "kind": "workspace", "project": "nlp", "gpu_mode": "whole", "gpus": 1, "node_pool": "fast",
+        "server_name": "p"})
+    assert status == 202, w
+    wait_for(lambda: _state(phub, bob, "ws-bob-p")["state"] == "running", "bob's workspace running")
+    form.wait_for_function("document.getElementById('gp-pool').innerText.includes('fast: 1 of 2 GPUs free')",
+                           timeout=60_000)
+    assert form.url.endswith("/hub/spawn")  # the same page, not reloaded
+    form.screenshot(path=str(shots / "spawn-form-pool-refreshed.png"), full_page=True)
+
+    # nlp's quota in pool fast is used; its free quota in the default pool does not help
+    status, w = call(phub.url, bob, "POST", "/workloads", {
+        "kind": "training", "project": "nlp", "name": "fast-b", "gpu_mode": "whole", "gpus": 1,
+        "node_pool": "fast", "preemptible": False, "command": SLEEP})
+    assert status == 201, w
+    w = wait_for(lambda: (lambda x: x if x["reason"] else None)(_state(phub, bob, "fast-b")),
+                 "fast-b waiting with a reason")
+    assert w["state"] == "pending"
+    assert w["reason"].startswith("project nlp is at its quota 1/1 GPUs") and "in pool fast" in w["reason"], w
+
+    page = login(browser, phub.url, "admin", ADMIN_PW)
+    page.goto(phub.url + "/services/gpupool/org")
+    page.wait_for_selector("#pool-quotas")
+    nlp = page.locator("#pool-quotas tr[data-kind=projects][data-name=nlp][data-pool=fast]")
+    assert float(nlp.locator("input[name=gpus]").input_value()) == 1
+    nlp.locator("input[name=gpus]").fill("2")  # beyond the department's quota in pool fast
+    nlp.locator("button").click()
+    page.wait_for_function("document.getElementById('msg').className === 'err'")
+    assert "pools.fast.gpus" in page.inner_text("#msg") and "node pool fast" in page.inner_text("#msg")
+    assert _state(phub, bob, "fast-b")["state"] == "pending"
+    dept = page.locator("#pool-quotas tr[data-kind=departments][data-name=research][data-pool=fast]")
+    dept.locator("input[name=gpus]").fill("2")
+    dept.locator("button").click()
+    page.wait_for_function("document.getElementById('msg').textContent.includes('Saved research in pool fast')")
+    nlp.locator("button").click()
+    page.wait_for_function("document.getElementById('msg').textContent.includes('Saved nlp in pool fast')")
+    wait_for(lambda: _state(phub, bob, "fast-b")["state"] == "running", "fast-b running on the raised quota")
+    assert {p["node"] for p in _state(phub, bob, "fast-b")["placement"]} == {"b"}
+    status, p = call(phub.url, admin, "GET", "/projects/nlp")
+    assert (p["gpus"], p["pools"]["fast"]["gpus"]) == (1, 2)  # the default pool's is untouched
+
+    # CPU and memory quotas are edited in the same panel
+    vision = page.locator("#projects tr[data-name=vision]")
+    vision.locator("input[name=cpu_quota]").fill("8")
+    vision.locator("input[name=memory_quota_gib]").fill("32")
+    vision.locator("button", has_text="Save").click()
+    page.wait_for_function("document.getElementById('msg').textContent.includes('Saved vision')")
+    status, p = call(phub.url, admin, "GET", "/projects/vision")
+    assert (p["cpu_quota"], p["memory_quota_gib"]) == (8, 32)
+    page.reload()
+    assert float(page.locator("#projects tr[data-name=vision] input[name=cpu_quota]").input_value()) == 8
+    page.screenshot(path=str(shots / "admin-org-pools.png"), full_page=True)
+    status, audit = call(phub.url, admin, "GET", "/audit?project=nlp&action=project.quota")
+    assert status == 200, audit
+    assert any(e["actor"] == "admin" and e["details"].get("pools", [None, {}])[1].get("fast", {}).get("gpus") == 2
+               for e in audit["items"]), audit
+    for name in ("fast-b", "ws-bob-p"):
+        call(phub.url, admin, "DELETE", f"/workloads/{name}")
