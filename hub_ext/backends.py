@@ -17,7 +17,6 @@ Every pod the Kubernetes implementations write follows ``scheduler.contract``.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Protocol
 
@@ -37,9 +36,10 @@ class Trainings(Protocol):
 
 
 def kube_client(cfg: Gpupool) -> KubeClient:
-    """The hub's client of the API server: ``Gpupool.kubeconfig``, else $KUBECONFIG, else the
-    pod's service account."""
-    return KubeClient.from_file_or_pod(cfg.kubeconfig or os.environ.get("KUBECONFIG", ""))
+    """The hub's client of the API server (``k8s_org.kubeconfig_path``)."""
+    from .k8s_org import kubeconfig_path
+
+    return KubeClient.from_file_or_pod(kubeconfig_path(cfg.kubeconfig))
 
 
 def replica_backend(rt):

@@ -97,8 +97,10 @@ def configure(c) -> Runtime:
         {"name": "gpupool-service", "scopes": ["admin:servers", "read:users", "list:users"],
          "services": ["gpupool"]},
     ]
-    # KUBERNETES_SERVICE_*: the service reaches the API server with the pod's service account
-    env = {k: v for k, v in os.environ.items() if k.startswith(("GPUPOOL_", "KUBERNETES_SERVICE_"))}
+    # KUBERNETES_SERVICE_* or KUBECONFIG: the service reaches the API server as the hub does
+    # (the pod's service account, or the hub's kubeconfig; hub_ext.k8s_org.kubeconfig_path)
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(("GPUPOOL_", "KUBERNETES_SERVICE_")) or k == "KUBECONFIG"}
     env["GPUPOOL_STATE_DIR"] = cfg.state_dir
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     c.JupyterHub.services = [

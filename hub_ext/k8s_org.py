@@ -15,6 +15,7 @@ other pools of an object are kept as they are.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import aiohttp
@@ -44,11 +45,18 @@ class Unavailable(GpupoolError):
     """The API server could not take a write (the REST API answers 503)."""
 
 
+def kubeconfig_path(kubeconfig: str) -> str:
+    """The hub's kubeconfig: ``Gpupool.kubeconfig``, else $KUBECONFIG; empty: the pod's
+    service account."""
+    return kubeconfig or os.environ.get("KUBECONFIG", "")
+
+
 async def client(kubeconfig: str) -> KubeClient:
-    """One client per process: ``kubeconfig``, or the pod's service account when empty."""
-    if kubeconfig not in _clients:
-        _clients[kubeconfig] = await KubeClient.from_kubeconfig(kubeconfig or None)
-    return _clients[kubeconfig]
+    """One client per process, from ``kubeconfig_path(kubeconfig)``."""
+    path = kubeconfig_path(kubeconfig)
+    if path not in _clients:
+        _clients[path] = await KubeClient.from_kubeconfig(path or None)
+    return _clients[path]
 
 
 # -- the objects' shape ------------------------------------------------------------------

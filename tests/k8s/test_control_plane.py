@@ -312,3 +312,60 @@ def test_the_charts_activator_scales_a_hub_service_to_zero_and_back(control_plan
 
 async def _none(listing) -> bool:
     return await listing == []
+
+
+def test_the_panel_and_kubectl_share_one_organisation_and_the_widget_submits_pods(control_plane, chart_cluster):  # noqa: F811
+    """After ``helm install``: a Project applied in the cluster (as kubectl does) shows in the
+    REST API and the admin panel; a quota edited as the panel edits it (REST, as an admin)
+    lands on the Project object gpupool-scheduler reads; a training submitted from the
+    notebook widget becomes pods bound by gpupool-scheduler."""
+    from gpupool.widgets import JobLauncher
+
+    hub, passwords, _ = control_plane
+    admin = HubClient(hub.url).login("admin", passwords["admin-password"]).token("admin")
+    alice = HubClient(hub.url).login("alice", passwords["user-password"]).token("alice")
+    group = "/apis/gpupool.io/v1alpha1"
+
+    async def flow(kc):
+        await kc.post(f"{group}/projects", {
+            "apiVersion": "gpupool.io/v1alpha1", "kind": "Project", "metadata": {"name": "applied"},
+            "spec": {"department": "research", "quotas": {"default": {"gpus": 2}}}})
+
+        def listed() -> bool:
+            status, body = call(hub.url, admin, "GET", "/projects")
+            return status == 200 and any(p["name"] == "applied" and p["gpus"] == 2 for p in body["items"])
+        await wait_until(lambda: asyncio.to_thread(listed), "the applied Project in the REST API", timeout=60)
+        status, page = call(hub.url, admin, "GET", "/services/gpupool/org", api=False)
+        assert status == 200 and "applied" in page["raw"], page
+
+        status, body = call(hub.url, admin, "PATCH", "/projects/applied", {"gpus": 3})
+        assert status == 200, body
+        obj = await kc.get(f"{group}/projects/applied")
+        assert obj["spec"]["quotas"]["default"]["gpus"] == 3
+        status, body = call(hub.url, admin, "PATCH", "/projects/applied", {"gpus": -1})
+        assert status == 400 and body["error"]["field"] == "gpus", body
+        assert (await kc.get(f"{group}/projects/applied"))["spec"]["quotas"]["default"]["gpus"] == 3
+
+        # the notebook widget, as alice would use it in her workspace
+        launcher = JobLauncher(url=hub.url, token=alice)
+        launcher.name.value, launcher.project.value = "from-widget", "vision"
+        launcher.gpu.value, launcher.workers.value = 1, 1
+        launcher.command.value = "python train.py"
+        job = launcher.submit()
+        assert job is not None and job["name"] == "from-widget", launcher.message.value
+
+        async def bound():
+            ps = (await kc.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=f"{L.TRAINING}=from-widget"))["items"]
+            return [p for p in ps if p["spec"].get("nodeName")]
+        (pod,) = await wait_until(bound, "the widget's training bound by gpupool-scheduler", timeout=120)
+        assert pod["spec"]["schedulerName"] == "gpupool"
+        assert pod["metadata"]["annotations"][A.PROJECT] == "vision"
+        status, body = call(hub.url, alice, "DELETE", "/trainings/from-widget")
+        assert status in (200, 202, 204), body
+        await kc.delete(f"{group}/projects/applied")
+
+    try:
+        run(flow, chart_cluster)
+    except BaseException:
+        print(f"--- hub ---\n{hub.tail(30000)}")
+        raise
