@@ -3,7 +3,8 @@ places, seen on the API server, written as the embedded scheduler's events are.
 
 - ``placed`` at the pod's bind (its ``PodScheduled=True`` transition), with the GPUs the
   scheduler gave it (``gpupool.io/gpu-indices`` and ``gpu-milli``): GPU-hours open there;
-- ``preempted`` when gpupool-scheduler evicted it (its ``Preempted`` Event on the pod);
+- ``preempted`` when gpupool-scheduler evicted it: the mark it writes on the pod before its
+  delete (``scheduler.contract.preempted``), seen in the pod's last state, never looked up;
 - ``released`` at its end: when it is gone after a deletion (at most its
   ``deletionTimestamp``, the end of its grace period), or for a pod that ran to completion
   its containers' last finish. GPU-hours close there.
@@ -23,7 +24,7 @@ from datetime import datetime
 
 from sqlalchemy import select
 
-from scheduler.contract import SCHEDULER_NAME, A, waiting_reason
+from scheduler.contract import SCHEDULER_NAME, A, preempted, waiting_reason
 from scheduler.k8s.client import ApiError, KubeClient
 
 from .db import EventRow, WorkloadRow
@@ -160,7 +161,7 @@ class PodEvents:
             done.add("placed")
         end = end_time(pod, time.time() if deleted else None)
         if end is not None and "released" not in done:
-            if await self._evicted(pod):
+            if preempted(pod):
                 self._write_once(key, "preempted", end, project, user,
                                  f"{key} evicted by gpupool-scheduler")
             self._write_once(key, "released", end, project, user, f"{key} released its GPUs")
@@ -189,21 +190,6 @@ class PodEvents:
             if w is not None and w.state == "pending":
                 w.state, w.placement, w.start_time, w.reason = "running", placement, since, ""
                 s.commit()
-
-    async def _evicted(self, pod: dict, tries: int = 6) -> bool:
-        """gpupool-scheduler's ``Preempted`` Event on this pod (written just after its delete,
-        so a deleted pod's is looked for a few times)."""
-        for i in range(tries if pod["metadata"].get("deletionTimestamp") else 1):
-            try:
-                doc = await self.kc.get(f"/api/v1/namespaces/{self.namespace}/events",
-                                        fieldSelector=f"involvedObject.uid={pod['metadata']['uid']},reason=Preempted")
-            except ApiError:
-                return False
-            if doc.get("items"):
-                return True
-            if i < tries - 1:
-                await asyncio.sleep(0.5)
-        return False
 
     def _write_once(self, key: str, kind: str, ts: float, project: str, user: str | None, message: str,
                     **fields) -> None:

@@ -14,7 +14,10 @@ functions, no I/O:
 - ``share_env``: the fractional environment the interception library reads (memory cap in
   bytes, compute share in percent rounded up);
 - ``waiting_reason``: why a pod still waits, as gpupool-scheduler wrote it on the pod
-  (``PodScheduled=False``, ``scheduler.k8s.objects.scheduled_condition``).
+  (``PodScheduled=False``, ``scheduler.k8s.objects.scheduled_condition``);
+- ``preemption_condition`` / ``preempted``: gpupool-scheduler marks a pod it evicts with
+  ``DisruptionTarget=True`` (reason ``PreemptionByScheduler``, as kube-scheduler does) before
+  it deletes it, so whoever watches the pod sees why it goes in its last state.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ __all__ = [
     "gpu_parts",
     "memory_mib",
     "pod_condition",
+    "preempted",
+    "preemption_condition",
     "request_annotations",
     "share_env",
     "waiting_reason",
@@ -233,3 +238,21 @@ def waiting_reason(pod: dict | None) -> str | None:
     if sched and sched.get("status") == "False":
         return sched.get("message") or sched.get("reason")
     return None
+
+
+DISRUPTION_TARGET = "DisruptionTarget"
+PREEMPTION_REASON = "PreemptionByScheduler"
+
+
+def preemption_condition(message: str, now: str) -> dict:
+    """A strategic-merge patch of the pod status written before an eviction's delete."""
+    return {"status": {"conditions": [{
+        "type": DISRUPTION_TARGET, "status": "True", "reason": PREEMPTION_REASON,
+        "message": message[:1024], "lastTransitionTime": now,
+    }]}}  # fmt: skip
+
+
+def preempted(pod: dict | None) -> bool:
+    """Whether gpupool-scheduler evicted ``pod`` (its mark, ``preemption_condition``)."""
+    c = pod_condition(pod or {}, DISRUPTION_TARGET)
+    return bool(c and c.get("status") == "True" and c.get("reason") == PREEMPTION_REASON)

@@ -45,6 +45,7 @@ from .objects import (
     parse_pod,
     parse_project,
     placement_annotations,
+    preemption_mark,
     request_signature,
     scheduled_condition,
     update_pod,
@@ -559,8 +560,12 @@ class GpupoolScheduler:
 
     async def _evict(self, pod: PodRequest, reason: str, grace_s: float) -> None:
         grace = max(0, round(grace_s))
+        message = f"{reason} (grace period {grace}s)"
         async with self._bind_sem:
             try:
+                # marked first: the pod's last state says why it went (contract.preempted)
+                await self.kc.patch(_pod_path(pod.namespace, pod.name, "status"),
+                                    preemption_mark(message), kind="strategic")
                 await self.kc.delete(_pod_path(pod.namespace, pod.name),
                                      {"apiVersion": "v1", "kind": "DeleteOptions",
                                       "gracePeriodSeconds": grace})
@@ -571,8 +576,7 @@ class GpupoolScheduler:
                     self.evicting.discard(pod.workload)
                     self._refresh(pod.workload)  # still running: a victim again
                 return
-        self._report(pod.namespace, pod.name, pod.uid, "Preempted",
-                     f"{reason} (grace period {grace}s)", condition=False)
+        self._report(pod.namespace, pod.name, pod.uid, "Preempted", message, condition=False)
 
     def _report_workload(self, wname: str, reason: str, message: str, *, force: bool = False,
                          now: float | None = None) -> None:

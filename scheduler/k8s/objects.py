@@ -20,7 +20,14 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import Any
 
-from ..contract import DEFAULT_PRELOAD, GPU_RESOURCE, A, config_map_name, share_env
+from ..contract import (
+    DEFAULT_PRELOAD,
+    GPU_RESOURCE,
+    A,
+    config_map_name,
+    preemption_condition,
+    share_env,
+)
 from ..model import (
     DEFAULT_POOL,
     GPU,
@@ -47,6 +54,7 @@ __all__ = [
     "parse_project",
     "parse_quantity",
     "placement_annotations",
+    "preemption_mark",
     "scheduled_condition",
 ]
 
@@ -453,6 +461,11 @@ def scheduled_condition(reason: str, message: str) -> JSON:
         "type": "PodScheduled", "status": "False", "reason": reason,
         "message": message, "lastTransitionTime": _now(),
     }]}}  # fmt: skip
+
+
+def preemption_mark(message: str) -> JSON:
+    """A strategic-merge patch for the pod status: DisruptionTarget=True, before an eviction."""
+    return preemption_condition(message, _now())
 
 
 def event(pod_ns: str, pod_name: str, pod_uid: str, reason: str, message: str,

@@ -1,7 +1,8 @@
 """The event log on Kubernetes (hub_ext/cluster_events.py): a pod gpupool-scheduler binds
 and then is deleted gives ``placed`` at its bind and ``released`` at its deletion, and its
 GPU-hours are its GPUs times the time between the two; an evicted pod also gives
-``preempted``."""
+``preempted``, known from the mark gpupool-scheduler leaves on the pod: the follower never
+asks the API server for Events."""
 
 from __future__ import annotations
 
@@ -23,6 +24,19 @@ def _labelled(pod: dict, workload: str, owner: str) -> dict:
     return pod
 
 
+def _event_reads(kc) -> list[str]:
+    """The follower's reads of Events (there should be none: the pods say it all)."""
+    reads: list[str] = []
+    real = kc.get
+
+    async def get(path: str, **params):
+        if path.endswith("/events"):
+            reads.append(path)
+        return await real(path, **params)
+    kc.get = get
+    return reads
+
+
 def test_gpu_hours_of_a_workspace_are_its_bind_to_its_deletion(k8s_cluster: ClusterInfo, ns, sched, tmp_path):
     Session = make_sessionmaker(f"sqlite:///{tmp_path}/hub.db")
     projects = {"p-ev-ws": {"gpus": 2}, "p-ev-low": {"gpus": 0}}
@@ -34,6 +48,7 @@ def test_gpu_hours_of_a_workspace_are_its_bind_to_its_deletion(k8s_cluster: Clus
     async def go():
         async with kube(k8s_cluster) as kc:
             await create_org(kc, "d-ev", 2, projects)
+            reads = _event_reads(kc)
             follower = PodEvents(kc, Session, ns)
             task = asyncio.ensure_future(follower.run())
             try:
@@ -56,6 +71,7 @@ def test_gpu_hours_of_a_workspace_are_its_bind_to_its_deletion(k8s_cluster: Clus
                 await wait_until(gone, "the pod gone")
                 seen_gone = time.time()
                 await wait_until(lambda: _async("released" in events("alice/ws")), "released in the log", timeout=60)
+                assert reads == []  # a user's delete is not looked up as a possible eviction
                 return p, deleting, asked, seen_gone
             finally:
                 task.cancel()
@@ -93,6 +109,7 @@ def test_an_evicted_pod_is_preempted_in_the_log(k8s_cluster: ClusterInfo, ns, sc
     async def go():
         async with kube(k8s_cluster) as kc:
             await create_org(kc, "d-ev2", 32, projects)
+            reads = _event_reads(kc)
             task = asyncio.ensure_future(PodEvents(kc, Session, ns).run())
             try:
                 # over quota, the whole cluster: anything in quota takes it back
@@ -107,6 +124,10 @@ def test_an_evicted_pod_is_preempted_in_the_log(k8s_cluster: ClusterInfo, ns, sc
                 await wait_until(lambda: _async(any({"preempted", "released"} <= kinds(f"lo-{i}")
                                                     for i in range(4))), "a low pod evicted", timeout=60)
                 await wait_until(lambda: _async("placed" in kinds("hi")), "the workspace placed")
+                assert reads == []
+                evicted = [i for i in range(4) if "preempted" in kinds(f"lo-{i}")]
+                assert evicted and all("released" in kinds(f"lo-{i}") for i in evicted)
+                assert "preempted" not in kinds("hi")
             finally:
                 task.cancel()
                 await delete_org(kc, "d-ev2", projects)

@@ -126,3 +126,13 @@ def test_whole_gpu_pods_mount_nothing():
     assert c["resources"]["limits"] == {GPU_RESOURCE: "2"}
     assert "envFrom" not in c and "volumes" not in tr["spec"]
     assert parse_pod(tr).demand.gpus == 2
+
+
+def test_a_pod_marked_by_the_scheduler_reads_as_preempted():
+    from scheduler.contract import preempted
+    from scheduler.k8s.objects import preemption_mark
+
+    mark = preemption_mark("project p takes back its quota")["status"]["conditions"][0]
+    assert preempted({"status": {"conditions": [{"type": "Ready", "status": "True"}, mark]}})
+    assert not preempted({"status": {"conditions": [{**mark, "reason": "DeletionByTaintManager"}]}})
+    assert not preempted({"status": {}}) and not preempted(None)
