@@ -1,7 +1,8 @@
 """The cluster's own inventory on Kubernetes: nodes and their GPUs as gpupool-node-agent
 publishes them on the Node objects, and the pods gpupool-scheduler placed on each GPU (its
 bind annotations). Watched through the API server and copied into the ``nodes`` table, which
-the admin panel and the REST API read; there are no declared GPUs on Kubernetes.
+the admin panel and the REST API read; there are no declared GPUs on Kubernetes. A change
+rebuilds only its node's row, and the rows are written in batches (``InventorySync``).
 
 Each GPU of a node row carries ``pods``: ``[{pod, namespace, project, gpu, over_quota}]``, the pods
 sharing it (``gpu`` in GPUs, e.g. 0.5 for half of one).
@@ -9,6 +10,7 @@ sharing it (``gpu`` in GPUs, e.g. 0.5 for half of one).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -93,26 +95,95 @@ def rows(nodes: dict[str, dict], pods: dict[str, dict]) -> list[NodeRow]:
     return list(out.values())
 
 
-class InventorySync(Mirror):
-    """Watches Nodes (cluster-wide) and the pods of ``namespace``; after each change the
-    ``nodes`` table is made equal to the cluster."""
+def _node_inputs(node: dict) -> tuple:
+    """What a node's row is made of: a change elsewhere (a kubelet's heartbeat in its
+    conditions) changes nothing the inventory stores."""
+    meta, status = node["metadata"], node.get("status") or {}
+    return (meta.get("labels"), meta.get("annotations"), status.get("allocatable"), status.get("capacity"))
 
-    def __init__(self, kc: KubeClient, Session, namespace: str, retry_s: float = 2.0):
+
+def _pod_entry(pod: dict | None) -> tuple | None:
+    """(node, GPU indices, GPUs of each, project, over quota) of a pod on a GPU, else None."""
+    share = None if pod is None else pod_share(pod)
+    if share is None:
+        return None
+    meta = pod["metadata"]  # type: ignore[index]
+    ann, labels = meta.get("annotations") or {}, meta.get("labels") or {}
+    return (*share, ann.get(A.PROJECT) or labels.get(A.PROJECT) or "", ann.get(A.OVER_QUOTA_PLACED) == "true")
+
+
+class InventorySync(Mirror):
+    """Watches Nodes (cluster-wide) and the pods of ``namespace``. A change touches only the
+    row of its node (a pod's: the nodes it leaves and joins), and only when it changes what
+    the row holds; changed rows are written together, at most once every ``flush_s``."""
+
+    def __init__(self, kc: KubeClient, Session, namespace: str, retry_s: float = 2.0, flush_s: float = 1.0):
         super().__init__(kc, Session, {"nodes": "/api/v1/nodes",
                                        "pods": f"/api/v1/namespaces/{namespace}/pods"}, retry_s)
-        self._last: list | None = None
+        self.flush_s = flush_s
+        self.dirty: set[str] = set()  # node names whose row is to be built and written
+        self.stats = {"rows_built": 0, "writes": 0}
+        self._written: dict[str, tuple] = {}  # name -> what its row held when last written
+        self._all = False  # a whole path read again: rows of gone nodes are deleted
+        self._flush: asyncio.TimerHandle | None = None
 
-    def apply(self) -> None:
-        new = rows(self.objects["nodes"], self.objects["pods"])
-        seen = [(r.name, r.pool, r.gpus, r.cpu_milli, r.memory_mib) for r in new]
-        if seen == self._last:  # kwok's and the kubelet's heartbeats change nothing shown
+    def listed(self, kind: str) -> None:
+        self._all = True
+        self.dirty.update(parse_node(n).name for n in self.objects["nodes"].values())
+        self._schedule(now=not self._written)  # the first copy at once: the panel shows it
+
+    def updated(self, kind: str, old: dict | None, new: dict | None) -> None:
+        if kind == "nodes":
+            if old is None or new is None or _node_inputs(old) != _node_inputs(new):
+                self.dirty.add((new or old)["metadata"]["name"])  # type: ignore[index]
+        else:
+            before, after = _pod_entry(old), _pod_entry(new)
+            if before == after:  # the same pod (one key): its phase, a probe, changes nothing
+                return
+            self.dirty.update(e[0] for e in (before, after) if e is not None)
+        if self.dirty:
+            self._schedule()
+
+    def _schedule(self, now: bool = False) -> None:
+        if self._flush is not None and not now:
             return
-        self._last = seen
-        with self.Session() as s:
-            names = {r.name for r in new}
-            for (name,) in s.execute(select(NodeRow.name)).all():
-                if name not in names:
+        if self._flush is not None:
+            self._flush.cancel()
+        self._flush = asyncio.get_running_loop().call_later(0 if now else self.flush_s, self.flush)
+
+    def flush(self) -> None:
+        """Build the dirty nodes' rows from the copy and write those that changed, at once."""
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        names, self.dirty = self.dirty, set()
+        nodes = {parse_node(n).name: n for n in self.objects["nodes"].values()}
+        pods = {k: p for k, p in self.objects["pods"].items()
+                if (p.get("spec") or {}).get("nodeName") in names}
+        built = rows({n: nodes[n] for n in names if n in nodes}, pods)
+        self.stats["rows_built"] += len(built)
+        new = {r.name: r for r in built
+               if self._written.get(r.name) != (r.pool, r.gpus, r.cpu_milli, r.memory_mib)}
+        gone = {n for n in names if n not in nodes}
+        everything, self._all = self._all, False
+        try:
+            with self.Session() as s:
+                if everything:
+                    gone |= {n for (n,) in s.execute(select(NodeRow.name))
+                             if n not in nodes}
+                for name in gone:
                     s.execute(delete(NodeRow).where(NodeRow.name == name))
-            for r in new:
-                s.merge(r)
-            s.commit()
+                for r in new.values():
+                    s.merge(r)
+                if gone or new:
+                    s.commit()
+                    self.stats["writes"] += 1
+        except Exception:
+            log.exception("writing the cluster's inventory failed")
+            self.dirty |= names  # again at the next change or list
+            self._all |= everything
+            return
+        for name in gone:
+            self._written.pop(name, None)
+        for r in new.values():
+            self._written[r.name] = (r.pool, r.gpus, r.cpu_milli, r.memory_mib)

@@ -1,9 +1,14 @@
-"""A copy of some Kubernetes objects kept current by list and watch, for the hub's followers
-of the cluster (hub_ext.k8s_org: the organisation; hub_ext.k8s_inventory: nodes and pods).
+"""A copy of some Kubernetes objects kept current by list and watch, shared by the hub's
+followers of the cluster (hub_ext.k8s_org: the organisation; hub_ext.k8s_inventory: nodes
+and pods; hub_ext.training.controller: training pods; hub_ext.inference.published: the
+published services) so that none of them lists the API server in a loop.
 
-Each path is listed, then watched from the list's version; a watch that ends goes on from
-the last version seen, and a 410 (that version is too old) or an error lists again. After
-every change, once each path has been listed, ``apply`` makes the hub's rows match."""
+Each path is listed (``selectors``: a label selector per path), then watched from the list's
+version; a watch that ends goes on from the last version seen, and a 410 (that version is
+too old) or an error lists again. Once every path has been listed, each change calls
+``listed`` (a whole path read again) or ``updated`` (one object), whose default is ``apply``
+(make the hub's rows match), and moves ``version`` on: ``wait_past`` wakes a loop at the
+next change instead of a poll."""
 
 from __future__ import annotations
 
@@ -22,50 +27,95 @@ def key(obj: dict) -> str:
 
 
 class Mirror:
-    def __init__(self, kc: KubeClient, Session, paths: dict[str, str], retry_s: float = 2.0):
+    def __init__(self, kc: KubeClient, Session, paths: dict[str, str], retry_s: float = 2.0,
+                 selectors: dict[str, str] | None = None):
         self.kc = kc
         self.Session = Session
         self.paths = paths
+        self.selectors = selectors or {}
         self.retry_s = retry_s
         self.objects: dict[str, dict[str, dict]] = {k: {} for k in paths}
         self.synced = dict.fromkeys(paths, False)
+        self.version = 0  # moves on at every change seen once every path is listed
+        self.lists = 0  # lists made (the first of each path, then one per expired watch)
+        self._waiters: list[asyncio.Future] = []
         self._tasks: list[asyncio.Task] = []
 
+    @property
+    def ready(self) -> bool:
+        """Every path listed: before that, a half copy looks like deletions."""
+        return all(self.synced.values())
+
     def start(self) -> None:
-        self._tasks = [asyncio.ensure_future(self._follow(k)) for k in self.paths]
+        if not self._tasks:
+            self._tasks = [asyncio.ensure_future(self._follow(k)) for k in self.paths]
 
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
 
     def apply(self) -> None:
-        """Make the hub's rows match ``objects`` (called once every path is listed)."""
-        raise NotImplementedError
+        """Make the hub's rows match ``objects``."""
 
-    def _changed(self) -> None:
-        if all(self.synced.values()):  # every list first: a half copy looks like deletions
-            self.apply()
+    def listed(self, kind: str) -> None:
+        """``objects[kind]`` was read again as a whole."""
+        self.apply()
+
+    def updated(self, kind: str, old: dict | None, new: dict | None) -> None:
+        """One object of ``kind`` changed (``old`` None: added; ``new`` None: deleted)."""
+        self.apply()
+
+    async def wait_past(self, version: int, timeout: float | None = None) -> bool:
+        """Until ``version`` is passed (a change after it); False when ``timeout`` ends first."""
+        if self.version > version:
+            return True
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            if fut in self._waiters:
+                self._waiters.remove(fut)
+
+    def _moved(self) -> None:
+        self.version += 1
+        for f in self._waiters:
+            if not f.done():
+                f.set_result(None)
+        self._waiters.clear()
 
     async def _follow(self, kind: str) -> None:
         path = self.paths[kind]
+        sel = {"labelSelector": self.selectors[kind]} if kind in self.selectors else {}
         while True:
             try:
-                items, rv = await self.kc.list_all(path)
+                items, rv = await self.kc.list_all(path, **sel)
+                self.lists += 1
                 self.objects[kind] = {key(o): o for o in items}
                 self.synced[kind] = True
-                self._changed()
+                if self.ready:
+                    self.listed(kind)
+                    self._moved()
                 while True:  # a watch ends after its timeout: go on from the last version
-                    async for ev in self.kc.watch(path, rv):
+                    async for ev in self.kc.watch(path, rv, **sel):
                         obj = ev.get("object") or {}
                         rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
                         if ev["type"] == "BOOKMARK":
                             continue
+                        k = key(obj)
+                        old = self.objects[kind].get(k)
                         if ev["type"] == "DELETED":
-                            self.objects[kind].pop(key(obj), None)
+                            self.objects[kind].pop(k, None)
                         else:
-                            self.objects[kind][key(obj)] = obj
-                        self._changed()
+                            self.objects[kind][k] = obj
+                        if self.ready:
+                            self.updated(kind, old, None if ev["type"] == "DELETED" else obj)
+                            self._moved()
             except asyncio.CancelledError:
                 raise
             except ApiError as e:
