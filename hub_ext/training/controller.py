@@ -4,7 +4,8 @@ It takes the jobs the REST API, the CLI and the widget submit (rows in state ``s
 as the embedded ``JobRunner`` does) and makes, per job, a checkpoint claim that outlives
 the pods (``NAME-checkpoints``), a headless Service and one pod per worker
 (``training.k8s.training_objects``) that gpupool-scheduler binds as one gang. It follows
-the pods through the API server and moves the job:
+the pods with a watch (``k8s_mirror.Mirror``: listed once, then each change wakes it) and
+moves the job:
 
 - Pending, with gpupool-scheduler's reason (the pods' ``PodScheduled=False`` message);
 - Running once every worker is bound and running;
@@ -30,6 +31,7 @@ from scheduler.k8s.client import ApiError, KubeClient
 
 from ..db import WorkloadRow
 from ..events import add_event
+from ..k8s_mirror import Mirror
 from .db import FINAL, SUBMITTED, TrainingRow, set_status
 from .k8s import K8sOptions, training_objects
 from .spec import TrainingSpec
@@ -122,15 +124,19 @@ class K8sTrainings:
 
     def __init__(self, kc: KubeClient, Session, namespace: str, poll_s: float = 0.5,
                  checkpoint_size: str = "10Gi", storage_class: str = ""):
+        # poll_s: how often the hub's own rows are read (new jobs, control requests); the
+        # pods come from the watch, and any change of one wakes the controller at once
         self.kc, self.Session, self.namespace, self.poll_s = kc, Session, namespace, poll_s
         self.checkpoint_size, self.storage_class = checkpoint_size, storage_class
         self.api = f"/api/v1/namespaces/{namespace}"
+        self.pods = Mirror(kc, Session, {"pods": f"{self.api}/pods"}, selectors={"pods": L.TRAINING})
         self._task: asyncio.Task | None = None
         self._busy: set[str] = set()  # jobs whose pods the hub itself is deleting or creating
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
         if self._task is None:
+            self.pods.start()
             self._task = asyncio.ensure_future(self._loop())
 
     async def stop(self) -> None:
@@ -139,17 +145,24 @@ class K8sTrainings:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
+        await self.pods.stop()
 
     async def _loop(self) -> None:
         while True:
+            seen = self.pods.version
             try:
                 await self.poll()
             except Exception:
                 log.exception("training controller poll failed")
-            await asyncio.sleep(self.poll_s)
+            await self.pods.wait_past(seen, self.poll_s)
+
+    def _pods_of(self, name: str) -> list[dict]:
+        return [p for p in self.pods.objects["pods"].values()
+                if (p["metadata"].get("labels") or {}).get(L.TRAINING) == name]
 
     async def poll(self) -> None:
-        """Launch new jobs, carry out control requests, follow every active job's pods."""
+        """Launch new jobs, carry out control requests, follow every active job's pods
+        (once the watch has listed them: before, every job would look bare)."""
         with self.Session() as s:
             new = [w.name for w in s.query(WorkloadRow).filter(
                 WorkloadRow.kind == "training", WorkloadRow.state == SUBMITTED)]
@@ -164,9 +177,10 @@ class K8sTrainings:
             await self.launch(name)
         for name, what in todo:
             await self.control(name, what)
-        pods, _ = await self.kc.list_all(f"{self.api}/pods", labelSelector=L.TRAINING)
+        if not self.pods.ready:
+            return
         by_job: dict[str, list[dict]] = {}
-        for p in pods:
+        for p in self.pods.objects["pods"].values():
             by_job.setdefault(p["metadata"]["labels"][L.TRAINING], []).append(p)
         for name, spec, status in active:
             if name not in self._busy and name not in new:
@@ -246,11 +260,11 @@ class K8sTrainings:
         with contextlib.suppress(ApiError):
             await self.kc.delete(f"{self.api}/pods", {"apiVersion": "v1", "kind": "DeleteOptions",
                                                       "gracePeriodSeconds": grace}, labelSelector=sel)
-        while True:
-            left, _ = await self.kc.list_all(f"{self.api}/pods", labelSelector=sel)
-            if not left:
+        while True:  # until the watch has seen them go
+            seen = self.pods.version
+            if self.pods.ready and not self._pods_of(name):
                 return
-            await asyncio.sleep(self.poll_s)
+            await self.pods.wait_past(seen, self.poll_s * 10)
 
     async def control(self, name: str, what: str) -> None:
         """suspend | resume | delete (the REST API's requests)."""

@@ -2,7 +2,8 @@
 gang of pods with a headless Service and a checkpoint claim, gpupool-scheduler binds it,
 the job shows Pending with the scheduler's reason and then Running; an in-quota workspace of
 another project preempts it (Preempted, requeued with raised priority and the same claim,
-bound again); Succeeded and Failed come from the containers' status."""
+bound again); Succeeded and Failed come from the containers' status. The controller follows
+the pods by a watch: it lists them once."""
 
 from __future__ import annotations
 
@@ -46,6 +47,19 @@ def test_gang_state_from_pods():
     assert (failed.status, failed.reason) == ("Failed", "worker a exited with code 3")
 
 
+def _collection_reads(kc, path: str) -> list[str]:
+    """Every GET of ``path`` (a list) made through ``kc``."""
+    reads: list[str] = []
+    real = kc.get
+
+    async def get(p: str, **params):
+        if p == path:
+            reads.append(p)
+        return await real(p, **params)
+    kc.get = get
+    return reads
+
+
 def test_training_gang_preempted_requeued_and_bound_again_with_its_claim(k8s_cluster: ClusterInfo, ns,
                                                                          sched, tmp_path):
     Session = make_sessionmaker(f"sqlite:///{tmp_path}/hub.db")
@@ -58,9 +72,10 @@ def test_training_gang_preempted_requeued_and_bound_again_with_its_claim(k8s_clu
             return s.get(TrainingRow, "gang")
 
     async def go():
-        async with kube(k8s_cluster) as kc:
+        async with kube(k8s_cluster) as kc, kube(k8s_cluster) as ctl_kc:
             await create_org(kc, "d-ctl", 32, projects)
-            ctl = K8sTrainings(kc, Session, ns, poll_s=0.2)
+            lists = _collection_reads(ctl_kc, f"/api/v1/namespaces/{ns}/pods")
+            ctl = K8sTrainings(ctl_kc, Session, ns, poll_s=0.2)
             try:
                 # the other project holds 16 GPUs, so the gang (16 more, over quota) fills the cluster
                 for i in range(2):
@@ -108,6 +123,8 @@ def test_training_gang_preempted_requeued_and_bound_again_with_its_claim(k8s_clu
                             "name": "worker", "image": "x", "imageID": "", "ready": False, "restartCount": 0,
                             "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}})
                 await wait_until(lambda: _status("Succeeded"), "the gang succeeded")
+                # through a preemption, a requeue and the end: one list, then the watch
+                assert len(lists) == ctl.pods.lists == 1
             finally:
                 await ctl.stop()
                 await delete_org(kc, "d-ctl", projects)
