@@ -1,8 +1,9 @@
 """The chart's inference activator: hub_ext.inference.activator's HTTP front, with replicas as pods
 that gpupool-scheduler places (hub_ext.inference.backends.k8s.K8sBackend) in $GPUPOOL_NAMESPACE.
 The services are the chart's values (activator.services), mounted as services.json, and
-those the hub publishes (hub_ext.inference.published: one ConfigMap each, followed every
---poll seconds; additions and removals take effect without a restart). This activator owns
+those the hub publishes (hub_ext.inference.published: one ConfigMap each, followed by a
+watch; additions and removals take effect without a restart, the services' state is
+written back at each change and every --poll seconds). This activator owns
 the replicas of all of them. ``GET /_status`` lists the services' state.
 
     python activator.py --services services.json [--port 9000] [--host 0.0.0.0]
@@ -49,7 +50,7 @@ async def serve(args) -> None:
         server = activator.Server(controller, "/", local={"/_status": status})
         await server.listen(args.port, host=args.host)
         controller.start()
-        following = asyncio.ensure_future(follow(follower, args.poll))
+        following = asyncio.ensure_future(follower.follow(args.poll))
         logging.info("activator on :%d, %d services in %s", args.port, len(specs), args.namespace)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -60,15 +61,6 @@ async def serve(args) -> None:
         await controller.stop()  # deletes the replicas
 
 
-async def follow(follower: Follower, poll_s: float) -> None:
-    while True:
-        try:
-            await follower.sync()
-        except Exception:
-            logging.exception("following the published inference services failed")
-        await asyncio.sleep(poll_s)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--services", required=True)
@@ -76,7 +68,7 @@ def main() -> None:
     ap.add_argument("--host", default="0.0.0.0")
     ap.add_argument("--namespace", default=os.environ.get("GPUPOOL_NAMESPACE", "default"))
     ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
-    ap.add_argument("--poll", type=float, default=1.0, help="seconds between reads of the published services")
+    ap.add_argument("--poll", type=float, default=1.0, help="seconds between writes of the services' state")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(serve(ap.parse_args()))

@@ -171,7 +171,8 @@ class HubInference:
 
 class PublishedInference:
     """On Kubernetes: the services are published for the chart's activator, which serves and
-    scales them (``published``); the hub runs no activator of its own."""
+    scales them (``published``); the hub runs no activator of its own. The hub's rows are
+    compared with the watched ConfigMaps at each change of one and every ``poll_s``."""
 
     def __init__(self, rt, poll_s: float = 1.0):
         from .published import Publisher
@@ -179,15 +180,7 @@ class PublishedInference:
         self.publisher, self.poll_s = Publisher(rt.kube, rt.cfg.namespace, rt.Session), poll_s
 
     def start(self) -> None:
-        asyncio.ensure_future(self._follow())
-
-    async def _follow(self) -> None:
-        while True:
-            try:
-                await self.publisher.sync()
-            except Exception:
-                log.exception("publishing inference services failed")
-            await asyncio.sleep(self.poll_s)
+        asyncio.ensure_future(self.publisher.follow(self.poll_s))
 
 
 def configure(c, cfg, rt) -> HubInference | PublishedInference:

@@ -7,10 +7,15 @@ the annotation ``gpupool.io/inference-status`` is the service's state (``Service
 written only by the activator, which owns the replicas: it starts, scales (to zero and back)
 and deletes them. The hub copies the state back into its rows for describe, the CLI and the
 admin panel.
+
+Both sides follow the ConfigMaps by a watch (``k8s_mirror.Mirror``): a change wakes them at
+once, and every ``every_s`` they compare their own side (the hub's rows, the activator's
+services) with the copy, without asking the API server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -19,6 +24,7 @@ from sqlalchemy import select
 
 from scheduler.k8s.client import ApiError, KubeClient
 
+from ..k8s_mirror import Mirror
 from .controller import Controller
 from .db import InferenceRow
 from .spec import parse_spec
@@ -50,22 +56,50 @@ def status_of(cm: dict) -> dict:
     return json.loads(raw) if raw else {}
 
 
-async def _published(kc: KubeClient, namespace: str) -> dict[str, dict]:
-    items = (await kc.get(f"/api/v1/namespaces/{namespace}/configmaps", labelSelector=LABEL))["items"]
-    return {cm["metadata"]["labels"][LABEL]: cm for cm in items}
+class _Following:
+    """A side that follows the published ConfigMaps: ``sync`` at each change of one, and
+    every ``every_s``."""
+
+    def __init__(self, kc: KubeClient, namespace: str, Session=None):
+        self.kc, self.namespace = kc, namespace
+        self.path = f"/api/v1/namespaces/{namespace}/configmaps"
+        self.mirror = Mirror(kc, Session, {"configmaps": self.path}, selectors={"configmaps": LABEL})
+
+    def published(self) -> dict[str, dict]:
+        """The services' ConfigMaps as last seen, by service name."""
+        return {cm["metadata"]["labels"][LABEL]: cm for cm in self.mirror.objects["configmaps"].values()}
+
+    async def sync(self) -> None:
+        raise NotImplementedError
+
+    async def follow(self, every_s: float) -> None:
+        self.mirror.start()
+        try:
+            while True:
+                seen = self.mirror.version
+                if self.mirror.ready:
+                    try:
+                        await self.sync()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        log.exception("following the published inference services failed")
+                await self.mirror.wait_past(seen, every_s)
+        finally:
+            await self.mirror.stop()
 
 
-class Publisher:
+class Publisher(_Following):
     """The hub's side: its rows become ConfigMaps; the activator's state comes back to the rows."""
 
     def __init__(self, kc: KubeClient, namespace: str, Session):
-        self.kc, self.namespace, self.Session = kc, namespace, Session
-        self.path = f"/api/v1/namespaces/{namespace}/configmaps"
+        super().__init__(kc, namespace, Session)
+        self.Session = Session
 
     async def sync(self) -> None:
         with self.Session() as s:
             specs = {r.name: r.spec for r in s.scalars(select(InferenceRow)).all()}
-        cms = await _published(self.kc, self.namespace)
+        cms = self.published()
         for name in set(cms) - set(specs):
             try:
                 await self.kc.delete(f"{self.path}/{configmap_name(name)}")
@@ -75,7 +109,11 @@ class Publisher:
         for name, spec in specs.items():
             want = manifest(spec, self.namespace)
             if name not in cms:
-                await self.kc.post(self.path, want)
+                try:
+                    await self.kc.post(self.path, want)
+                except ApiError as e:
+                    if e.status != 409:  # made just now, not yet in the copy
+                        raise
             elif cms[name].get("data") != want["data"]:
                 await self.kc.patch(f"{self.path}/{configmap_name(name)}", {"data": want["data"]})
         with self.Session() as s:
@@ -87,18 +125,18 @@ class Publisher:
             s.commit()
 
 
-class Follower:
+class Follower(_Following):
     """The activator's side: published services join ``controller`` (and leave it when their
     ConfigMap goes); their state is written back on the ConfigMap when it changes.
     ``fixed``: services of the activator's own configuration, never removed here."""
 
     def __init__(self, kc: KubeClient, namespace: str, controller: Controller, fixed: set[str]):
-        self.kc, self.namespace, self.controller, self.fixed = kc, namespace, controller, fixed
-        self.path = f"/api/v1/namespaces/{namespace}/configmaps"
+        super().__init__(kc, namespace)
+        self.controller, self.fixed = controller, fixed
         self.followed: set[str] = set()
 
     async def sync(self) -> None:
-        cms = await _published(self.kc, self.namespace)
+        cms = self.published()
         for name in self.followed - set(cms):
             self.followed.discard(name)
             await self.controller.remove(name)

@@ -1,16 +1,22 @@
 """Inference replicas on the local cluster: the controller's K8sBackend creates replica
 pods that gpupool-scheduler places (kind inference, in quota), scales them up and down,
-and shows the core's reason for a replica that cannot be placed. Kept small."""
+and shows the core's reason for a replica that cannot be placed. Services the hub publishes
+reach an activator and their state comes back, each side following the ConfigMaps by a
+watch. Kept small."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 import pytest
 
 from hub_ext.inference.backends.k8s import LABEL, K8sBackend, replica_pod
 from hub_ext.inference.controller import Controller
+from hub_ext.inference.db import InferenceRow
+from hub_ext.inference.published import Follower, Publisher
 from hub_ext.inference.spec import parse_spec
+from hub_ext.schema import make_sessionmaker
 from scheduler.k8s.testcluster import ClusterInfo
 
 from .helpers import (
@@ -86,3 +92,67 @@ def test_replicas_are_placed_scaled_and_explained(k8s_cluster: ClusterInfo, sche
                 await delete_org(kc, "inf-dept", ["inf-proj"])
 
     run(go())
+
+
+def _list_reads(kc, path: str) -> list[str]:
+    """Every GET of the collection ``path`` made through ``kc``."""
+    reads: list[str] = []
+    real = kc.get
+
+    async def get(p: str, **params):
+        if p == path:
+            reads.append(p)
+        return await real(p, **params)
+    kc.get = get
+    return reads
+
+
+def test_published_services_reach_the_activator_by_a_watch(k8s_cluster: ClusterInfo, ns, tmp_path):
+    """The hub's row becomes a ConfigMap, the activator's side serves it and writes its state,
+    the state comes back to the row; the row removed, the activator drops the service. Each
+    side lists the ConfigMaps once and then watches them."""
+    Session = make_sessionmaker(f"sqlite:///{tmp_path}/hub.db")
+    spec = parse_spec({"name": "pub", "project": "p-pub", "command": ["serve"], "gpu": 0.25,
+                       "min_replicas": 0, "max_replicas": 1}).to_dict()
+    path = f"/api/v1/namespaces/{ns}/configmaps"
+
+    def row_status() -> dict:
+        with Session() as s:
+            r = s.get(InferenceRow, "pub")
+            return r.status if r is not None else {}
+
+    async def go():
+        async with kube(k8s_cluster) as hub_kc, kube(k8s_cluster) as act_kc:
+            hub_lists, act_lists = _list_reads(hub_kc, path), _list_reads(act_kc, path)
+            controller = Controller(K8sBackend(act_kc, ns), tick_s=0.3)
+            publisher = Publisher(hub_kc, ns, Session)
+            follower = Follower(act_kc, ns, controller, set())
+            # every 3600 s: only a change of a ConfigMap wakes a side before then; the row
+            # below is added before the hub's side starts, so its first look publishes it
+            with Session() as s:
+                s.add(InferenceRow(name="pub", owner="alice", project="p-pub", spec=spec))
+                s.commit()
+            sides = [asyncio.ensure_future(publisher.follow(3600)), asyncio.ensure_future(follower.follow(3600))]
+            try:
+                await wait_until(lambda: _now("pub" in controller.services), "the activator serves it", timeout=60)
+                await wait_until(lambda: _now(row_status().get("replicas") == 0), "its state on the hub's row",
+                                 timeout=60)
+                with Session() as s:
+                    s.delete(s.get(InferenceRow, "pub"))
+                    s.commit()
+                await publisher.sync()  # the hub's rows changed: as its every_s would
+                await wait_until(lambda: _now("pub" not in controller.services), "the activator drops it",
+                                 timeout=60)
+                assert len(hub_lists) == publisher.mirror.lists == 1
+                assert len(act_lists) == follower.mirror.lists == 1
+            finally:
+                for t in sides:
+                    t.cancel()
+                await asyncio.gather(*sides, return_exceptions=True)
+                await controller.stop()
+
+    run(go())
+
+
+async def _now(v):
+    return v
