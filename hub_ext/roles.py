@@ -89,6 +89,7 @@ ACTIONS = {
     "submit_for_others": "submit a workload that another user owns",
     "call_inference": "send requests to a project's inference service (behind the activator)",
     "manage_workload": "stop, delete, suspend or resume a workload (its owner may too)",
+    "read_workspace_log": "read a workspace's log, which holds its URLs and kernels' output (its owner may too)",
     "manage_project": "create, change (quota, members) or delete a project",
     "manage_department": "create, change (quota) or delete a department",
     "manage_credentials": "create, change or delete a project's credentials and data sources",
@@ -184,11 +185,13 @@ def allowed(who: Who, action: str, project: str | None = None, department: str |
             return _YES
         extra = " (viewers are read-only)" if _viewer(who, dept) else ""
         return Decision(False, f"{who.name} is not a member of {where}{extra}")
-    if action == "manage_workload":
+    if action in ("manage_workload", "read_workspace_log"):
         if (owner is not None and owner == who.name and member) or _dept_admin(who, dept):
             return _YES
-        return Decision(False, f"only the workload's owner, an admin of its department or a platform "
-                        f"admin can change it ({where})")
+        what = "change it" if action == "manage_workload" else "read its log"
+        thing = "workload" if action == "manage_workload" else "workspace"
+        return Decision(False, f"only the {thing}'s owner, an admin of its department or a platform "
+                        f"admin can {what} ({where})")
     if action == "view_audit" and project is None and department is None and who.admin_of:
         return _YES  # the log filtered to their departments (governance_api.audit_scope)
     if action in ("manage_project", "manage_credentials", "manage_roles", "view_audit"):

@@ -100,7 +100,7 @@ class WorkloadLogsHandler(ApiHandler):
             w = self.viewable(s, WorkloadRow, name, "workload")
             kind, owner = w.kind, w.owner
             if kind == "workspace":  # a workspace's log is its owner's (URLs, kernel output)
-                self.require("manage_workload", project=w.project, owner=owner)
+                self.require("read_workspace_log", project=w.project, owner=owner)
         if kind == "training" and _has_job(self, name):
             raise validation.FieldError("name", f"{name} is a training job: see /trainings/{name}/logs?rank=N")
         cfg = self.ctx.cfg

@@ -518,6 +518,18 @@ def test_rule_unit():
     assert roles.visible_projects(viewer) is None and not roles.allowed(viewer, "submit", project="nlp")
 
 
+def test_a_workspace_log_refusal_names_what_reading_needs():
+    bob = roles.Who("bob", projects=frozenset({"nlp"}), departments={"nlp": "research"})
+    read = roles.allowed(bob, "read_workspace_log", project="nlp", owner="alice")
+    assert not read and read.reason == ("only the workspace's owner, an admin of its department or a "
+                                        "platform admin can read its log (project 'nlp')")
+    change = roles.allowed(bob, "manage_workload", project="nlp", owner="alice")
+    assert not change and change.reason.endswith("can change it (project 'nlp')")
+    assert roles.allowed(bob, "read_workspace_log", project="nlp", owner="bob")
+    erin = roles.Who("erin", admin_of=frozenset({"research"}), departments={"nlp": "research"})
+    assert roles.allowed(erin, "read_workspace_log", project="nlp", owner="alice")
+
+
 def test_platform_admin_starts_a_workspace_in_any_project(world):
     """The spawner and its form ask the same rule: admin is no member of serving."""
     from hubclient import HubClient
