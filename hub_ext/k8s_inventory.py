@@ -104,10 +104,9 @@ def _node_inputs(node: dict) -> tuple:
 
 def _pod_entry(pod: dict | None) -> tuple | None:
     """(node, GPU indices, GPUs of each, project, over quota) of a pod on a GPU, else None."""
-    share = None if pod is None else pod_share(pod)
-    if share is None:
+    if pod is None or (share := pod_share(pod)) is None:
         return None
-    meta = pod["metadata"]  # type: ignore[index]
+    meta = pod["metadata"]
     ann, labels = meta.get("annotations") or {}, meta.get("labels") or {}
     return (*share, ann.get(A.PROJECT) or labels.get(A.PROJECT) or "", ann.get(A.OVER_QUOTA_PLACED) == "true")
 
@@ -129,13 +128,13 @@ class InventorySync(Mirror):
 
     def listed(self, kind: str) -> None:
         self._all = True
-        self.dirty.update(parse_node(n).name for n in self.objects["nodes"].values())
+        self.dirty.update(n["metadata"]["name"] for n in self.objects["nodes"].values())
         self._schedule(now=not self._written)  # the first copy at once: the panel shows it
 
     def updated(self, kind: str, old: dict | None, new: dict | None) -> None:
         if kind == "nodes":
             if old is None or new is None or _node_inputs(old) != _node_inputs(new):
-                self.dirty.add((new or old)["metadata"]["name"])  # type: ignore[index]
+                self.dirty.add((new or old or {})["metadata"]["name"])
         else:
             before, after = _pod_entry(old), _pod_entry(new)
             if before == after:  # the same pod (one key): its phase, a probe, changes nothing
@@ -157,7 +156,7 @@ class InventorySync(Mirror):
             self._flush.cancel()
             self._flush = None
         names, self.dirty = self.dirty, set()
-        nodes = {parse_node(n).name: n for n in self.objects["nodes"].values()}
+        nodes = {n["metadata"]["name"]: n for n in self.objects["nodes"].values()}
         pods = {k: p for k, p in self.objects["pods"].items()
                 if (p.get("spec") or {}).get("nodeName") in names}
         built = rows({n: nodes[n] for n in names if n in nodes}, pods)
@@ -169,8 +168,7 @@ class InventorySync(Mirror):
         try:
             with self.Session() as s:
                 if everything:
-                    gone |= {n for (n,) in s.execute(select(NodeRow.name))
-                             if n not in nodes}
+                    gone |= {n for (n,) in s.execute(select(NodeRow.name)) if n not in nodes}
                 for name in gone:
                     s.execute(delete(NodeRow).where(NodeRow.name == name))
                 for r in new.values():
@@ -180,8 +178,9 @@ class InventorySync(Mirror):
                     self.stats["writes"] += 1
         except Exception:
             log.exception("writing the cluster's inventory failed")
-            self.dirty |= names  # again at the next change or list
+            self.dirty |= names  # again after flush_s
             self._all |= everything
+            self._schedule()
             return
         for name in gone:
             self._written.pop(name, None)
