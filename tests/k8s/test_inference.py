@@ -86,3 +86,58 @@ def test_replicas_are_placed_scaled_and_explained(k8s_cluster: ClusterInfo, sche
                 await delete_org(kc, "inf-dept", ["inf-proj"])
 
     run(go())
+
+
+def test_the_policy_idle_limit_is_published_with_the_service_and_its_stop_comes_back(k8s_cluster: ClusterInfo,
+                                                                                        tmp_path):
+    """On Kubernetes the chart's activator scales the services: the hub publishes each
+    service's policy idle limit beside its spec, the activator's autoscaler gets it, and
+    a scale to zero by it comes back in the state the hub copies, as one event."""
+    from sqlalchemy import select
+
+    from hub_ext.db import DepartmentRow, EventRow, PolicyRow, ProjectRow
+    from hub_ext.inference.autoscaler import IdleLimit
+    from hub_ext.inference.db import InferenceRow
+    from hub_ext.inference.published import Follower, Publisher, configmap_name
+    from hub_ext.schema import make_sessionmaker
+
+    Session = make_sessionmaker(f"sqlite:///{tmp_path}/hub.db")
+    spec = parse_spec({"name": "idle-svc", "project": "p-idle", "command": ["serve"], "min_replicas": 0})
+    with Session() as s:
+        s.add(DepartmentRow(name="d-idle"))
+        s.add(ProjectRow(name="p-idle", department="d-idle"))
+        s.add(PolicyRow(scope="project", name="p-idle", spec={"idle_timeout_inference_s": 600}))
+        s.add(InferenceRow(name="idle-svc", owner="alice", project="p-idle", spec=spec.to_dict()))
+        s.commit()
+    message = "idle-svc scaled to zero from 1 replica: (the activator's words)"
+
+    def events() -> list[str]:
+        with Session() as s:
+            return list(s.scalars(select(EventRow.message).where(EventRow.workload == "idle-svc")))
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            await create_namespace(kc, NS)
+            publisher, controller = Publisher(kc, NS, Session), Controller(K8sBackend(kc, NS), tick_s=3600)
+            follower = Follower(kc, NS, controller, set())
+            try:
+                await publisher.sync()
+                await follower.sync()
+                svc = controller.services["idle-svc"]
+                assert svc.autoscaler.policy.idle_limit == IdleLimit(600, "project p-idle's policy")
+                svc.idle_stop = {"ts": 1.0, "message": message}  # as Service.recommend records it
+                for _ in range(2):  # copied twice, recorded once
+                    await follower.sync()
+                    await publisher.sync()
+                assert events() == [message]
+                with Session() as s:  # the policy cleared: the activator's service has no limit
+                    s.delete(s.get(PolicyRow, ("project", "p-idle")))
+                    s.commit()
+                await publisher.sync()
+                await follower.sync()
+                assert svc.autoscaler.policy.idle_limit is None
+            finally:
+                await controller.stop()
+                await kc.delete(f"/api/v1/namespaces/{NS}/configmaps/{configmap_name('idle-svc')}")
+
+    run(go())
