@@ -110,7 +110,7 @@ def idle_trainings(rows: list[WorkloadRow], util: dict[int, float] | None,
             continue
         lasts = []
         for rank, pod in enumerate(pods):  # the runner places worker RANK on pods[RANK]
-            key = f"{w.name}/{rank}"
+            key = f"{w.name}/{w.start_time}/{rank}"  # a training placed again starts afresh
             watched.add(key)
             lasts.append(last_busy(key, worker_region(w.name, rank), [pod], util, busy_since,
                                    counts, now, util_pct, activity))
@@ -136,6 +136,11 @@ def over_runtime(s, now: float) -> list[tuple[WorkloadRow, str, str]]:
     return out
 
 
+def run_of(w: WorkloadRow) -> str:
+    """One run of a workload: placed again (resumed, requeued), it is another."""
+    return f"{w.name}@{w.start_time}"
+
+
 def end(s, w: WorkloadRow, message: str, reason: str, ended: set[str]) -> tuple[str, str] | None:
     """End a workload for its policy, with a ``stopped`` event: a training is suspended
     (its runner ends it; it may be resumed) showing ``reason``, and kept in ``ended`` while
@@ -147,7 +152,7 @@ def end(s, w: WorkloadRow, message: str, reason: str, ended: set[str]) -> tuple[
     log.info("%s", message)
     if job is not None:
         job.request, job.request_reason = "suspend", reason
-        ended.add(w.name)
+        ended.add(run_of(w))
     elif w.kind == "workspace":
         return (w.owner, w.server)
     else:
@@ -165,7 +170,7 @@ async def _stop_servers(ctx, servers: list[tuple[str, str] | None]) -> None:
 async def end_over_runtime(ctx, now: float, ended: set[str]) -> None:
     with ctx.Session() as s:
         todo = [end(s, w, message, reason, ended) for w, message, reason in over_runtime(s, now)
-                if w.name not in ended]
+                if run_of(w) not in ended]
         s.commit()
     await _stop_servers(ctx, todo)
 
@@ -189,7 +194,7 @@ def end_idle_trainings(ctx, util, busy_since: dict[str, float], counts: dict[str
         idle_for: dict[str, float] = {p: t for p, e in pols.items() if (t := e.idle_s("training")) is not None}
         for w in idle_trainings(rows, util, busy_since, counts, now, ctx.cfg.cull_gpu_util_pct,
                                 idle_for, activity):
-            if w.name in ended:
+            if run_of(w) in ended:
                 continue
             limit = (f"the idle timeout of a training ({idle_for[w.project]:g} s, "
                      f"{pols[w.project].whose('idle_timeout_training_s')})")
@@ -210,7 +215,7 @@ async def run(ctx) -> None:
         await asyncio.sleep(ctx.cfg.cull_every_s)
         try:
             with ctx.Session() as s:
-                running = set(s.scalars(select(WorkloadRow.name).where(WorkloadRow.state == "running")))
+                running = {run_of(w) for w in s.scalars(select(WorkloadRow).where(WorkloadRow.state == "running"))}
             ended &= running
             util = gpu_utilization()
             await end_over_runtime(ctx, time.time(), ended)
