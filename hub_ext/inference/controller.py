@@ -45,7 +45,7 @@ class Controller:
     # -- services ----------------------------------------------------------------------
     def put(self, spec: ServiceSpec, idle_limit: IdleLimit | None = None) -> Service:
         """Add or update a service; ``idle_limit``: its project's policy's (the hub's
-        ``inference.db.idle_limits``)."""
+        ``inference.idle.idle_limits``)."""
         svc = self.services.get(spec.name)
         if svc is None:
             svc = self.services[spec.name] = Service(spec, self.clock, self.activate, idle_limit)

@@ -299,6 +299,27 @@ def test_a_project_idle_timeout_within_at_and_beyond_its_department(phub, kind, 
         call(phub.url, admin, "PUT", "/projects/vision/policy", {})
 
 
+def test_the_policies_page_sets_an_idle_timeout_and_shows_the_refusal(phub, browser):
+    """The admin panel's Policies page: an idle timeout saved in a project's row lands in
+    its policy; one wider than the department's is refused with the API's words."""
+    from tests import chromium
+
+    page = chromium.login(browser, phub.url, "admin", ADMIN_PW)
+    page.goto(phub.url + "/services/gpupool/policies")
+    assert "idle_timeout_training_s, idle_timeout_inference_s" in page.inner_text("main")
+    row = page.locator('tr[data-scope="project"][data-name="vision"]')
+    try:
+        for value, words in ((900, "Saved project vision"),
+                             (7200, "idle_timeout_inference_s: department research's policy allows at most 3600")):
+            row.locator("textarea").fill(f'{{"idle_timeout_inference_s": {value}}}')
+            row.locator("button").click()
+            page.wait_for_function("w => document.getElementById('msg').textContent.includes(w)", arg=words)
+        code, out = call(phub.url, phub.tokens["admin"], "GET", "/projects/vision/policy")
+        assert out["policy"] == {"idle_timeout_inference_s": 900}, out
+    finally:
+        call(phub.url, phub.tokens["admin"], "PUT", "/projects/vision/policy", {})
+
+
 @pytest.mark.parametrize("kind", policy.KINDS)
 def test_an_idle_timeout_is_whole_seconds_from_one_second_to_a_year(kind):
     key = f"idle_timeout_{kind}_s"
