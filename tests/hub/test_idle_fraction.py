@@ -3,8 +3,8 @@ quarter each. A process in alice's launches kernels through the fake driver (wit
 interception library preloaded, as on a real GPU); bob's launches nothing. The culler
 stops bob's workspace after the idle timeout and leaves alice's running, although NVML
 would see one GPU kept busy by her. The same rule holds per training worker under the
-project's policy's training idle timeout: the idle training is suspended, with an event
-and a status reason naming the policy, the busy one keeps running."""
+project's policy's training idle timeout: bob's idle training is suspended, with an event
+and a status reason naming the policy; alice's keeps running on one busy worker of two."""
 
 import shutil
 import time
@@ -88,6 +88,12 @@ def test_only_the_fraction_that_launches_nothing_is_culled(ihub):
 
 
 TRAINING_IDLE_S = 20
+RANK_0_LAUNCHES = f'''
+import os, time
+if os.environ["RANK"] == "0":
+    exec({LAUNCHER!r})
+time.sleep(3600)
+'''
 
 
 def _training(hub, user: str) -> dict:
@@ -100,11 +106,13 @@ def test_a_training_whose_workers_launch_nothing_is_suspended_by_the_policy(ihub
     admin = ihub.tokens["admin"]
     assert call(ihub.url, admin, "PUT", "/projects/nlp/policy",
                 {"idle_timeout_training_s": TRAINING_IDLE_S})[0] == 200
-    commands = {"alice": [sys.executable, "-c", LAUNCHER], "bob": ["sleep", "600"]}
+    # alice's two workers: only rank 0 launches; bob's one worker launches nothing
+    commands = {"alice": [sys.executable, "-c", RANK_0_LAUNCHES], "bob": ["sleep", "600"]}
     try:
         for user, command in commands.items():
             code, t = call(ihub.url, ihub.tokens[user], "POST", "/trainings",
-                           {"name": f"{user}-train", "project": "nlp", "command": command, "gpu": 0.25})
+                           {"name": f"{user}-train", "project": "nlp", "command": command, "gpu": 0.25,
+                            "workers": 2 if user == "alice" else 1})
             assert code == 201, t
         for user in commands:
             wait_for(lambda user=user: _training(ihub, user)["status"] == "Running", f"{user}'s training runs")
@@ -118,7 +126,8 @@ def test_a_training_whose_workers_launch_nothing_is_suspended_by_the_policy(ihub
         assert [e["message"] for e in stopped] == [
             f"bob-train: no GPU activity on any of its workers for longer than {limit}; suspended"]
         alice = _training(ihub, "alice")
-        assert alice["status"] == "Running", alice
+        assert alice["status"] == "Running", alice  # one busy worker keeps the training
+        assert workload_activity(worker_region("alice-train", 1)).count == 0
         assert not [e for e in alice["events"] if e["kind"] == "stopped"], alice["events"]
         before = workload_activity(worker_region("alice-train", 0)).launches
         wait_for(lambda: workload_activity(worker_region("alice-train", 0)).launches > before,
