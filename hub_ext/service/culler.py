@@ -175,10 +175,10 @@ async def end_over_runtime(ctx, now: float, ended: set[str]) -> None:
     await _stop_servers(ctx, todo)
 
 
-def idle_timeouts(s, projects, kind: str = "workspace") -> dict[str, float]:
-    """Per project with a policy's idle timeout of ``kind``: that timeout."""
+def idle_timeouts(s, projects) -> dict[str, float]:
+    """Per project with a policy's workspace idle timeout: that timeout."""
     pols = policy.all_effective(s, projects)
-    return {p: t for p, e in pols.items() if (t := e.idle_s(kind)) is not None}
+    return {p: t for p, e in pols.items() if (t := e.idle_s("workspace")) is not None}
 
 
 def _unseen(region: str) -> Activity | None:
