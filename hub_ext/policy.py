@@ -1,6 +1,6 @@
 """Policies per department and project: the defaults and limits of what a request may ask
 for, the templates, environments, node pools and GPU models allowed, and the maximum runtime
-and the idle timeout of workspaces.
+and the idle timeout per kind.
 
 A policy is a flat JSON object of the keys in ``FIELDS``; a key left out is not set. A
 project's policy narrows its department's and can never widen it (``check_narrows``); the
@@ -35,9 +35,9 @@ NUMBERS = {
     **{f"{r}_max": RESOURCES[r] for r in RESOURCES},
     **{f"{r}_default": RESOURCES[r] for r in RESOURCES},
     **{f"max_runtime_{k}_s": (1, MAX_SECONDS, True, " s") for k in KINDS},
-    # idle is measured for workspaces (the culler); a training ends by itself or at its
-    # maximum runtime, and a service scales to zero after its own scale_to_zero_after
-    "idle_timeout_workspace_s": (1, MAX_SECONDS, True, " s"),
+    # workspaces and trainings: the culler (service/culler.py); services: the autoscaler
+    # scales them to zero (inference/autoscaler.py, IdleLimit)
+    **{f"idle_timeout_{k}_s": (1, MAX_SECONDS, True, " s") for k in KINDS},
 }
 FIELDS = (*NUMBERS, *LISTS)
 MAX_LIST = 64

@@ -13,6 +13,11 @@ the time come in, a number goes out; no clock, no I/O, so tests need no sleeping
   a lower count must hold for a whole window first.
 * Scale to zero: with ``min_replicas == 0``, after ``scale_to_zero_after_s`` without any
   request and with nothing in flight. A request held at zero replicas always asks for one.
+* A project's policy may bound how long a service holds replicas without requests
+  (``idle_limit``, the policy's ``idle_timeout_inference_s``): after that long without any
+  request and with nothing in flight or held it scales to zero whatever ``min_replicas``
+  says; the next request wakes it as from any zero, and ``min_replicas`` holds again
+  until the service is idle that long once more.
 """
 
 from __future__ import annotations
@@ -20,6 +25,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class IdleLimit:
+    """A policy's bound on the time a service holds replicas without requests."""
+
+    seconds: float
+    policy: str  # whose: "project nlp's policy"
 
 
 @dataclass(frozen=True)
@@ -31,12 +44,13 @@ class Policy:
     min_replicas: int = 0
     max_replicas: int = 4
     scale_to_zero_after_s: float = 300.0
+    idle_limit: IdleLimit | None = None
 
     @classmethod
-    def of(cls, spec) -> Policy:
+    def of(cls, spec, idle_limit: IdleLimit | None = None) -> Policy:
         return cls(spec.target, spec.stable_window_s, spec.panic_window_pct,
                    spec.panic_threshold_pct, spec.min_replicas, spec.max_replicas,
-                   spec.scale_to_zero_after_s)
+                   spec.scale_to_zero_after_s, idle_limit)
 
     @property
     def panic_window_s(self) -> float:
@@ -50,6 +64,7 @@ class Recommendation:
     stable_value: float
     panic_value: float
     why: str
+    idle_limited: bool = False  # zero because of the policy's idle limit, not the service's own rules
 
 
 class Autoscaler:
@@ -116,7 +131,12 @@ class Autoscaler:
         clamped = max(p.min_replicas, min(p.max_replicas, want))
         if clamped != want:
             why += f", clamped to [{p.min_replicas}, {p.max_replicas}]"
+        lim = p.idle_limit
+        if lim is not None and clamped and idle >= lim.seconds and not (in_flight or held):
+            return Recommendation(0, False, stable, panic, f"no request for {idle:.0f}s: the idle "
+                                  f"timeout of an inference service ({lim.seconds:g} s, {lim.policy})",
+                                  idle_limited=True)
         return Recommendation(clamped, self._panic_since is not None, stable, panic, why)
 
 
-__all__ = ["Autoscaler", "Policy", "Recommendation"]
+__all__ = ["Autoscaler", "IdleLimit", "Policy", "Recommendation"]

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from .autoscaler import IdleLimit
 from .service import Replica, RState, Service
 from .spec import ServiceSpec
 
@@ -42,26 +43,28 @@ class Controller:
         self._again: set[str] = set()
 
     # -- services ----------------------------------------------------------------------
-    def put(self, spec: ServiceSpec) -> Service:
+    def put(self, spec: ServiceSpec, idle_limit: IdleLimit | None = None) -> Service:
+        """Add or update a service; ``idle_limit``: its project's policy's (the hub's
+        ``inference.idle.idle_limits``)."""
         svc = self.services.get(spec.name)
         if svc is None:
-            svc = self.services[spec.name] = Service(spec, self.clock, self.activate)
-        elif svc.spec != spec:
+            svc = self.services[spec.name] = Service(spec, self.clock, self.activate, idle_limit)
+        elif svc.spec != spec or svc.autoscaler.policy.idle_limit != idle_limit:
             restart = (svc.spec.command, svc.spec.gpu, svc.spec.env, svc.spec.image) != (
                 spec.command, spec.gpu, spec.env, spec.image)
             svc.spec = spec
-            svc.autoscaler.policy = svc.autoscaler.policy.of(spec)
+            svc.autoscaler.policy = svc.autoscaler.policy.of(spec, idle_limit)
             if restart:  # new replicas with the new spec; the old ones drain and stop
                 for r in list(svc.live()):
                     asyncio.ensure_future(self._stop(svc, r))
         self.activate(svc)
         return svc
 
-    def adopt(self, spec: ServiceSpec, name: str, row) -> bool:
+    def adopt(self, spec: ServiceSpec, name: str, row, idle_limit: IdleLimit | None = None) -> bool:
         """Put replica ``name`` (workload ``row``), which outlived a hub restart, back in
         its service, before the service's first reconcile counts what runs. A backend
         that can adopt (the embedded one) says whether it still runs."""
-        svc = self.put(spec)
+        svc = self.put(spec, idle_limit)
         r = Replica(name, spec.name)
         if not self.backend.adopt(svc, r, row):
             return False

@@ -31,6 +31,7 @@ from .activator import Exchange
 from .backends.embedded import free_port
 from .controller import Controller
 from .db import REPLICA, InferenceRow, replica_rows
+from .idle import idle_limits, store_status
 from .service import Service
 from .spec import parse_spec
 
@@ -118,7 +119,9 @@ class HubInference:
         the hub serve again (once they answer their probe) instead of new ones; the rows
         of the others go, so nothing else starts them."""
         with self.rt.Session() as s:
-            specs = {r.name: r.spec for r in s.scalars(select(InferenceRow)).all()}
+            services = s.scalars(select(InferenceRow)).all()
+            specs = {r.name: r.spec for r in services}
+            limits = idle_limits(s, services)
             rows = replica_rows(s)
         kept = 0
         for name, row in rows.items():
@@ -128,7 +131,8 @@ class HubInference:
             except Exception as e:  # a row written by an older version: say why, drop it
                 log.warning("inference service %s: %s", service, e)
                 spec = None
-            if row.state == "running" and spec is not None and self.controller.adopt(spec, name, row):
+            if (row.state == "running" and spec is not None
+                    and self.controller.adopt(spec, name, row, limits.get(service))):
                 kept += 1
             else:
                 self.controller.backend.discard(name)
@@ -152,11 +156,12 @@ class HubInference:
     async def sync(self) -> None:
         with self.rt.Session() as s:
             rows = {r.name: r for r in s.scalars(select(InferenceRow)).all()}
+            limits = idle_limits(s, rows.values())
         for name in set(self.controller.services) - set(rows):
             await self.controller.remove(name)
         for name, row in rows.items():
             try:
-                self.controller.put(parse_spec(row.spec))
+                self.controller.put(parse_spec(row.spec), limits[name])
             except Exception as e:  # a row written by an older version: say why, skip
                 log.warning("inference service %s: %s", name, e)
         with self.rt.Session() as s:
@@ -164,7 +169,7 @@ class HubInference:
                 st = svc.status()
                 st.pop("requests_total", None)
                 if self._status.get(name) != st and (row := s.get(InferenceRow, name)):
-                    row.status = {**st, "updated": time.time()}
+                    store_status(s, row, st)
                     self._status[name] = st
             s.commit()
 

@@ -2,7 +2,8 @@
 
 One ConfigMap per service in the release namespace, ``gpupool-inference-NAME``, labelled
 ``gpupool.io/inference-spec: NAME``: ``data["spec.json"]`` is the service's spec
-(``ServiceSpec.to_dict()``), written only by the hub from its ``inference_services`` rows;
+(``ServiceSpec.to_dict()``) and ``data["idle_limit.json"]`` its project's policy's idle
+limit (``{seconds, policy}`` or null), written only by the hub from its rows and policies;
 the annotation ``gpupool.io/inference-status`` is the service's state (``Service.status()``),
 written only by the activator, which owns the replicas: it starts, scales (to zero and back)
 and deletes them. The hub copies the state back into its rows for describe, the CLI and the
@@ -18,37 +19,45 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 
 from sqlalchemy import select
 
 from scheduler.k8s.client import ApiError, KubeClient
 
 from ..k8s_mirror import Mirror
+from .autoscaler import IdleLimit
 from .controller import Controller
 from .db import InferenceRow
+from .idle import idle_limits, store_status
 from .spec import parse_spec
 
 log = logging.getLogger("gpupool.inference")
 LABEL = "gpupool.io/inference-spec"
 STATUS = "gpupool.io/inference-status"
 SPEC_KEY = "spec.json"
+IDLE_KEY = "idle_limit.json"
 
 
 def configmap_name(service: str) -> str:
     return f"gpupool-inference-{service}"
 
 
-def manifest(spec: dict, namespace: str) -> dict:
+def manifest(spec: dict, namespace: str, idle_limit: IdleLimit | None = None) -> dict:
     name = spec["name"]
+    limit = None if idle_limit is None else {"seconds": idle_limit.seconds, "policy": idle_limit.policy}
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": configmap_name(name), "namespace": namespace,
                          "labels": {LABEL: name, "app.kubernetes.io/managed-by": "gpupool"}},
-            "data": {SPEC_KEY: json.dumps(spec, sort_keys=True)}}
+            "data": {SPEC_KEY: json.dumps(spec, sort_keys=True), IDLE_KEY: json.dumps(limit)}}
 
 
 def spec_of(cm: dict) -> dict:
     return json.loads(cm.get("data", {}).get(SPEC_KEY, "{}"))
+
+
+def idle_limit_of(cm: dict) -> IdleLimit | None:
+    raw = json.loads(cm.get("data", {}).get(IDLE_KEY, "null"))
+    return None if raw is None else IdleLimit(float(raw["seconds"]), str(raw["policy"]))
 
 
 def status_of(cm: dict) -> dict:
@@ -98,7 +107,9 @@ class Publisher(_Following):
 
     async def sync(self) -> None:
         with self.Session() as s:
-            specs = {r.name: r.spec for r in s.scalars(select(InferenceRow)).all()}
+            rows = s.scalars(select(InferenceRow)).all()
+            specs = {r.name: r.spec for r in rows}
+            limits = idle_limits(s, rows)
         cms = self.published()
         for name in set(cms) - set(specs):
             try:
@@ -107,7 +118,7 @@ class Publisher(_Following):
                 if e.status != 404:
                     raise
         for name, spec in specs.items():
-            want = manifest(spec, self.namespace)
+            want = manifest(spec, self.namespace, limits[name])
             if name not in cms:
                 try:
                     await self.kc.post(self.path, want)
@@ -121,7 +132,7 @@ class Publisher(_Following):
                 st = status_of(cm)
                 row = s.get(InferenceRow, name)
                 if st and row is not None and {k: v for k, v in (row.status or {}).items() if k != "updated"} != st:
-                    row.status = {**st, "updated": time.time()}
+                    store_status(s, row, st)
             s.commit()
 
 
@@ -144,7 +155,7 @@ class Follower(_Following):
             if name in self.fixed:
                 continue
             try:
-                self.controller.put(parse_spec(spec_of(cm)))
+                self.controller.put(parse_spec(spec_of(cm)), idle_limit_of(cm))
             except Exception as e:  # a spec this version cannot read: say why, skip it
                 log.warning("inference service %s: %s", name, e)
                 continue
@@ -156,4 +167,5 @@ class Follower(_Following):
                                     {"metadata": {"annotations": {STATUS: json.dumps(st, sort_keys=True)}}})
 
 
-__all__ = ["LABEL", "STATUS", "Follower", "Publisher", "configmap_name", "manifest", "spec_of", "status_of"]
+__all__ = ["LABEL", "STATUS", "Follower", "Publisher", "configmap_name", "idle_limit_of", "manifest", "spec_of",
+           "status_of"]

@@ -19,7 +19,7 @@ from typing import Any
 from gpupool.errors import GpupoolError
 
 from . import metrics
-from .autoscaler import Autoscaler, Policy, Recommendation
+from .autoscaler import Autoscaler, IdleLimit, Policy, Recommendation
 from .proxy import Pool
 from .spec import ServiceSpec
 
@@ -76,15 +76,18 @@ class Replica:
 
 class Service:
     def __init__(self, spec: ServiceSpec, clock: Callable[[], float] = time.monotonic,
-                 on_activate: Callable[[Service], None] = lambda s: None):
+                 on_activate: Callable[[Service], None] = lambda s: None,
+                 idle_limit: IdleLimit | None = None):
         self.spec = spec
         self.clock = clock
         self.on_activate = on_activate
         self.replicas: list[Replica] = []
         self.history: deque[Replica] = deque(maxlen=10)  # recently failed or stopped
         self.held: deque[asyncio.Future] = deque()
-        self.autoscaler = Autoscaler(Policy.of(spec), clock())
+        self.autoscaler = Autoscaler(Policy.of(spec, idle_limit), clock())
         self.last: Recommendation | None = None
+        # the last scale to zero by the policy's idle limit: {ts (wall clock), message}
+        self.idle_stop: dict | None = None
         self.deleted = False
         self._rr = 0
         self.cold_since: float | None = None  # first request held while none was ready
@@ -232,9 +235,16 @@ class Service:
         self._integral, self._requests, self._sample_mark = 0.0, 0, now
 
     def recommend(self) -> Recommendation:
-        self.last = self.autoscaler.recommend(self.clock(), len(self.live()), self.inflight,
-                                              len(self.held))
-        return self.last
+        live = len(self.live())
+        rec = self.autoscaler.recommend(self.clock(), live, self.inflight, len(self.held))
+        lim = self.autoscaler.policy.idle_limit
+        if rec.idle_limited and live and lim and not (self.last and self.last.idle_limited):
+            self.idle_stop = {"ts": time.time(), "message": (
+                f"{self.spec.name} scaled to zero from {live} replica{'s' if live > 1 else ''}: no "
+                f"request for longer than the idle timeout of an inference service ({lim.seconds:g} s, "
+                f"{lim.policy}); the next request starts it again")}
+        self.last = rec
+        return rec
 
     def status(self) -> dict:
         rec = self.last
@@ -245,6 +255,7 @@ class Service:
             "requests_total": self.total,
             "replica_list": [r.to_dict() for r in self.replicas],
             "recent": [r.to_dict() for r in self.history],
+            "idle_stop": self.idle_stop,
         }
 
 

@@ -88,7 +88,7 @@ class _Requests(_Base):
                 raise org.Conflict("status", f"cannot suspend a job that is {t.status}")
             if what == "resume" and t.status != "Suspended":
                 raise org.Conflict("status", f"only a Suspended job can be resumed; this one is {t.status}")
-            t.request = what
+            t.request, t.request_reason = what, ""
             s.commit()
             return training_dict(t, s.get(WorkloadRow, name))
 

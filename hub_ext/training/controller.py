@@ -32,7 +32,7 @@ from scheduler.k8s.client import ApiError, KubeClient
 from ..db import WorkloadRow
 from ..events import add_event
 from ..k8s_mirror import Mirror
-from .db import FINAL, SUBMITTED, TrainingRow, set_status
+from .db import FINAL, SUBMITTED, TrainingRow, set_status, take_requests
 from .k8s import K8sOptions, training_objects
 from .spec import TrainingSpec
 
@@ -166,17 +166,14 @@ class K8sTrainings:
         with self.Session() as s:
             new = [w.name for w in s.query(WorkloadRow).filter(
                 WorkloadRow.kind == "training", WorkloadRow.state == SUBMITTED)]
-            reqs = s.query(TrainingRow).filter(TrainingRow.request != "").all()
-            todo = [(t.name, t.request) for t in reqs]
-            for t in reqs:
-                t.request = ""
+            todo = take_requests(s)
             active = [(t.name, TrainingSpec.from_dict(t.spec), t.status) for t in
                       s.query(TrainingRow).filter(TrainingRow.status.notin_((*FINAL, "Suspended")))]
             s.commit()
         for name in new:
             await self.launch(name)
-        for name, what in todo:
-            await self.control(name, what)
+        for name, what, reason in todo:
+            await self.control(name, what, reason)
         if not self.pods.ready:
             return
         by_job: dict[str, list[dict]] = {}
@@ -266,8 +263,9 @@ class K8sTrainings:
                 return
             await self.pods.wait_past(seen, self.poll_s * 10)
 
-    async def control(self, name: str, what: str) -> None:
-        """suspend | resume | delete (the REST API's requests)."""
+    async def control(self, name: str, what: str, reason: str = "") -> None:
+        """suspend | resume | delete (the REST API's requests; ``reason``: why a suspend
+        was asked, when not by a user)."""
         if what == "resume":
             await self.launch(name, resumed=True)
             return
@@ -290,7 +288,8 @@ class K8sTrainings:
                     add_event(s, "deleted", f"training {name} deleted", name, t.project)
                 s.commit()
         else:
-            self._set(name, "Suspended", "suspended", "suspended", workload_state="stopped")
+            self._set(name, "Suspended", reason or "suspended by a user", "suspended",
+                      workload_state="stopped")
 
     async def logs(self, name: str, rank: int, tail: int = 200) -> list[str]:
         return await worker_logs(self.kc, self.namespace, name, rank, tail)

@@ -39,6 +39,9 @@ class TrainingRow(Base):
     status: Mapped[str] = mapped_column(String(16), default="Pending", index=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     request: Mapped[str] = mapped_column(String(16), default="")  # "" | suspend | resume | delete
+    # why, when not a user's own request (a policy's idle timeout, its maximum runtime):
+    # the status reason the job shows once the request is carried out
+    request_reason: Mapped[str] = mapped_column(Text, default="", server_default="")
     attempt: Mapped[int] = mapped_column(Integer, default=0)  # gang starts so far
     failures: Mapped[int] = mapped_column(Integer, default=0)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
@@ -99,6 +102,22 @@ def set_status(s, name: str, status: str, reason: str = "", event: str | None = 
     if event:
         add_event(s, event, message or f"{name}: {status.lower()}" + (f" ({reason})" if reason else ""),
                   name, t.project)
+
+
+def take_requests(s) -> list[tuple[str, str, str]]:
+    """The control requests written by the service process, as (job, request, reason),
+    cleared in the rows. Caller commits."""
+    reqs = s.query(TrainingRow).filter(TrainingRow.request != "").all()
+    out = [(t.name, t.request, t.request_reason) for t in reqs]
+    for t in reqs:
+        t.request, t.request_reason = "", ""
+    return out
+
+
+def worker_region(job: str, rank: int) -> str:
+    """The interception library's account of worker ``rank`` (GPUPOOL_SHARED_REGION via
+    ``scheduler.embedded.gpu_env``), where the culler reads its GPU activity."""
+    return f"{job}-{rank}"
 
 
 def pending_requests(s) -> list[TrainingRow]:

@@ -49,7 +49,7 @@ from ..host.accounts import Account, Accounts
 from ..host.cgroups import Limits
 from ..host.process import Exit, Handle, Launcher, Spec
 from ..store import placement_from_json, placement_json
-from .db import LOGS, SUBMITTED, TrainingRow, add_training, set_status
+from .db import LOGS, SUBMITTED, TrainingRow, add_training, set_status, take_requests, worker_region
 from .gang import free_port, gang_env
 from .spec import TrainingSpec
 
@@ -65,7 +65,7 @@ class Job:
         self.adopted = False  # workers kept running through a hub restart: watch them first
         self.account: Account | None = None  # the owner's, once known: its files are cleaned up
         self.stop: str | None = None  # preempted | suspend | delete | stopped
-        self.stop_reason = ""
+        self.stop_reason = ""  # a suspend's, when not a user's (a policy's)
         self.kick = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.grace_s = 60.0
@@ -102,13 +102,16 @@ class Job:
             add_event(s, kind, message, self.name, project)
             s.commit()
 
-    def request(self, what: str) -> None:
-        """suspend | resume | delete | preempted | stopped (from the evictor)."""
+    def request(self, what: str, reason: str = "") -> None:
+        """suspend | resume | delete | preempted | stopped (from the evictor). ``reason``:
+        why a suspend was asked, when not by a user."""
         if what == "resume":
             if self.stop == "suspend":
                 self.stop = None
         else:
             self.stop = self.stop if self.stop == "delete" else what
+            if what == "suspend":
+                self.stop_reason = reason
         self.kick.set()
 
     async def evict(self, grace_s: float) -> None:
@@ -289,7 +292,8 @@ class Job:
 
     async def _suspended(self, t: TrainingRow) -> None:
         stop = self.stop
-        reason = "suspended by a user" if stop == "suspend" else "stopped through the workloads API"
+        reason = ((self.stop_reason or "suspended by a user") if stop == "suspend"
+                  else "stopped through the workloads API")
         if t.status != "Suspended":
             # Stopped through the workloads API, the workload is stopped (it holds nothing);
             # the job stays Suspended, so the trainings API may still resume it.
@@ -301,6 +305,7 @@ class Job:
             if self.stop == "stopped":
                 self.stop = "suspend"
         if self.stop is None:
+            self.stop_reason = ""
             self.event("resumed", f"{self.name} resumed by a user; queued again", t.project)
             self.status("Pending", "resumed by a user", workload_state="pending")
 
@@ -334,7 +339,7 @@ class Job:
             env = {
                 **launch.account_env(account), **spec.env, **dist[rank],
                 **gpu_env(node, pod, demand.gpu_memory_mib, self.runner.preload,
-                          f"{self.name}-{rank}"),
+                          worker_region(self.name, rank)),
                 "GPUPOOL_WORKLOAD": self.name, "GPUPOOL_PROJECT": spec.project,
                 "GPUPOOL_CHECKPOINT_DIR": str(ckpt_dir), "GPUPOOL_ATTEMPT": str(attempt),
                 "GPUPOOL_RESUMED": "1" if resumed else "0", **attached,
@@ -531,16 +536,13 @@ class JobRunner:
                 WorkloadRow.__table__.select().with_only_columns(WorkloadRow.name)
                 .where(WorkloadRow.kind == "training", WorkloadRow.state == SUBMITTED)
             ).all()
-            reqs = s.query(TrainingRow).filter(TrainingRow.request != "").all()
-            todo = [(t.name, t.request) for t in reqs]
-            for t in reqs:
-                t.request = ""
+            todo = take_requests(s)
             s.commit()
         for name in new:
             if name not in self.jobs:
                 self.adopt(name)
-        for name, what in todo:
-            self.control(name, what)
+        for name, what, reason in todo:
+            self.control(name, what, reason)
 
     # -- in-process API (the service writes rows instead) --------------------------------
     def submit(self, owner: str, spec: TrainingSpec) -> Job:
@@ -556,10 +558,10 @@ class JobRunner:
             job.task = asyncio.ensure_future(job.run())
         return job
 
-    def control(self, name: str, what: str) -> None:
+    def control(self, name: str, what: str, reason: str = "") -> None:
         job = self.jobs.get(name)
         if job is not None:
-            job.request(what)
+            job.request(what, reason)
             return
         with self.Session() as s:  # a job no task holds: finished, or suspended before a restart
             t = s.get(TrainingRow, name)

@@ -58,3 +58,69 @@ def test_a_policy_idle_timeout_replaces_the_hub_wide_one():
     assert idle_servers(users, rows, None, {}, start + 120, 3600, 1.0) == []
     assert idle_servers(users, rows, None, {}, start + 120, 3600, 1.0, idle_for={"nlp": 60}) == [("u", "")]
     assert idle_servers(users, rows, None, {}, start + 120, 3600, 1.0, idle_for={"other": 60}) == []
+
+
+# -- trainings: the same rule per worker; idle only when every worker is ----------------------
+def _training(name: str, *pods: dict, project: str = "nlp", start_time: float = 1.0):
+    return SimpleNamespace(name=name, project=project, placement=list(pods), start_time=start_time)
+
+
+Q0 = {"node": "n", "gpu_indices": [0], "gpu_milli": 250}
+Q1 = {"node": "n", "gpu_indices": [1], "gpu_milli": 250}
+
+
+def test_a_training_is_idle_only_when_every_worker_is():
+    from hub_ext.service.culler import idle_trainings
+
+    job = _training("job", Q0, Q1)
+    seen = {"job-0": Activity(5, 1, NOW), "job-1": NONE}
+    busy: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    limit = {"nlp": 600}
+    assert idle_trainings([job], {0: 0.0, 1: 0.0}, busy, counts, NOW, 1.0, limit, seen.get) == []
+    seen["job-0"] = Activity(8, 1, NOW + 500)  # worker 0 launched, worker 1 did nothing
+    assert idle_trainings([job], None, busy, counts, NOW + 601, 1.0, limit, seen.get) == []
+    assert set(busy) == {"job/1.0/0", "job/1.0/1"} and busy["job/1.0/0"] == NOW + 601
+    # nothing since on either: idle once the last busy worker has been idle that long
+    assert idle_trainings([job], None, busy, counts, NOW + 1200, 1.0, limit, seen.get) == []
+    assert idle_trainings([job], None, busy, counts, NOW + 1202, 1.0, limit, seen.get) == [job]
+
+
+def test_whole_gpu_workers_are_judged_by_nvml_and_unseen_ones_never():
+    from hub_ext.service.culler import idle_trainings
+
+    whole = _training("whole", {"node": "n", "gpu_indices": [2, 3], "gpu_milli": 1000})
+    cpu = _training("cpu", {"node": "n", "gpu_indices": [], "gpu_milli": 0})
+    busy: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    limit = {"nlp": 600}
+    assert idle_trainings([whole, cpu], {2: 0.0, 3: 50.0}, busy, counts, NOW, 1.0, limit) == []
+    assert idle_trainings([whole, cpu], {2: 0.0, 3: 0.0}, busy, counts, NOW + 601, 1.0, limit) == [whole]
+    # without NVML a whole GPU's use cannot be told: never idle
+    assert idle_trainings([whole, cpu], None, {}, {}, NOW + 9999, 1.0, limit) == []
+
+
+def test_a_training_without_a_policy_timeout_is_never_idle_and_its_memory_goes():
+    from hub_ext.service.culler import idle_trainings
+
+    job = _training("job", Q0, project="vision")
+    busy = {"job/1.0/0": NOW - 10_000, "gone/1.0/0": NOW - 10_000}
+    counts = {"job/1.0/0": 0, "gone/1.0/0": 0}
+    assert idle_trainings([job], None, busy, counts, NOW, 1.0, {"nlp": 60}, {"job-0": NONE}.get) == []
+    assert busy == {} and counts == {}
+
+
+
+def test_a_training_placed_again_is_seen_afresh():
+    """Suspended for idleness and resumed (or requeued) between two passes: its new run
+    is not judged by the old one's idle time."""
+    from hub_ext.service.culler import idle_trainings
+
+    seen = {"job-0": NONE}
+    busy: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    limit = {"nlp": 600}
+    assert idle_trainings([_training("job", Q0)], None, busy, counts, NOW, 1.0, limit, seen.get) == []
+    again = _training("job", Q0, start_time=NOW + 700)
+    assert idle_trainings([again], None, busy, counts, NOW + 701, 1.0, limit, seen.get) == []
+    assert idle_trainings([again], None, busy, counts, NOW + 1302, 1.0, limit, seen.get) == [again]

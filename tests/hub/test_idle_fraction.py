@@ -2,7 +2,9 @@
 quarter each. A process in alice's launches kernels through the fake driver (with the
 interception library preloaded, as on a real GPU); bob's launches nothing. The culler
 stops bob's workspace after the idle timeout and leaves alice's running, although NVML
-would see one GPU kept busy by her."""
+would see one GPU kept busy by her. The same rule holds per training worker under the
+project's policy's training idle timeout: bob's idle training is suspended, with an event
+and a status reason naming the policy; alice's keeps running on one busy worker of two."""
 
 import shutil
 import time
@@ -14,7 +16,9 @@ from hubproc import ADMIN_PW, USER_PW, Hub
 from test_workspaces import wait_ready
 
 from hub_ext.activity import workload_activity
+from hub_ext.training.db import worker_region
 from tests.native.conftest import NATIVE
+from tests.waits import wait_for
 
 pytestmark = pytest.mark.slow
 IDLE_S = 30
@@ -81,3 +85,58 @@ def test_only_the_fraction_that_launches_nothing_is_culled(ihub):
     assert workload_activity("ws-alice").launches > before  # still launching, still there
     assert "culling idle workspace bob/" in ihub.log.read_text()
     assert "culling idle workspace alice/" not in ihub.log.read_text()
+
+
+TRAINING_IDLE_S = 20
+RANK_0_LAUNCHES = f'''
+import os, time
+if os.environ["RANK"] == "0":
+    exec({LAUNCHER!r})
+time.sleep(3600)
+'''
+
+
+def _training(hub, user: str) -> dict:
+    return call(hub.url, hub.tokens[user], "GET", f"/trainings/{user}-train")[1]
+
+
+def test_a_training_whose_workers_launch_nothing_is_suspended_by_the_policy(ihub):
+    import sys
+
+    admin = ihub.tokens["admin"]
+    assert call(ihub.url, admin, "PUT", "/projects/nlp/policy",
+                {"idle_timeout_training_s": TRAINING_IDLE_S})[0] == 200
+    # alice's two workers: only rank 0 launches; bob's one worker launches nothing
+    commands = {"alice": [sys.executable, "-c", RANK_0_LAUNCHES], "bob": ["sleep", "600"]}
+    try:
+        for user, command in commands.items():
+            code, t = call(ihub.url, ihub.tokens[user], "POST", "/trainings",
+                           {"name": f"{user}-train", "project": "nlp", "command": command, "gpu": 0.25,
+                            "workers": 2 if user == "alice" else 1})
+            assert code == 201, t
+        for user in commands:
+            wait_for(lambda user=user: _training(ihub, user)["status"] == "Running", f"{user}'s training runs")
+        wait_for(lambda: workload_activity(worker_region("alice-train", 0)).launches > 0,
+                 "alice's worker launches kernels")
+        bob = wait_for(lambda: (t := _training(ihub, "bob"))["status"] == "Suspended" and t,
+                       "bob's idle training is suspended", timeout=TRAINING_IDLE_S * 8)
+        limit = f"the idle timeout of a training ({TRAINING_IDLE_S} s, project nlp's policy)"
+        assert bob["reason"] == f"idle longer than {limit}", bob
+        stopped = [e for e in bob["events"] if e["kind"] == "stopped"]
+        assert [e["message"] for e in stopped] == [
+            f"bob-train: no GPU activity on any of its workers for longer than {limit}; suspended"]
+        alice = _training(ihub, "alice")
+        assert alice["status"] == "Running", alice  # one busy worker keeps the training
+        assert workload_activity(worker_region("alice-train", 1)).count == 0
+        assert not [e for e in alice["events"] if e["kind"] == "stopped"], alice["events"]
+        before = workload_activity(worker_region("alice-train", 0)).launches
+        wait_for(lambda: workload_activity(worker_region("alice-train", 0)).launches > before,
+                 "alice's worker still launching")
+        assert _training(ihub, "alice")["status"] == "Running"
+        # suspended, not ended: it may be resumed
+        assert call(ihub.url, ihub.tokens["bob"], "POST", "/trainings/bob-train/resume")[0] == 202
+        wait_for(lambda: _training(ihub, "bob")["status"] in ("Pending", "Running"), "bob's training queued again")
+    finally:
+        call(ihub.url, admin, "PUT", "/projects/nlp/policy", {})
+        for user in commands:
+            call(ihub.url, ihub.tokens[user], "DELETE", f"/trainings/{user}-train")

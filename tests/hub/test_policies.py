@@ -40,7 +40,8 @@ c.Gpupool.cull_every_s = 1
 DEPARTMENT = {"gpu_fraction_max": 0.75, "gpus_max": 3, "gpu_memory_gib_max": 40, "cpu_max": 8,
               "memory_gib_max": 32, "templates": ["small", "medium"],
               "environments": ["default", "torch"], "node_pools": ["default"],
-              "gpu_models": ["NVIDIA H100 80GB HBM3"]}
+              "gpu_models": ["NVIDIA H100 80GB HBM3"],
+              **{f"idle_timeout_{k}_s": 3600 for k in policy.KINDS}}
 PROJECT = {"gpu_fraction_max": 0.5, "gpus_max": 2, "gpu_memory_gib_max": 20, "cpu_max": 4,
            "memory_gib_max": 16, "templates": ["small"], "environments": ["default"]}
 
@@ -199,6 +200,7 @@ def test_form_at_every_limit_starts(phub):
     ("gpu_fraction_max", 1.0), ("gpus_max", 4), ("gpu_memory_gib_max", 80), ("cpu_max", 16),
     ("memory_gib_max", 64), ("templates", ["small", "large"]), ("environments", ["other"]),
     ("node_pools", ["default", "fast"]), ("gpu_models", ["NVIDIA A100"]),
+    *[(f"idle_timeout_{k}_s", 7200) for k in policy.KINDS],
 ])
 def test_a_project_policy_cannot_widen_its_department(phub, key, value):
     code, out = call(phub.url, phub.tokens["admin"], "PUT", "/projects/vision/policy", {key: value})
@@ -227,8 +229,10 @@ def test_cli_sets_and_shows_a_policy(phub):
     def run(*a):
         return subprocess.run([sys.executable, "-m", "hub_ext.cli", "policy", *a], env=env,
                               capture_output=True, text=True, timeout=60)
-    r = run("set", "project", "vision", "cpu_max=3", "templates=small")
+    r = run("set", "project", "vision", "cpu_max=3", "templates=small", "idle_timeout_training_s=900",
+            "idle_timeout_inference_s=300")
     assert r.returncode == 0 and "cpu_max=3" in r.stdout, r.stderr
+    assert "idle_timeout_training_s=900, idle_timeout_inference_s=300" in r.stdout, r.stdout
     r = run("set", "project", "vision", "cpu_max=99")
     assert r.returncode != 0 and "cpu_max: department research's policy allows at most 8" in r.stderr
     r = run("set", "project", "vision", "--clear")
@@ -273,14 +277,58 @@ def test_node_pool_and_gpu_model_policies():
         parse_request({"gpu_model": "B"}, limits)
 
 
-def test_idle_timeouts_are_for_workspaces_only():
-    """A training ends by itself or at its maximum runtime and a service scales to zero by
-    its own setting: a policy's idle timeout for them would do nothing, so it is refused."""
-    assert policy.parse({"idle_timeout_workspace_s": 600}) == {"idle_timeout_workspace_s": 600}
-    for kind in ("training", "inference"):
+# -- idle timeouts per kind (workspace, training, inference) -------------------------------------
+IDLE = {"within": 600, "at": 3600, "beyond": 7200}  # the department allows at most 3600
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("kind", policy.KINDS)
+def test_a_project_idle_timeout_within_at_and_beyond_its_department(phub, kind, level):
+    admin, key = phub.tokens["admin"], f"idle_timeout_{kind}_s"
+    try:
+        code, out = call(phub.url, admin, "PUT", "/projects/vision/policy", {key: IDLE[level]})
+        if level == "beyond":
+            assert code == 400 and _refusal(out) == (
+                f"{key}: department research's policy allows at most 3600; a project's policy can "
+                "only narrow it, got 7200"), out
+            return
+        assert code == 200, out
+        code, out = call(phub.url, phub.tokens["alice"], "GET", "/projects/vision/policy")
+        assert out["effective"][key] == {"value": IDLE[level], "policy": "project vision's policy"}
+    finally:
+        call(phub.url, admin, "PUT", "/projects/vision/policy", {})
+
+
+def test_the_policies_page_sets_an_idle_timeout_and_shows_the_refusal(phub, browser):
+    """The admin panel's Policies page: an idle timeout saved in a project's row lands in
+    its policy; one wider than the department's is refused with the API's words."""
+    from tests import chromium
+
+    page = chromium.login(browser, phub.url, "admin", ADMIN_PW)
+    page.goto(phub.url + "/services/gpupool/policies")
+    assert "idle_timeout_training_s, idle_timeout_inference_s" in page.inner_text("main")
+    row = page.locator('tr[data-scope="project"][data-name="vision"]')
+    try:
+        for value, words in ((900, "Saved project vision"),
+                             (7200, "idle_timeout_inference_s: department research's policy allows at most 3600")):
+            row.locator("textarea").fill(f'{{"idle_timeout_inference_s": {value}}}')
+            row.locator("button").click()
+            page.wait_for_function("w => document.getElementById('msg').textContent.includes(w)", arg=words)
+        code, out = call(phub.url, phub.tokens["admin"], "GET", "/projects/vision/policy")
+        assert out["policy"] == {"idle_timeout_inference_s": 900}, out
+    finally:
+        call(phub.url, phub.tokens["admin"], "PUT", "/projects/vision/policy", {})
+
+
+@pytest.mark.parametrize("kind", policy.KINDS)
+def test_an_idle_timeout_is_whole_seconds_from_one_second_to_a_year(kind):
+    key = f"idle_timeout_{kind}_s"
+    for ok in (1, policy.MAX_SECONDS):
+        assert policy.parse({key: ok}) == {key: ok}
+    for bad in (0, policy.MAX_SECONDS + 1, 1.5, "soon", True):
         with pytest.raises(FieldError) as e:
-            policy.parse({f"idle_timeout_{kind}_s": 600})
-        assert e.value.field == f"idle_timeout_{kind}_s"
+            policy.parse({key: bad})
+        assert e.value.field == key
 
 
 def test_a_policy_default_above_its_max_is_refused():
@@ -307,7 +355,7 @@ def test_maximum_runtime_ends_a_training_and_a_workspace_with_an_event(phub):
 
         def ended(name):
             items = call(phub.url, alice, "GET", f"/events?workload={name}")[1]["items"]
-            return [e for e in items if "maximum runtime" in e["message"]]
+            return [e for e in items if e["kind"] == "stopped" and "maximum runtime" in e["message"]]
 
         for name, kind, most in (("long-run", "training", 3), ("ws-alice-long-ws", "workspace", 30)):
             ev = wait_for(lambda name=name: ended(name), f"{name} ended by its maximum runtime",
@@ -316,6 +364,9 @@ def test_maximum_runtime_ends_a_training_and_a_workspace_with_an_event(phub):
             assert f"maximum runtime of a {kind} ({most} s, project vision's policy)" in ev["message"]
         wait_for(lambda: call(phub.url, alice, "GET", "/trainings/long-run")[1]["status"] == "Suspended",
                  "the training ended")
+        # its status says why, not "suspended by a user"
+        assert call(phub.url, alice, "GET", "/trainings/long-run")[1]["reason"] == (
+            "reached the maximum runtime of a training (3 s, project vision's policy)")
         wait_for(lambda: call(phub.url, alice, "GET", "/workloads/ws-alice-long-ws")[0] == 404
                  or call(phub.url, alice, "GET", "/workloads/ws-alice-long-ws")[1]["state"] == "stopped",
                  "the workspace ended")

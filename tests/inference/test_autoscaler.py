@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from hub_ext.inference.autoscaler import Autoscaler, Policy
+from hub_ext.inference.autoscaler import Autoscaler, IdleLimit, Policy
 from hub_ext.inference.service import Replica, RState, Service
 from hub_ext.inference.spec import FieldError, parse_spec
 
@@ -140,3 +140,56 @@ def test_bad_spec_names_the_field_and_the_range(over, field, words):
 def test_project_must_be_one_of_yours():
     with pytest.raises(FieldError, match="your projects"):
         parse_spec(BASE, projects=("other",))
+
+
+# -- a policy's idle timeout of services (IdleLimit): over min_replicas ------------------------
+LIMIT = IdleLimit(60, "project nlp's policy")
+
+
+def test_the_policy_idle_limit_scales_to_zero_over_min_replicas():
+    a = Autoscaler(Policy(target=10, stable_window_s=10, min_replicas=2, scale_to_zero_after_s=300,
+                          idle_limit=LIMIT), 0)
+    t = feed(a, 0, 59, 0, requests=0)
+    assert a.recommend(t, current=2, in_flight=0).replicas == 2  # min_replicas holds until then
+    t = feed(a, t, t + 1, 0, requests=0)
+    rec = a.recommend(t, current=2, in_flight=0)
+    assert rec.replicas == 0 and rec.idle_limited
+    assert "idle timeout of an inference service (60 s, project nlp's policy)" in rec.why
+    assert a.recommend(t, current=2, in_flight=1).replicas == 2  # a request in flight: kept
+    # the next request wakes it; min_replicas holds again until idle that long once more
+    assert a.recommend(t, current=0, in_flight=1, held=1).replicas == 2
+    a.request_seen(t)
+    rec = a.recommend(t + 59, current=2, in_flight=0)
+    assert rec.replicas == 2 and not rec.idle_limited
+    assert a.recommend(t + 60, current=2, in_flight=0).replicas == 0
+
+
+def test_the_shorter_of_the_services_own_timeout_and_the_policys_wins():
+    own_first = Autoscaler(Policy(target=10, stable_window_s=10, scale_to_zero_after_s=30,
+                                  idle_limit=LIMIT), 0)
+    t = feed(own_first, 0, 31, 0, requests=0)
+    rec = own_first.recommend(t, current=1, in_flight=0)
+    assert rec.replicas == 0 and not rec.idle_limited  # the service's own setting did it
+    policy_first = Autoscaler(Policy(target=10, stable_window_s=10, scale_to_zero_after_s=300,
+                                     idle_limit=LIMIT), 0)
+    t = feed(policy_first, 0, 61, 0, requests=0)
+    rec = policy_first.recommend(t, current=1, in_flight=0)
+    assert rec.replicas == 0 and rec.idle_limited
+
+
+def test_the_service_records_one_policy_stop_per_scale_to_zero():
+    now = [0.0]
+    spec = parse_spec({"name": "s", "project": "nlp", "command": ["x"], "min_replicas": 1,
+                       "scale_to_zero_after_s": 300})
+    svc = Service(spec, clock=lambda: now[0], idle_limit=LIMIT)
+    svc.replicas.append(Replica("s-000001", "s", RState.READY))
+    assert svc.recommend().replicas == 1 and svc.status()["idle_stop"] is None
+    now[0] = 61.0
+    assert svc.recommend().replicas == 0
+    stop = svc.status()["idle_stop"]
+    assert stop["message"] == ("s scaled to zero from 1 replica: no request for longer than the idle "
+                               "timeout of an inference service (60 s, project nlp's policy); the next "
+                               "request starts it again")
+    svc.replicas.clear()  # the controller stopped it
+    now[0] = 70.0
+    assert svc.recommend().replicas == 0 and svc.status()["idle_stop"] is stop  # one stop, one record

@@ -21,7 +21,7 @@ from .harness import MODEL_SERVER
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hub"))
 
 from hubclient import HubClient, call  # noqa: E402
-from hubproc import USER_PW, Hub, free_ports  # noqa: E402
+from hubproc import ADMIN_PW, USER_PW, Hub, free_ports  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -116,3 +116,46 @@ def test_activator_metrics_scraped(live):
     assert samples['gpupool_activator_cold_start_seconds_count{service="echo"}'] == 1
     assert "# TYPE gpupool_activator_cold_start_seconds histogram" in text
     assert "# TYPE gpupool_activator_held_requests gauge" in text
+
+
+POLICY_IDLE_S = 5
+
+
+def test_the_policy_idle_timeout_scales_a_service_to_zero_over_min_replicas(live):
+    """Project vision's policy bounds how long a service holds GPUs without requests: a
+    service that asks for one replica at all times and would scale to zero only after 300 s
+    goes to zero after the policy's 5 s, with an event naming the policy, and the next
+    request wakes it."""
+    from tests.waits import wait_for
+
+    carol = live.tokens["carol"]
+    code, _ = call(live.url, _admin(live), "PUT", "/projects/vision/policy",
+                   {"idle_timeout_inference_s": POLICY_IDLE_S})
+    assert code == 200
+    code, svc = call(live.url, carol, "POST", "/inferences",
+                     model("kept", project="vision", min_replicas=1, scale_to_zero_after_s=300))
+    assert code == 201, svc
+
+    def stops():
+        items = call(live.url, carol, "GET", "/events?workload=kept")[1]["items"]
+        return [e for e in items if e["kind"] == "stopped"]
+
+    try:
+        (ev,) = wait_for(stops, "the policy's scale to zero", timeout=120)
+        assert ev["message"] == (
+            "kept scaled to zero from 1 replica: no request for longer than the idle timeout of an "
+            f"inference service ({POLICY_IDLE_S} s, project vision's policy); the next request starts it again")
+        status = wait_for(lambda: (st := call(live.url, carol, "GET", "/inferences/kept")[1]["status"])
+                          .get("replicas") == 0 and st, "no replica left")
+        assert status["desired"] == 0 and "project vision's policy" in status["why"], status
+        code, body = until_served(live.url + svc["url"] + "predict?client=k&seq=1", carol)
+        assert code == 200 and body["client"] == "k", body  # woken by the request
+    finally:
+        call(live.url, _admin(live), "PUT", "/projects/vision/policy", {})
+        call(live.url, carol, "DELETE", "/inferences/kept")
+
+
+def _admin(hub) -> str:
+    if "admin" not in hub.tokens:
+        hub.tokens["admin"] = HubClient(hub.url).login("admin", ADMIN_PW).token("admin")
+    return hub.tokens["admin"]

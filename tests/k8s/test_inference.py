@@ -156,3 +156,80 @@ def test_published_services_reach_the_activator_by_a_watch(k8s_cluster: ClusterI
 
 async def _now(v):
     return v
+
+
+def test_the_policy_idle_limit_is_published_with_the_service_and_its_stop_comes_back(k8s_cluster: ClusterInfo,
+                                                                                        tmp_path):
+    """On Kubernetes the chart's activator scales the services: the hub publishes each
+    service's policy idle limit beside its spec, the activator's autoscaler gets it, and
+    a scale to zero by it comes back in the state the hub copies, as one event."""
+    from sqlalchemy import select
+
+    from hub_ext.db import DepartmentRow, EventRow, PolicyRow, ProjectRow
+    from hub_ext.inference.autoscaler import IdleLimit
+    from hub_ext.inference.db import InferenceRow
+    from hub_ext.inference.published import (
+        Follower,
+        Publisher,
+        configmap_name,
+        idle_limit_of,
+        status_of,
+    )
+    from hub_ext.schema import make_sessionmaker
+
+    Session = make_sessionmaker(f"sqlite:///{tmp_path}/hub.db")
+    spec = parse_spec({"name": "idle-svc", "project": "p-idle", "command": ["serve"], "min_replicas": 0})
+    with Session() as s:
+        s.add(DepartmentRow(name="d-idle"))
+        s.add(ProjectRow(name="p-idle", department="d-idle"))
+        s.add(PolicyRow(scope="project", name="p-idle", spec={"idle_timeout_inference_s": 600}))
+        s.add(InferenceRow(name="idle-svc", owner="alice", project="p-idle", spec=spec.to_dict()))
+        s.commit()
+    message = "idle-svc scaled to zero from 1 replica: (the activator's words)"
+
+    def events() -> list[str]:
+        with Session() as s:
+            return list(s.scalars(select(EventRow.message).where(EventRow.workload == "idle-svc")))
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            await create_namespace(kc, NS)
+            publisher, controller = Publisher(kc, NS, Session), Controller(K8sBackend(kc, NS), tick_s=3600)
+            follower = Follower(kc, NS, controller, set())
+
+            async def seen(side, test, what: str) -> None:  # each side syncs from its watch's copy
+                await wait_until(lambda: _now(test(side.published().get("idle-svc"))), what, timeout=60)
+
+            publisher.mirror.start()
+            follower.mirror.start()
+            try:
+                await wait_until(lambda: _now(publisher.mirror.ready and follower.mirror.ready), "both copies listed",
+                                 timeout=60)
+                await publisher.sync()
+                await seen(follower, lambda cm: cm is not None and idle_limit_of(cm) is not None,
+                           "the activator's copy has the limit")
+                await follower.sync()
+                svc = controller.services["idle-svc"]
+                assert svc.autoscaler.policy.idle_limit == IdleLimit(600, "project p-idle's policy")
+                svc.idle_stop = {"ts": 1.0, "message": message}  # as Service.recommend records it
+                for _ in range(2):  # copied twice, recorded once
+                    await follower.sync()
+                    await seen(publisher, lambda cm: cm is not None and "idle_stop" in status_of(cm),
+                               "the hub's copy has the stop")
+                    await publisher.sync()
+                assert events() == [message]
+                with Session() as s:  # the policy cleared: the activator's service has no limit
+                    s.delete(s.get(PolicyRow, ("project", "p-idle")))
+                    s.commit()
+                await publisher.sync()
+                await seen(follower, lambda cm: cm is not None and idle_limit_of(cm) is None,
+                           "the activator's copy has no limit")
+                await follower.sync()
+                assert svc.autoscaler.policy.idle_limit is None
+            finally:
+                await publisher.mirror.stop()
+                await follower.mirror.stop()
+                await controller.stop()
+                await kc.delete(f"/api/v1/namespaces/{NS}/configmaps/{configmap_name('idle-svc')}")
+
+    run(go())
