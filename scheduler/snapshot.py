@@ -18,6 +18,8 @@ import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .cluster import ClusterArrays
 from .model import (
     Department,
@@ -110,6 +112,10 @@ class Snapshot:
         self._shape_keys: dict[int, tuple] = {}
         self._next_shape_id = itertools.count()
         self._arrays: ClusterArrays | None = None
+        # Per project, the milli-GPUs per GPU slot (rows and slots of ``arrays``) that its
+        # ``victims`` hold: what reclaim could free at most (actions.victims.OverQuotaRoom),
+        # kept with the arrays so that a cycle does not sum thousands of placements for it.
+        self._victims_hold: dict[str, np.ndarray] = {}
         self._total_gpus = 0
         self._policy: tuple[str, PlacementPolicy] | None = None
 
@@ -152,11 +158,19 @@ class Snapshot:
         """Free capacity after every holding workload; rebuilt only after node changes."""
         if self._arrays is None:
             arrays = ClusterArrays.from_nodes(list(self.nodes.values()))
+            self._victims_hold = {}
             for by_name in self.holding.values():
                 for name in by_name:
                     self._apply(arrays, self._filed[name], take=True)
+                    self._hold(arrays, self._filed[name], take=True)
             self._arrays = arrays
         return self._arrays
+
+    def victims_hold(self, project: str) -> np.ndarray | None:
+        """Milli-GPUs per GPU slot (rows and slots of ``arrays``) held by ``project``'s
+        running preemptible work (its ``victims``); None where it holds none. Read-only."""
+        _ = self.arrays
+        return self._victims_hold.get(project)
 
     def placement_policy(self) -> PlacementPolicy:
         """The configured placement policy, kept across cycles: what it learnt (the
@@ -241,6 +255,7 @@ class Snapshot:
             self.releasing[name] = w
         if self._arrays is not None:
             self._apply(self._arrays, filed, take=True)
+            self._hold(self._arrays, filed, take=True)
 
     def remove_workload(self, name: str) -> None:
         w = self.workloads.pop(name, None)
@@ -270,6 +285,7 @@ class Snapshot:
             del keys[bisect.bisect_left(keys, victim)]
         if self._arrays is not None:
             self._apply(self._arrays, filed, take=False)
+            self._hold(self._arrays, filed, take=False)
 
     @staticmethod
     def _apply(arrays: ClusterArrays, filed: tuple, take: bool) -> None:
@@ -279,6 +295,22 @@ class Snapshot:
             i = arrays.index.get(node)
             if i is not None:
                 op(i, gpus, milli, cpu, mem)
+
+    def _hold(self, arrays: ClusterArrays, filed: tuple, take: bool) -> None:
+        """Count a victim's GPUs in (or out of) its project's ``victims_hold``."""
+        project, victim, pods_at = filed[2], filed[3], filed[6]
+        if victim is None:
+            return
+        sign = 1 if take else -1
+        for node, gpus, milli in pods_at:
+            i = arrays.index.get(node)
+            if i is not None and gpus:
+                held = self._victims_hold.get(project)
+                if held is None:
+                    held = self._victims_hold[project] = np.zeros(arrays.gpu_free.shape, dtype=np.int64)
+                row = held[i]
+                for g in gpus:
+                    row[g] += sign * milli
 
 
 def victim_key(w: Workload) -> tuple[int, float, str]:

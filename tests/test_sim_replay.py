@@ -457,7 +457,8 @@ def test_replay_reports_unserved_quota_for_every_policy():
 
 def _decisions_of(monkeypatch, memo: bool, skip_quiet: bool, run):
     """Every cycle's decisions (binds, evictions, pending reasons) of ``run()``, with the
-    core's make-room memo on or off, and how often ``Victims.candidates`` was asked."""
+    core's make-room memos (per plan group, and the victims read per project) on or off,
+    and how often ``Victims.candidates`` was asked."""
     from scheduler.actions.victims import Victims
     from scheduler.sim import replay as replay_mod
 
@@ -471,7 +472,7 @@ def _decisions_of(monkeypatch, memo: bool, skip_quiet: bool, run):
     def patched_init(self, cycle):
         init(self, cycle)
         if not memo:
-            self.plan_memo = NoMemo()
+            self.plan_memo, self.read_memo = NoMemo(), NoMemo()
 
     def counting(self, *a):
         asked[0] += 1

@@ -82,6 +82,9 @@ class Eviction:
     # floor is their quota and ``may_take`` leaves none below it that was not above it):
     # its plans are bounded by ``victims.OverQuotaRoom``.
     over_quota_only = False
+    # ``victims_in`` reads the project's usage, not only who is evicted (``Victims.read``
+    # keeps what it gave only while that usage stays as it was).
+    victims_read_usage = False
 
     def enabled(self, cfg: SchedulerConfig) -> bool:
         raise NotImplementedError
@@ -112,7 +115,9 @@ class Eviction:
 
     def victims_in(self, victims: VictimSource, w: Workload, project: str, pool: str, floor: Floor | None) -> Iterator[Workload]:
         """``project``'s work it may take for ``w``, in the order it takes it: eviction
-        order, up to ``stops_at``. No way takes work that just restarted: that is thrash."""
+        order, up to ``stops_at``. No way takes work that just restarted: that is thrash.
+        Depends on ``w`` only through ``group``, and on the cycle's state only through who
+        was evicted (and the project's usage, where ``victims_read_usage``)."""
         for prio, v, protected in victims.pool_victims(project, pool):
             if self.stops_at(prio, w):
                 break
@@ -145,6 +150,7 @@ class QuotaReclaim(Eviction):
 
     def __init__(self, below: bool = False, guaranteed: bool = False):
         self.below, self.guaranteed = below, guaranteed
+        self.victims_read_usage = below  # ``below_quota_order``
         self.name = f"{'guaranteed' if guaranteed else 'quota'}_reclaim{'_below_quota' if below else ''}"
         self.key = "reclaim below quota" if below else "reclaim"
 

@@ -14,6 +14,7 @@ from ..cycle import Cycle, TooBig, pod_size
 from ..model import Evict, PodDemand, Workload
 from ..placement import Choice
 from .evictions import EVICTIONS, Eviction, may_take
+from .room import RoomWithout
 from .victims import OverQuotaRoom, Victims
 
 
@@ -121,6 +122,10 @@ class MakeRoom:
                         return False
                     return "no victims"
                 return False if victims_.any_victim(w, pool, candidates) else "no victims"
+            if w.pods > 1 and w.demand.gpus and not victims_.room_for_gang(w, pool, candidates, static, key):
+                # Not even every candidate gone leaves room for the gang: what the trials
+                # below would answer, without them.
+                return False if victims_.any_victim(w, pool, candidates) else "no victims"
             victims: list[tuple[Workload, list[Choice]]] = []
             placed = None
             if w.pods == 1 and not victims_.room_with_all_gone(w, pool, candidates, static, key):
@@ -206,45 +211,26 @@ class MakeRoom:
         "Where the goals stand"). Preemption inside a project keeps to the global order."""
         work = self.work
         gpu_work = w.demand.gpu_count > 0
-        # The candidates per node depend on ``w`` as the global ones do (``plan_candidates``):
-        # worked out once per group until a plan evicts.
+        # The candidates, and the room per node with them all gone, depend on ``w`` as the
+        # global ones do (``plan_candidates``): worked out once per group until a plan evicts.
         memo = self.victims.plan_memo
         key = ("per node", w.project, pool, strategy.key, strategy.group(self.cycle, w, pool), gpu_work)
         a, usage = work.arrays, work.usage
         kept = memo.get(key)
         if kept is None:
-            per_node: dict[int, list] = defaultdict(list)
-            for v, floor in self.victims.wide(w, pool, strategy):
-                if gpu_work and not v.demand.gpu_count:
-                    continue
-                for node in {c.node for c in work.choices_of(v)}:
-                    per_node[node].append((v, floor))
-            # Per node, the room with every candidate there gone (floors aside): a node
-            # where even that leaves no room for the pod is passed over at once.
-            most: dict[int, list] = {}
-            for node, there in per_node.items():
-                room = [a.gpu_free[node].tolist(), int(a.cpu_free[node]), int(a.mem_free[node])]
-                for v, _ in there:
-                    for c in work.choices_of(v):
-                        if c.node == node:
-                            for j in c.gpus:
-                                room[0][j] += c.milli
-                            room[1] += v.demand.cpu_milli
-                            room[2] += v.demand.memory_mib
-                most[node] = room
-            kept = memo[key] = (per_node, most)
-        per_node, most = kept  # type: ignore[misc]
+            wide = [(v, floor) for v, floor in self.victims.wide(w, pool, strategy) if not (gpu_work and not v.demand.gpu_count)]
+            kept = memo[key] = (wide, RoomWithout(a, ((v, work.choices_of(v)) for v, _ in wide)))
+        wide, most = kept  # type: ignore[misc]
+        # A node where even every candidate there gone leaves no room for the pod is passed over.
         best: list[tuple[Workload, list[Choice]]] | None = None
-        for node in sorted(per_node):
+        for node in most.nodes[static[most.nodes] & most.fits(w)].tolist():
             if best is not None and len(best) == 1:
                 break  # no node needs fewer evictions than one
-            if not static[node] or not self.victims.fits_room(w, node, *most[node]):
-                continue
             room = [a.gpu_free[node].tolist(), int(a.cpu_free[node]), int(a.mem_free[node])]
             gone: dict[str, int] = defaultdict(int)
             smallest: dict[str, int] = {}
             chosen: list[tuple[Workload, list[Choice]]] = []
-            for v, floor in per_node[node]:
+            for v, floor in (wide[i] for i in most.gone_on(node)):
                 if best is not None and len(chosen) + 1 >= len(best):
                     break  # cannot beat the best node found so far
                 milli = work.milli_of(v)

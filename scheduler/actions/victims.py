@@ -15,6 +15,7 @@ from ..cycle import Cycle
 from ..model import MILLI, State, Workload
 from ..placement import Choice
 from .evictions import Eviction, Floor, may_take
+from .room import RoomWithout
 
 
 class Victims:
@@ -30,6 +31,10 @@ class Victims:
         self.victim_lists: dict[tuple[str, str], tuple[list, Iterator]] = {}
         self.pool_of_workload: dict[str, str | None] = {}
         self.evicted: set[str] = set()
+        # Per (strategy key, group, project, pool, floor): what ``strategy.victims_in`` gave
+        # so far, with the project's usage and evictions when it started (see ``read``).
+        self.read_memo: dict[tuple, _Read] = {}
+        self.evicted_from: dict[str, list[str]] = defaultdict(list)  # per project, who was evicted, in order
 
     def evicted_for(self, victims: list[Workload]) -> None:
         """A plan evicted ``victims``: they are no candidates any more, and what the memo
@@ -37,15 +42,40 @@ class Victims:
         self.plan_memo.clear()
         for v in victims:
             self.evicted.add(v.name)
+            self.evicted_from[v.project].append(v.name)
 
-    def candidates(self, w: Workload, pool: str, strategy: Eviction) -> Iterator[tuple[Workload, Floor | None]]:
-        """Possible victims in eviction order (``strategy.projects``, then
+    def candidates(self, w: Workload, pool: str, strategy: Eviction, n: int) -> list[tuple[Workload, Floor | None]]:
+        """The first ``n`` possible victims in eviction order (``strategy.projects``, then
         ``strategy.victims_in``), each with the floor its project must keep
         (``strategy.floor``)."""
+        out: list[tuple[Workload, Floor | None]] = []
+        group = strategy.group(self.cycle, w, pool)
         for p in strategy.projects(self.cycle, w, pool):
             floor = strategy.floor(self.cycle, p, pool)
-            for v in strategy.victims_in(self, w, p, pool, floor):
-                yield v, floor
+            out += self.read(w, p, pool, strategy, group, floor, n - len(out))
+            if len(out) >= n:
+                break
+        return out
+
+    def read(self, w: Workload, project: str, pool: str, strategy: Eviction, group: object,
+             floor: Floor | None, n: int) -> list[tuple[Workload, Floor | None]]:
+        """The first ``n`` of ``strategy.victims_in`` for ``project``, each with ``floor``.
+        What it gives depends on ``w`` only through ``group``, and on the cycle's state only
+        through who was evicted (and the project's usage, ``Eviction.victims_read_usage``):
+        so what was read is kept, less what a plan evicted since, and read on from (the
+        victims are read lazily and skip the evicted as they go). Every plan for a project
+        below its quota reads the same few projects furthest above theirs: this reads their
+        victims once a cycle, not once a plan."""
+        key = (strategy.key, group, project, pool, floor, getattr(floor, "below", False))
+        used = self.work.usage[(project, pool)] if strategy.victims_read_usage else 0
+        gone = self.evicted_from[project]
+        entry = self.read_memo.get(key)
+        if entry is None or entry.used != used or (entry.seen != len(gone) and strategy.victims_read_usage):
+            source = ((v, floor) for v in strategy.victims_in(self, w, project, pool, floor))
+            entry = self.read_memo[key] = _Read(source, used, len(gone))
+        elif entry.seen != len(gone):
+            entry.drop(gone)
+        return entry.first(n)
 
     def below_quota_order(self, project: str, pool: str, quota: int) -> list[Workload]:
         """Quota reclaim's second pass takes ``project``'s pieces that each alone would take
@@ -114,7 +144,7 @@ class Victims:
         key = (w.project, pool, strategy.key, strategy.group(self.cycle, w, pool))
         candidates = self.plan_memo.get(key)
         if candidates is None:
-            candidates = self.plan_memo[key] = list(itertools.islice(self.candidates(w, pool, strategy), self.cfg.max_victim_scan))
+            candidates = self.plan_memo[key] = self.candidates(w, pool, strategy, self.cfg.max_victim_scan)
         return key, candidates
 
     def wide(self, w: Workload, pool: str, strategy: Eviction) -> list[tuple[Workload, Floor | None]]:
@@ -123,7 +153,7 @@ class Victims:
         key = ("wide", w.project, pool, strategy.key, strategy.group(self.cycle, w, pool))
         kept = self.plan_memo.get(key)
         if kept is None:
-            kept = self.plan_memo[key] = list(itertools.islice(self.candidates(w, pool, strategy), self.wide_scan))
+            kept = self.plan_memo[key] = self.candidates(w, pool, strategy, self.wide_scan)
         return kept  # type: ignore[return-value]
 
     def admissible_after(self, w: Workload, pool: str, strategy: Eviction, candidates: list, key: tuple | None = None) -> bool:
@@ -173,20 +203,35 @@ class Victims:
         gpu_work = w.demand.gpu_count > 0
         freed = self.plan_memo.get(("freed", key, gpu_work)) if key else None
         if freed is None:
-            a = self.work.arrays
-            freed = {}  # node -> [GPU free per slot, CPU free, memory free]
-            for v, choices, _ in self.victims_of(w, pool, candidates):
-                for c in choices:
-                    room = freed.get(c.node)
-                    if room is None:
-                        room = freed[c.node] = [a.gpu_free[c.node].tolist(), int(a.cpu_free[c.node]), int(a.mem_free[c.node])]
-                    for j in c.gpus:
-                        room[0][j] += c.milli
-                    room[1] += v.demand.cpu_milli
-                    room[2] += v.demand.memory_mib
+            gone = ((v, choices) for v, choices, _ in self.victims_of(w, pool, candidates))
+            freed = RoomWithout(self.work.arrays, gone)
             if key:
                 self.plan_memo[("freed", key, gpu_work)] = freed
-        return any(static[node] and self.fits_room(w, node, *room) for node, room in freed.items())
+        return bool((static[freed.nodes] & freed.fits(w)).any())
+
+    def room_for_gang(self, w: Workload, pool: str, candidates: list, static: np.ndarray, key: tuple | None = None) -> bool:
+        """Could the gang ``w``, whose pods each ask for whole GPUs, have room with every
+        victim the trial loop may take gone? A node holds at most as many of its pods as
+        its whole free GPUs, CPU and memory each allow: where that sums below its pods over
+        the nodes it may use, no trial can place it (room only grows as victims go), and
+        the loop is skipped. ``key``: as for ``room_with_all_gone``, whose room it shares."""
+        d = w.demand
+        freed = self.plan_memo.get(("freed", key, True)) if key else None
+        if freed is None:
+            gone = ((v, choices) for v, choices, _ in self.victims_of(w, pool, candidates))
+            freed = RoomWithout(self.work.arrays, gone)
+            if key:
+                self.plan_memo[("freed", key, True)] = freed
+        a = self.work.arrays
+        whole, cpu, mem = a.full_free.astype(np.int64), a.cpu_free.copy(), a.mem_free.copy()
+        whole[freed.nodes] = (freed.gpu == MILLI).sum(axis=1)
+        cpu[freed.nodes], mem[freed.nodes] = freed.cpu, freed.mem
+        pods = whole // d.gpus
+        if d.cpu_milli:
+            pods = np.minimum(pods, cpu // d.cpu_milli)
+        if d.memory_mib:
+            pods = np.minimum(pods, mem // d.memory_mib)
+        return int(np.maximum(pods, 0)[static].sum()) >= w.pods
 
     def fits_room(self, w: Workload, node: int, gpus: list[int], cpu: int, mem: int) -> bool:
         """Would one pod of ``w`` fit on ``node`` with this much room (GPU per slot, CPU,
@@ -216,37 +261,56 @@ class Victims:
         return True
 
 
+class _Read:
+    """What one ``victims_in`` gave so far (``Victims.read``), the rest of it still to read,
+    the usage it was read at and how many of its project's evictions it has dropped."""
+
+    __slots__ = ("got", "names", "rest", "used", "seen")
+
+    def __init__(self, rest: Iterator[tuple[Workload, Floor | None]], used: int, seen: int):
+        self.got: list[tuple[Workload, Floor | None]] = []
+        self.names: list[str] = []  # the names of ``got``, found fast
+        self.rest, self.used, self.seen = rest, used, seen
+
+    def first(self, n: int) -> list[tuple[Workload, Floor | None]]:
+        got = self.got
+        if len(got) < n:
+            more = list(itertools.islice(self.rest, n - len(got)))
+            got += more
+            self.names += [v.name for v, _ in more]
+        return got[:n]
+
+    def drop(self, evicted: list[str]) -> None:
+        """Forget those evicted since last asked (the rest skips them as it reads on)."""
+        for name in evicted[self.seen:]:
+            try:
+                i = self.names.index(name)
+            except ValueError:
+                continue  # not read yet
+            del self.got[i], self.names[i]
+        self.seen = len(evicted)
+
+
 class OverQuotaRoom:
     """A bound, per GPU slot, on the room reclaim from over-quota work could make: what is
     free plus what every other project over its quota holds there. Reclaim that keeps to
     over-quota projects (``Eviction.over_quota_only``) takes nothing else, so where no
     node's bound fits a pod, no plan of it can, and the plan is not built.
 
-    Each project's holdings are summed once per cycle, when it is first seen over its quota
-    at a plan; a project that goes back under keeps counting (the bound only loosens), and
-    evicted work counts twice (held and free): the bound stays an upper one."""
+    Each project's holdings (``Snapshot.victims_hold``) count from when it is first seen
+    over its quota at a plan; a project that goes back under keeps counting (the bound only
+    loosens), and evicted work counts twice (held and free): the bound stays an upper one."""
 
     def __init__(self, cycle: Cycle):
         self.cycle = cycle
         self.shape = cycle.work.arrays.gpu_free.shape
-        self.held: dict[str, np.ndarray] = {}  # project -> milli per slot of its preemptible work
+        self.held: dict[str, np.ndarray] = {}  # project -> milli per slot of its preemptible work (read-only)
         self.total = np.zeros(self.shape, dtype=np.int64)
 
     def _add(self, project: str) -> None:
-        snap, ix = self.cycle.snap, self.cycle.work.arrays.index
-        width = self.shape[1]
-        slots: list[int] = []
-        milli: list[int] = []
-        for _, _, name in snap.victims.get(project, ()):
-            for p in snap.workloads[name].placement:
-                i = ix.get(p.node)
-                if i is not None:
-                    for g in p.gpu_indices:
-                        slots.append(i * width + g)
-                        milli.append(p.gpu_milli)
-        held = np.bincount(slots, milli, minlength=self.shape[0] * width).astype(np.int64).reshape(self.shape)
-        self.held[project] = held
-        self.total += held
+        held = self.cycle.snap.victims_hold(project)
+        self.held[project] = np.zeros(self.shape, dtype=np.int64) if held is None else held
+        self.total += self.held[project]
 
     def may_fit(self, w: Workload, pool: str, static: np.ndarray) -> bool:
         """Could evicting other projects' over-quota work in ``pool`` make room for ``w``?

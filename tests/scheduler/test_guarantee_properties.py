@@ -14,8 +14,9 @@ and over quota) it checks:
     and what reclaim takes from a project that it leaves below its quota would not fit back
     inside that quota;
 (d) no GPU, fraction, CPU or memory is over-committed at any cycle;
-(e) ``decide`` is deterministic, and the bound make-room puts on reclaim before it builds
-    a plan (``OverQuotaRoom``) changes no decision: the twin decides without it.
+(e) ``decide`` is deterministic, and the bounds make-room puts on a plan before it builds
+    it (``OverQuotaRoom`` for reclaim, ``Victims.room_for_gang`` for a gang) change no
+    decision: the twin decides without them.
 
 CI runs the ``ci`` profile (fixed, derandomized); ``make fuzz`` runs the ``fuzz`` profile
 (``HYPOTHESIS_PROFILE=fuzz``). Counterexamples found on the way stay below as named tests.
@@ -32,7 +33,7 @@ from unittest import mock
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from scheduler.actions.victims import OverQuotaRoom
+from scheduler.actions.victims import OverQuotaRoom, Victims
 from scheduler.core import decide
 from scheduler.model import (
     GPU,
@@ -148,7 +149,8 @@ class Loop:
         before = dict(snap.usage)
         twin = copy.deepcopy(snap)
         d = decide(snap)
-        with mock.patch.object(OverQuotaRoom, "may_fit", return_value=True):
+        with (mock.patch.object(OverQuotaRoom, "may_fit", return_value=True),
+              mock.patch.object(Victims, "room_for_gang", return_value=True)):
             again = decide(twin)
         # (e) determinism, with and without the bound
         assert (d.binds, d.evictions, d.pending) == (again.binds, again.evictions, again.pending)
