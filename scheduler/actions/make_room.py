@@ -15,7 +15,7 @@ from ..model import Evict, PodDemand, Workload
 from ..placement import Choice
 from .evictions import EVICTIONS, Eviction, may_take
 from .room import RoomWithout
-from .victims import OverQuotaRoom, Victims
+from .victims import OverQuotaRoom, OwnRoom, Victims
 
 
 class MakeRoom:
@@ -26,7 +26,7 @@ class MakeRoom:
         self.work = cycle.work
         self.strategies = [s for s in EVICTIONS if s.enabled(cycle.cfg)]
         self.victims = Victims(cycle)
-        self.over_quota_room = OverQuotaRoom(cycle)
+        self.over_quota_room, self.own_room = OverQuotaRoom(cycle), OwnRoom(cycle)
         # Since the last plan that evicted: sizes no eviction could make room for (per
         # project, priority, pool, strategy, models), or that would not fit even after the
         # evicted work exits (per project, pool, models, over-quota permission).
@@ -106,13 +106,17 @@ class MakeRoom:
             group = (w.project, w.effective_priority, pool, strategy.key, w.gpu_models, gpu_work)
             if self.hopeless.covers(group, pod_size(w)):
                 return False  # a smaller pod found victims but no room with them all gone
+            static = work.arrays.eligible(pool, w.gpu_models, PodDemand(gpus=w.demand.gpus))
+            if strategy.own_project and not self.own_room.may_fit(w, static):
+                # No node could have room with all its project's preemptible work gone. (Which
+                # "no" does not matter: a plan from its own project says nothing about others'.)
+                return False
             key, candidates = victims_.plan_candidates(w, pool, strategy)
             if not candidates:
                 return "no victims"
-            static = work.arrays.eligible(pool, w.gpu_models, PodDemand(gpus=w.demand.gpus))
             if not victims_.admissible_after(w, pool, strategy, candidates, key):
                 # Even evicting every candidate would not let it in: skip the trials.
-                return False if any(v.demand.gpu_count or not gpu_work for v, _ in candidates) else "no victims"
+                return False if any(x.gpus or not gpu_work for x in candidates) else "no victims"
             if strategy.over_quota_only and not self.over_quota_room.may_fit(w, pool, static):
                 # No node could have room with every possible victim gone: what the plan
                 # below would answer, without building it.
@@ -131,11 +135,9 @@ class MakeRoom:
             if w.pods == 1 and not victims_.room_with_all_gone(w, pool, candidates, static, key):
                 candidates = []  # the trials below cannot make room: go to the per-node plan
             smallest: dict[str, int] = {}  # the smallest piece taken so far, per project
-            for v, floor in candidates:
-                if gpu_work and not v.demand.gpu_count:
+            for v, floor, choices, milli, gpus in candidates:
+                if gpu_work and not gpus:
                     continue  # CPU-only work never makes room for GPUs
-                choices = work.choices_of(v)
-                milli = work.milli_of(v)
                 least = min(milli, smallest.get(v.project, milli))
                 if not may_take(floor, work.usage[(v.project, pool)] - milli, least):
                     continue
@@ -218,8 +220,8 @@ class MakeRoom:
         a, usage = work.arrays, work.usage
         kept = memo.get(key)
         if kept is None:
-            wide = [(v, floor) for v, floor in self.victims.wide(w, pool, strategy) if not (gpu_work and not v.demand.gpu_count)]
-            kept = memo[key] = (wide, RoomWithout(a, ((v, work.choices_of(v)) for v, _ in wide)))
+            wide = [c for c in self.victims.wide(w, pool, strategy) if c.gpus or not gpu_work]
+            kept = memo[key] = (wide, RoomWithout(a, ((c.v, c.choices) for c in wide)))
         wide, most = kept  # type: ignore[misc]
         # A node where even every candidate there gone leaves no room for the pod is passed over.
         best: list[tuple[Workload, list[Choice]]] | None = None
@@ -230,16 +232,14 @@ class MakeRoom:
             gone: dict[str, int] = defaultdict(int)
             smallest: dict[str, int] = {}
             chosen: list[tuple[Workload, list[Choice]]] = []
-            for v, floor in (wide[i] for i in most.gone_on(node)):
+            for v, floor, choices, milli, _ in (wide[i] for i in most.gone_on(node)):
                 if best is not None and len(chosen) + 1 >= len(best):
                     break  # cannot beat the best node found so far
-                milli = work.milli_of(v)
                 least = min(milli, smallest.get(v.project, milli))
                 if not may_take(floor, usage[(v.project, pool)] - gone[v.project] - milli, least):
                     continue
                 gone[v.project] += milli
                 smallest[v.project] = least
-                choices = work.choices_of(v)
                 chosen.append((v, choices))
                 for c in choices:
                     if c.node == node:

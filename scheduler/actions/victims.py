@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -16,6 +16,16 @@ from ..model import MILLI, State, Workload
 from ..placement import Choice
 from .evictions import Eviction, Floor, may_take
 from .room import RoomWithout
+
+
+class Candidate(NamedTuple):
+    """A possible victim, with what a plan asks of it again and again, worked out once."""
+
+    v: Workload
+    floor: Floor | None  # what its project keeps (``Eviction.floor``)
+    choices: list[Choice]  # its placement in the cycle's node numbering (``Working.choices_of``)
+    milli: int  # the milli-GPUs it holds (``Working.milli_of``)
+    gpus: bool  # whether it holds GPUs: CPU-only work never makes room for GPU work
 
 
 class Victims:
@@ -44,11 +54,11 @@ class Victims:
             self.evicted.add(v.name)
             self.evicted_from[v.project].append(v.name)
 
-    def candidates(self, w: Workload, pool: str, strategy: Eviction, n: int) -> list[tuple[Workload, Floor | None]]:
+    def candidates(self, w: Workload, pool: str, strategy: Eviction, n: int) -> list[Candidate]:
         """The first ``n`` possible victims in eviction order (``strategy.projects``, then
         ``strategy.victims_in``), each with the floor its project must keep
         (``strategy.floor``)."""
-        out: list[tuple[Workload, Floor | None]] = []
+        out: list[Candidate] = []
         group = strategy.group(self.cycle, w, pool)
         for p in strategy.projects(self.cycle, w, pool):
             floor = strategy.floor(self.cycle, p, pool)
@@ -58,7 +68,7 @@ class Victims:
         return out
 
     def read(self, w: Workload, project: str, pool: str, strategy: Eviction, group: object,
-             floor: Floor | None, n: int) -> list[tuple[Workload, Floor | None]]:
+             floor: Floor | None, n: int) -> list[Candidate]:
         """The first ``n`` of ``strategy.victims_in`` for ``project``, each with ``floor``.
         What it gives depends on ``w`` only through ``group``, and on the cycle's state only
         through who was evicted (and the project's usage, ``Eviction.victims_read_usage``):
@@ -71,7 +81,9 @@ class Victims:
         gone = self.evicted_from[project]
         entry = self.read_memo.get(key)
         if entry is None or entry.used != used or (entry.seen != len(gone) and strategy.victims_read_usage):
-            source = ((v, floor) for v in strategy.victims_in(self, w, project, pool, floor))
+            work = self.work
+            source = (Candidate(v, floor, work.choices_of(v), work.milli_of(v), v.demand.gpu_count > 0)
+                      for v in strategy.victims_in(self, w, project, pool, floor))
             entry = self.read_memo[key] = _Read(source, used, len(gone))
         elif entry.seen != len(gone):
             entry.drop(gone)
@@ -147,7 +159,7 @@ class Victims:
             candidates = self.plan_memo[key] = self.candidates(w, pool, strategy, self.cfg.max_victim_scan)
         return key, candidates
 
-    def wide(self, w: Workload, pool: str, strategy: Eviction) -> list[tuple[Workload, Floor | None]]:
+    def wide(self, w: Workload, pool: str, strategy: Eviction) -> list[Candidate]:
         """The candidates further down the eviction order than ``plan_candidates`` reads:
         for the per-node plan. Kept per group as those are."""
         key = ("wide", w.project, pool, strategy.key, strategy.group(self.cycle, w, pool))
@@ -165,7 +177,7 @@ class Victims:
             return strategy.admits(self.cycle, w, pool)
         freed = self.plan_memo.get(("milli", key)) if key else None
         if freed is None:
-            freed = sum(self.work.milli_of(v) for v, _ in candidates)
+            freed = sum(c.milli for c in candidates)
             if key:
                 self.plan_memo[("milli", key)] = freed
         return self.cycle.verdict(w, pool, freed).allowed
@@ -177,16 +189,15 @@ class Victims:
         usage = self.work.usage
         gone: dict[str, int] = defaultdict(int)  # milli the loop would have freed, per project
         smallest: dict[str, int] = {}  # the smallest piece it would have taken, per project
-        for v, floor in candidates:
-            if gpu_work and not v.demand.gpu_count:
+        for v, floor, choices, milli, gpus in candidates:
+            if gpu_work and not gpus:
                 continue
-            choices = self.work.choices_of(v)
-            milli = self.work.milli_of(v)
-            least = min(milli, smallest.get(v.project, milli))
-            if not may_take(floor, usage[(v.project, pool)] - gone[v.project] - milli, least):
+            project = v.project
+            least = min(milli, smallest.get(project, milli))
+            if not may_take(floor, usage[(project, pool)] - gone[project] - milli, least):
                 continue
-            gone[v.project] += milli
-            smallest[v.project] = least
+            gone[project] += milli
+            smallest[project] = least
             yield v, choices, milli
 
     def any_victim(self, w: Workload, pool: str, candidates: list) -> bool:
@@ -267,17 +278,17 @@ class _Read:
 
     __slots__ = ("got", "names", "rest", "used", "seen")
 
-    def __init__(self, rest: Iterator[tuple[Workload, Floor | None]], used: int, seen: int):
-        self.got: list[tuple[Workload, Floor | None]] = []
+    def __init__(self, rest: Iterator[Candidate], used: int, seen: int):
+        self.got: list[Candidate] = []
         self.names: list[str] = []  # the names of ``got``, found fast
         self.rest, self.used, self.seen = rest, used, seen
 
-    def first(self, n: int) -> list[tuple[Workload, Floor | None]]:
+    def first(self, n: int) -> list[Candidate]:
         got = self.got
         if len(got) < n:
             more = list(itertools.islice(self.rest, n - len(got)))
             got += more
-            self.names += [v.name for v, _ in more]
+            self.names += [c.v.name for c in more]
         return got[:n]
 
     def drop(self, evicted: list[str]) -> None:
@@ -329,5 +340,28 @@ class OverQuotaRoom:
         own = self.held.get(w.project)
         if own is not None:
             room -= own
-        whole = (room >= MILLI).sum(axis=1)[static]
-        return bool((whole // d.gpus).sum() >= w.pods)
+        return whole_gpu_room(room, static, w)
+
+
+class OwnRoom:
+    """The same bound for preemption (``Eviction.own_project``), which takes only the
+    waiting workload's own project's preemptible work: what is free plus what that work
+    holds. Asked of the same work as ``OverQuotaRoom``, before the candidates are read."""
+
+    def __init__(self, cycle: Cycle):
+        self.cycle = cycle
+
+    def may_fit(self, w: Workload, static: np.ndarray) -> bool:
+        d = w.demand
+        if not d.gpus or d.gpus * w.pods < 2:
+            return True
+        room = self.cycle.work.arrays.gpu_free
+        held = self.cycle.snap.victims_hold(w.project)
+        return whole_gpu_room(room if held is None else room + held, static, w)
+
+
+def whole_gpu_room(room: np.ndarray, static: np.ndarray, w: Workload) -> bool:
+    """Would nodes in ``static`` with ``room`` (milli per GPU slot) hold every pod of
+    ``w``, counting whole GPUs only (``w`` asks for whole GPUs)?"""
+    whole = (room >= MILLI).sum(axis=1)[static]
+    return bool((whole // w.demand.gpus).sum() >= w.pods)

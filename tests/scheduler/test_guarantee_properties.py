@@ -15,8 +15,8 @@ and over quota) it checks:
     inside that quota;
 (d) no GPU, fraction, CPU or memory is over-committed at any cycle;
 (e) ``decide`` is deterministic, and the bounds make-room puts on a plan before it builds
-    it (``OverQuotaRoom`` for reclaim, ``Victims.room_for_gang`` for a gang) change no
-    decision: the twin decides without them.
+    it (``OverQuotaRoom`` for reclaim, ``OwnRoom`` for preemption, ``Victims.room_for_gang``
+    for a gang) change no decision: the twin decides without them.
 
 CI runs the ``ci`` profile (fixed, derandomized); ``make fuzz`` runs the ``fuzz`` profile
 (``HYPOTHESIS_PROFILE=fuzz``). Counterexamples found on the way stay below as named tests.
@@ -33,7 +33,7 @@ from unittest import mock
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from scheduler.actions.victims import OverQuotaRoom, Victims
+from scheduler.actions.victims import OverQuotaRoom, OwnRoom, Victims
 from scheduler.core import decide
 from scheduler.model import (
     GPU,
@@ -150,6 +150,7 @@ class Loop:
         twin = copy.deepcopy(snap)
         d = decide(snap)
         with (mock.patch.object(OverQuotaRoom, "may_fit", return_value=True),
+              mock.patch.object(OwnRoom, "may_fit", return_value=True),
               mock.patch.object(Victims, "room_for_gang", return_value=True)):
             again = decide(twin)
         # (e) determinism, with and without the bound

@@ -2,7 +2,8 @@
 the room per node with work gone (``RoomWithout``) against a node-by-node sum, each
 project's victims held per GPU slot (``Snapshot.victims_hold``) against its placements,
 the victims read per project (``Victims.read``) against a fresh read after evictions, and
-the gang bound (``Victims.room_for_gang``) against the plan it skips."""
+the gang and preemption bounds (``Victims.room_for_gang``, ``OwnRoom``) against the plans
+they skip."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from scheduler.actions.evictions import EVICTIONS, Preempt, QuotaReclaim
 from scheduler.actions.room import RoomWithout
-from scheduler.actions.victims import Victims
+from scheduler.actions.victims import OwnRoom, Victims
 from scheduler.core import decide
 from scheduler.cycle import Cycle
 from scheduler.model import MILLI, PodDemand, State
@@ -166,13 +167,19 @@ def test_the_gang_bound_rules_out_a_gang_with_too_few_nodes_and_not_one_that_fit
     assert not victims.room_for_gang(cpu_bound, "default", candidates, static)
 
 
-def test_where_the_gang_bound_rules_a_plan_out_the_cycle_decides_as_the_plan_would():
-    # c's own lower-priority work holds 3 GPUs of two nodes, d the third node: preempting
-    # all of c's work leaves two free nodes for a gang of 3 x 4 GPUs.
-    ds, ps = org(("c", 12), ("d", 4))
-    running = [make_workload(f"{p}{node}{g}").project(p).priority(50).gpus(1).submitted(g).running((node, (g,), MILLI)).obj()
-               for p, node, slots in (("c", "n1", 3), ("c", "n2", 3), ("d", "n3", 4)) for g in range(slots)]
+def _preemption_case():
+    # c's own low-priority work holds 3 GPUs of two nodes, its work of the gang's priority
+    # the third node: preempting what it may leaves two free nodes for a gang of 3 x 4 GPUs.
+    ds, ps = org(("c", 12))
+    running = [make_workload(f"c{node}{g}").project("c").priority(prio).gpus(1).submitted(g)
+               .running((node, (g,), MILLI)).obj()
+               for node, slots, prio in (("n1", 3, 50), ("n2", 3, 50), ("n3", 4, 100)) for g in range(slots)]
     nodes = [make_node(n, gpus=4) for n in ("n1", "n2", "n3")]
+    return nodes, ds, ps, running
+
+
+def test_where_the_gang_bound_rules_a_plan_out_the_cycle_decides_as_the_plan_would():
+    nodes, ds, ps, running = _preemption_case()
     gang = make_workload("g").project("c").priority(100).gpus(4).pods(3).submitted(10).obj()
     answers = []
     real = Victims.room_for_gang
@@ -188,3 +195,38 @@ def test_where_the_gang_bound_rules_a_plan_out_the_cycle_decides_as_the_plan_wou
     assert False in answers
     assert bounded.evictions == planned.evictions == []
     assert (bounded.binds, bounded.pending) == (planned.binds, planned.pending)
+
+
+def test_the_preemption_bound_counts_all_the_project_s_preemptible_work_and_what_is_free():
+    nodes, ds, ps, running = _preemption_case()
+    ask = make_workload("g").project("c").priority(100).gpus(4).pods(3).obj()
+    cycle = Cycle(snapshot(nodes, ds, ps, [*running, ask]))
+    static = cycle.work.arrays.eligible("default", (), PodDemand(gpus=4))
+    assert OwnRoom(cycle).may_fit(ask, static)  # its own work, of any priority, holds all 12 GPUs
+    four = make_workload("g4").project("c").priority(100).gpus(4).pods(4).obj()
+    assert not OwnRoom(cycle).may_fit(four, static)
+    other = make_workload("o").project("d").gpus(4).obj()  # no work of its own: only what is free
+    assert not OwnRoom(cycle).may_fit(other, static)
+
+
+def test_where_the_preemption_bound_rules_a_plan_out_the_cycle_decides_as_the_plan_would():
+    # c's low-priority work holds 3 GPUs of two nodes, e holds the third: no preemption
+    # inside c leaves three free nodes for its gang of 3 x 4 GPUs.
+    ds, ps = org(("c", 8), ("e", 4))
+    running = [make_workload(f"{p}{node}{g}").project(p).priority(50).gpus(1).submitted(g).running((node, (g,), MILLI)).obj()
+               for p, node, slots in (("c", "n1", 3), ("c", "n2", 3), ("e", "n3", 4)) for g in range(slots)]
+    nodes = [make_node(n, gpus=4) for n in ("n1", "n2", "n3")]
+    gang = make_workload("g").project("c").priority(100).gpus(4).pods(3).submitted(10).obj()
+    answers = []
+    real = OwnRoom.may_fit
+
+    def spy(self, *a):
+        answers.append(real(self, *a))
+        return answers[-1]
+
+    with mock.patch.object(OwnRoom, "may_fit", spy):
+        bounded = decide(snapshot(nodes, ds, ps, [*running, gang]))
+    with mock.patch.object(OwnRoom, "may_fit", return_value=True):
+        planned = decide(snapshot(nodes, ds, ps, [*running, gang]))
+    assert False in answers
+    assert (bounded.binds, bounded.evictions, bounded.pending) == (planned.binds, planned.evictions, planned.pending)
