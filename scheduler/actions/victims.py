@@ -39,7 +39,6 @@ class Victims:
         # Per (project, pool): its victims as far as read (see ``pool_victims``), kept for
         # the whole cycle: what filters them does not change within one, evictions aside.
         self.victim_lists: dict[tuple[str, str], tuple[list, Iterator]] = {}
-        self.pool_of_workload: dict[str, str | None] = {}
         self.evicted: set[str] = set()
         # Per (strategy key, group, project, pool, floor): what ``strategy.victims_in`` gave
         # so far, with the project's usage and evictions when it started (see ``read``).
@@ -118,18 +117,18 @@ class Victims:
         if entry is None:
             entry = self.victim_lists[key] = ([], iter(self.snap.victims.get(project, ())))
         out, source = entry
-        evicted = self.evicted
+        evicted, workloads, nodes = self.evicted, self.snap.workloads, self.snap.nodes
         i = 0
         while True:
-            if i < len(out):
+            while i < len(out):
                 item = out[i]
                 i += 1
                 if item[1].name not in evicted:
                     yield item
-                continue
             for prio, _, name in source:
-                v = self.snap.workloads[name]
-                if v.state == State.RUNNING and self._in_pool(v, pool):
+                v = workloads[name]
+                node = nodes.get(v.placement[0].node) if v.placement else None
+                if v.state == State.RUNNING and node is not None and node.pool == pool:
                     out.append((prio, v, self._protected(v)))
                     break
             else:
@@ -139,13 +138,6 @@ class Victims:
         """Just restarted after a preemption: evicting it again would be thrash."""
         now, since = self.snap.now, v.started_at
         return v.resumed and now is not None and since is not None and now - since < self.cfg.resume_protection_s
-
-    def _in_pool(self, v: Workload, pool: str) -> bool:
-        where = self.pool_of_workload.get(v.name, "")
-        if where == "":
-            node = self.snap.nodes.get(v.placement[0].node) if v.placement else None
-            where = self.pool_of_workload[v.name] = None if node is None else node.pool
-        return where == pool
 
     def plan_candidates(self, w: Workload, pool: str, strategy: Eviction) -> tuple[tuple, list]:
         """The first ``max_victim_scan`` candidates and the key of their group. They depend
