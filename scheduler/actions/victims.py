@@ -1,6 +1,7 @@
 """Who the make-room action may evict, and what room that frees, asked without changing
-anything. Kept per cycle: the victims read so far per project and pool, and (until a plan
-evicts) each candidate group's candidates and the room they free."""
+anything. Kept per cycle: the victims read so far per project and pool, and per way of
+making room (less those evicted since); until a plan evicts, each candidate group's
+candidates and the room they free."""
 
 from __future__ import annotations
 
