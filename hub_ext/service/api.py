@@ -20,18 +20,18 @@ from tornado.web import HTTPError
 from gpupool.errors import GpupoolError
 from hub_ext.inference import api as inference_api
 
-from .. import attach, audit, org, roles, sshkeys, validation
+from .. import attach, audit, capacity, org, roles, sshkeys, validation
 from ..db import EventRow, SampleRow, WorkloadRow, bump_version
 from ..events import add_event
 from ..host.accounts import Accounts
 from ..launch import output_log, read_from
 from ..limits import limits_for
 from ..requests import parse_request, workload_name
+from ..sharing import gpu_sharing
 from ..ssh.gateway import public_host_key
 from ..training.db import TrainingRow
 from . import governance_api, policy_api, roles_api, training_api, usage_api
 from .base import ApiHandler
-from .sharing import gpu_sharing
 
 SPEC = Path(__file__).parent / "openapi.yaml"
 MAX_LOG_BYTES = 1 << 20
@@ -367,6 +367,16 @@ class NodesHandler(ApiHandler):
         self.send({"items": items})
 
 
+class CapacityHandler(ApiHandler):
+    """The spawn form's live figures (hub_ext.capacity) for the projects the caller may
+    submit to."""
+
+    def get(self):
+        mine = tuple(roles.submit_projects(self.who))
+        with self.Session() as s:
+            self.send(capacity.status(s, limits_for(s, self.ctx.cfg, self.username, projects=mine)))
+
+
 class EventsHandler(ApiHandler):
     def get(self):
         limit = validation.integer_arg(self.get_argument("limit", None), "limit", 100, 1, 1000)
@@ -415,6 +425,7 @@ def routes(prefix: str) -> list:
         url(a + f"/workloads/{n}", WorkloadHandler),
         url(a + f"/workloads/{n}/logs", WorkloadLogsHandler),
         url(a + "/nodes", NodesHandler),
+        url(a + "/capacity", CapacityHandler),
         url(a + "/events", EventsHandler),
         url(a + "/samples", SamplesHandler),
         *training_api.routes(a),
