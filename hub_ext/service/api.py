@@ -133,17 +133,16 @@ class OrgWriter(ApiHandler):
     async def change_org(self, change, name: str | None, *args, deleted: bool = False):
         if self.ctx.cfg.backend != "kubernetes":
             return await self.off_loop(self._commit, change, args)
-        if any(isinstance(a, dict) and "pools" in a for a in args):
-            # the objects are the truth there, and the hub writes only their default pool
-            raise validation.FieldError("pools", "on Kubernetes other node pools' quotas are set in the "
-                                        "Department or Project object's spec.quotas.<pool>")
         from .. import k8s_org  # aiohttp and kubernetes_asyncio: the k8s extra
 
         out = await self.off_loop(self._check, change, args)
         name = name or out["name"]
+        # pools the body takes the quota away from (``"pools": {"fast": null}``; checked above)
+        removed = tuple(p for a in args if isinstance(a, dict) and isinstance(a.get("pools"), dict)
+                        for p, q in a["pools"].items() if q is None)
         try:
             await k8s_org.publish(await k8s_org.client(self.ctx.cfg.kubeconfig), self.kind, name,
-                                  None if deleted else out)
+                                  None if deleted else out, removed)
         except k8s_org.Unavailable as e:
             raise HTTPError(503, reason=str(e).replace("\n", " ")[:400]) from None
         try:
