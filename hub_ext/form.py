@@ -1,5 +1,8 @@
 """The spawn form: JupyterHub's ``options_form``, rendered from ``templates/form.html``
-with the user's projects, their quota and usage, and the last choices."""
+with the user's projects, their quota and usage per node pool, and the last choices. While
+it stays open its script takes the live figures again from the service's ``GET /capacity``
+(hub_ext.capacity), with a short-lived token of the user's made for it here: the form is a
+hub page, and the service's API takes no hub cookie."""
 
 from __future__ import annotations
 
@@ -9,19 +12,19 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from scheduler.model import MILLI
-
+from . import capacity
 from .requests import (
     FRACTION_MAX,
     FRACTION_MIN,
     FRACTION_STEP,
     WORKSPACE_KINDS,
     WorkloadRequest,
-    project_ceilings,
 )
 
 NOTICE_S = 900  # how long the form names a request that was cancelled while queued
 FORM_REFRESH_MS = 5000  # how often an open form takes the free capacity again
+FORM_TOKEN_S = 4 * 3600  # how long an open form keeps taking it (its token's lifetime)
+SERVICE = "gpupool"
 
 _env = Environment(
     loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
@@ -29,8 +32,10 @@ _env = Environment(
 )
 
 
-def form_context(rt, user: str, scopes=(), workload: str = "") -> dict:
-    """``workload``: the server's workload name, to name its request if it was just cancelled."""
+def form_context(rt, user: str, scopes=(), workload: str = "", live_url: str = "", token: str = "") -> dict:
+    """``workload``: the server's workload name, to name its request if it was just cancelled;
+    ``live_url`` and ``token``: where and with what the open form takes the live figures
+    again (none: it does not)."""
     limits = rt.limits(user, scopes)
     cancelled = rt.store.cancelled_since(workload, time.time() - NOTICE_S) if workload else None
     last = rt.store.last_options(user)
@@ -38,7 +43,14 @@ def form_context(rt, user: str, scopes=(), workload: str = "") -> dict:
         last.pop("project", None)
     defaults = WorkloadRequest(project=limits.projects[0] if limits.projects else "").to_dict()
     choice = {**defaults, **{k: v for k, v in last.items() if k in defaults}}
+    with rt.Session() as s:
+        live = capacity.status(s, limits)
     gpu = max((g for n in rt.nodes for g in n.gpus), key=lambda g: g.memory_mib, default=None)
+    allowed = {p: {"templates": list(limits.allowed(p, "templates", limits.templates)),
+                   "environments": list(limits.allowed(p, "environments", limits.environments)),
+                   "node_pools": list(limits.allowed(p, "node_pools", limits.node_pools)),
+                   "gpu_models": list(limits.allowed(p, "gpu_models", limits.gpu_models))}
+               for p in limits.projects}
     return {
         "limits": limits,
         "choice": choice,
@@ -46,40 +58,46 @@ def form_context(rt, user: str, scopes=(), workload: str = "") -> dict:
         "kinds": {k: v for k, v in WORKSPACE_KINDS.items() if k != "vscode" or limits.vscode},
         "environments": rt.cfg.environments,
         "templates": rt.cfg.compute_templates,
-        "pools": rt.free_per_pool(),
+        "pools": live["pools"],
         "refresh_ms": FORM_REFRESH_MS,
         # per project: what its policy allows (the rules refuse the rest, naming the policy)
-        "allowed": {p: {"templates": list(limits.allowed(p, "templates", limits.templates)),
-                        "environments": list(limits.allowed(p, "environments", limits.environments)),
-                        "node_pools": list(limits.allowed(p, "node_pools", limits.node_pools)),
-                        "gpu_models": list(limits.allowed(p, "gpu_models", limits.gpu_models))}
-                    for p in limits.projects},
+        "allowed": allowed,
         "fraction": {"min": FRACTION_MIN, "max": FRACTION_MAX, "step": FRACTION_STEP},
         "gpu_model": gpu.model if gpu else "none",
         "attachables": rt.attachables(limits.projects),  # credentials, data sources by project
         # in a <script> element: "</" is escaped so that no value can close it
-        "status_json": json.dumps(
-            {**rt.project_status(limits.projects),
-             "gpu_memory_gib": limits.gpu_memory_gib, "max_gpus": limits.max_gpus,
-             "ceilings": _ceilings(limits), "templates": rt.cfg.compute_templates,
-             "allowed": {p: {"templates": list(limits.allowed(p, "templates", limits.templates)),
-                             "environments": list(limits.allowed(p, "environments", limits.environments)),
-                             "node_pools": list(limits.allowed(p, "node_pools", limits.node_pools))}
-                         for p in limits.projects}}
-        ).replace("</", "<\\/"),
+        "status_json": _script_json({
+            "gpu_memory_gib": limits.gpu_memory_gib, "max_gpus": limits.max_gpus,
+            "templates": rt.cfg.compute_templates, "allowed": allowed,
+            "live_url": live_url, "token": token}),
+        "live_json": _script_json(live),
     }
 
 
-def _ceilings(limits) -> dict:
-    """Per project, preemptible or not: [GPUs, what sets it] that no request may pass, the
-    request rules' own (requests.check_can_run), so the form says what a submit would."""
-    return {p: {mode: [[m / MILLI, why] for m, why in project_ceilings(limits, p, over)]
-                for mode, over in (("preemptible", True), ("guaranteed", False))}
-            for p in limits.projects}
+def _script_json(data) -> str:
+    return json.dumps(data).replace("</", "<\\/")
+
+
+def live_access(spawner) -> tuple[str, str]:
+    """(the service's ``GET /capacity`` URL, a token of the user's for it that expires after
+    FORM_TOKEN_S, holding only the access to the service and the user's gpupool scopes);
+    ("", "") without a hub user (unit tests)."""
+    try:
+        user, base = spawner.user, spawner.hub.base_url
+        own = {s for s in spawner.hub_scopes if s.startswith("custom:gpupool")}
+    except AttributeError:
+        return "", ""
+    if not hasattr(user, "new_api_token"):
+        return "", ""
+    token = user.new_api_token(note="gpupool spawn form (live capacity)", expires_in=FORM_TOKEN_S,
+                               scopes=sorted(own | {f"access:services!service={SERVICE}"}))
+    prefix = base[: -len("hub/")] if base.endswith("hub/") else base
+    return f"{prefix}services/{SERVICE}/api/v1/capacity", token
 
 
 def render_form(spawner) -> str:
     rt = spawner.gpupool
     scopes = getattr(spawner, "hub_scopes", ())
+    url, token = live_access(spawner)
     return _env.get_template("form.html").render(
-        **form_context(rt, spawner.user.name, scopes, spawner.workload))
+        **form_context(rt, spawner.user.name, scopes, spawner.workload, url, token))

@@ -8,14 +8,16 @@ the truth for departments, projects and their quotas; the hub's database holds a
   equal to them, whoever wrote them (the hub, kubectl, a GitOps tool).
 
 Members and role assignments are not in the objects: they stay in the database (decision
-record 0023). The hub edits the quota of one node pool, ``scheduler.model.DEFAULT_POOL``; the
-other pools of an object are kept as they are.
+record 0023). The quota of ``scheduler.model.DEFAULT_POOL`` is the REST API's top-level
+fields, every other pool's its ``pools`` (``spec.quotas.<pool>``: gpus, overQuotaWeight,
+limit); CPU and memory quotas, which the objects do not hold, stay in the database.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 from typing import Any
 
 import aiohttp
@@ -38,6 +40,7 @@ KINDS = {"department": "Department", "project": "Project"}
 # CRD field -> REST field
 _FIELDS = {"gpus": "gpus", "overQuotaWeight": "over_quota_weight", "limit": "limit",
            "department": "department", "name": "name"}
+_POOL_PATH = re.compile(r"spec\.quotas(?:\.([^.\[]+)|\[([^\]]+)\])")
 _clients: dict[str, KubeClient] = {}
 
 
@@ -60,38 +63,72 @@ async def client(kubeconfig: str) -> KubeClient:
 
 
 # -- the objects' shape ------------------------------------------------------------------
-def spec_of(kind: str, item: dict) -> dict:
-    """The spec written for an org dict (org.get_department / org.get_project)."""
-    quota: dict[str, Any] = {"gpus": item["gpus"], "overQuotaWeight": item["over_quota_weight"],
-                             "limit": item["limit"]}  # None: a merge patch removes the key
-    spec: dict[str, Any] = {"quotas": {DEFAULT_POOL: quota}}
+def _crd_quota(q: dict) -> dict[str, Any]:
+    # None: a merge patch removes the key
+    return {"gpus": q["gpus"], "overQuotaWeight": q["over_quota_weight"], "limit": q["limit"]}
+
+
+def spec_of(kind: str, item: dict, removed: tuple[str, ...] = ()) -> dict:
+    """The spec written for an org dict (org.get_department / org.get_project); ``removed``:
+    pools whose quota the change took away (null in a merge patch)."""
+    quotas: dict[str, Any] = {DEFAULT_POOL: _crd_quota(item)}
+    quotas.update({pool: _crd_quota(q) for pool, q in (item.get("pools") or {}).items()})
+    quotas.update({pool: None for pool in removed if pool not in quotas})
+    spec: dict[str, Any] = {"quotas": quotas}
     if kind == "project":
         spec["department"] = item["department"]
     return spec
 
 
-def quota_of(obj: dict) -> dict:
-    """gpus, over_quota_weight and limit of the object's DEFAULT_POOL quota (0 GPUs without)."""
-    q = ((obj.get("spec") or {}).get("quotas") or {}).get(DEFAULT_POOL) or {}
+def _rest_quota(q: dict) -> dict:
     limit = q.get("limit")
     return {"gpus": float(q.get("gpus", 0)), "over_quota_weight": float(q.get("overQuotaWeight", 1)),
             "limit": None if limit is None else float(limit)}
 
 
+def _quotas(obj: dict) -> dict:
+    return (obj.get("spec") or {}).get("quotas") or {}
+
+
+def quota_of(obj: dict) -> dict:
+    """gpus, over_quota_weight and limit of the object's DEFAULT_POOL quota (0 GPUs without)."""
+    return _rest_quota(_quotas(obj).get(DEFAULT_POOL) or {})
+
+
+def pools_of(obj: dict, current: dict | None = None) -> dict:
+    """The object's other pools' quotas as the REST API's ``pools``, with the CPU and memory
+    quotas the database holds for them in ``current`` (the row's pool_quotas)."""
+    out = {}
+    for pool, q in sorted(_quotas(obj).items()):
+        if pool == DEFAULT_POOL or not isinstance(q, dict):
+            continue
+        held = (current or {}).get(pool) or {}
+        out[pool] = {**_rest_quota(q), "cpu_quota": held.get("cpu_quota"),
+                     "memory_quota_gib": held.get("memory_quota_gib")}
+    return out
+
+
 def field_error(e: ApiError) -> FieldError:
     """The API server's refusal as the REST API's 400: the first cause's field, named as the
-    REST API names it (``spec.quotas.default.limit`` -> ``limit``)."""
+    REST API names it (``spec.quotas.default.limit`` -> ``limit``,
+    ``spec.quotas.fast.limit`` -> ``pools.fast.limit``)."""
     causes = ((e.body.get("details") or {}).get("causes")) or [{}]
     cause = causes[0]
     path = str(cause.get("field") or "")
     last = path.rsplit(".", 1)[-1].split("[", 1)[0]
     name = _FIELDS.get(last, path or "body")
+    m = _POOL_PATH.match(path)  # spec.quotas.fast.limit, or spec.quotas[fast].limit (CEL rules)
+    pool = m and (m.group(1) or m.group(2).strip("'\""))
+    if pool and pool != DEFAULT_POOL:
+        name = f"pools.{pool}" + (f".{name}" if path[m.end():] and last in _FIELDS else "")
     return FieldError(name, str(cause.get("message") or e.message))
 
 
 # -- writes ------------------------------------------------------------------------------
-async def publish(kc: KubeClient, kind: str, name: str, item: dict | None) -> None:
-    """Make the object ``name`` say ``item`` (None: delete it). The API server's refusals as
+async def publish(kc: KubeClient, kind: str, name: str, item: dict | None,
+                  removed: tuple[str, ...] = ()) -> None:
+    """Make the object ``name`` say ``item`` (None: delete it); ``removed``: node pools whose
+    quota the change took away (spec_of). The API server's refusals as
     the REST API's: FieldError (its 422 or 400), Forbidden (403), Conflict (409); Unavailable
     for any other failure (nothing was written)."""
     path = PATHS[kind]
@@ -103,14 +140,14 @@ async def publish(kc: KubeClient, kind: str, name: str, item: dict | None) -> No
                 if e.status != 404:
                     raise
             return
-        spec = spec_of(kind, item)
+        spec = spec_of(kind, item, removed)
         try:
             await kc.patch(f"{path}/{name}", {"spec": spec})
         except ApiError as e:
             if e.status != 404:
                 raise
-            spec["quotas"][DEFAULT_POOL] = {k: v for k, v in spec["quotas"][DEFAULT_POOL].items()
-                                            if v is not None}
+            spec["quotas"] = {pool: {k: v for k, v in q.items() if v is not None}
+                              for pool, q in spec["quotas"].items() if q is not None}
             await kc.post(path, {"apiVersion": "gpupool.io/v1alpha1", "kind": KINDS[kind],
                                  "metadata": {"name": name}, "spec": spec})
     except ApiError as e:
@@ -126,17 +163,22 @@ async def publish(kc: KubeClient, kind: str, name: str, item: dict | None) -> No
 
 
 # -- the copy in the database ------------------------------------------------------------
+def _differs(row, q: dict) -> bool:
+    """Whether the row's quotas differ from ``q`` (a row's pool_quotas may be NULL: none)."""
+    return any((row.pool_quotas or {} if k == "pool_quotas" else getattr(row, k)) != v for k, v in q.items())
+
+
 def reconcile(s, departments: dict[str, dict], projects: dict[str, dict]) -> bool:
     """Make the database's departments and projects equal to the objects (name -> object).
     A project whose department has no object yet waits for it. True when anything changed."""
     changed = False
     for name, obj in departments.items():
-        q = quota_of(obj)
         row = s.get(DepartmentRow, name)
+        q = {**quota_of(obj), "pool_quotas": pools_of(obj, row.pool_quotas if row is not None else None)}
         if row is None:
             s.add(DepartmentRow(name=name, **q))
             add_event(s, "org", f"department {name} created in the cluster")
-        elif any(getattr(row, k) != v for k, v in q.items()):
+        elif _differs(row, q):
             for k, v in q.items():
                 setattr(row, k, v)
         else:
@@ -147,13 +189,13 @@ def reconcile(s, departments: dict[str, dict], projects: dict[str, dict]) -> boo
         dept = str((obj.get("spec") or {}).get("department", ""))
         if dept not in departments:
             continue
-        q = quota_of(obj)
         row = s.get(ProjectRow, name)
+        q = {**quota_of(obj), "pool_quotas": pools_of(obj, row.pool_quotas if row is not None else None)}
         if row is None:
             s.add(ProjectRow(name=name, department=dept, **q))
             add_event(s, "org", f"project {name} created in the cluster with {q['gpus']:g} GPUs",
                       project=name)
-        elif row.department != dept or any(getattr(row, k) != v for k, v in q.items()):
+        elif row.department != dept or _differs(row, q):
             if row.gpus != q["gpus"]:
                 add_event(s, "quota", f"project {name} quota {row.gpus:g} -> {q['gpus']:g} GPUs "
                           "in the cluster", project=name)

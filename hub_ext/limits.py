@@ -19,6 +19,10 @@ def limits_for(s, cfg: Gpupool, user: str, projects: tuple[str, ...] | None = No
     nodes = s.scalars(select(NodeRow)).all()
     gpus = [g for n in nodes for g in n.gpus]
     projects = tuple(org.projects_of(s, user)) if projects is None else projects
+    pools = tuple(sorted({n.pool for n in nodes} | {DEFAULT_POOL}))
+    pool_gpus: dict[str, int] = {}
+    for n in nodes:
+        pool_gpus[n.pool] = pool_gpus.get(n.pool, 0) + len(n.gpus)
     return Limits(
         projects=projects,
         max_gpus=max((len(n.gpus) for n in nodes), default=0),
@@ -28,18 +32,20 @@ def limits_for(s, cfg: Gpupool, user: str, projects: tuple[str, ...] | None = No
         environments=tuple(cfg.environments) or ("default",),
         vscode=bool(cfg.code_server),
         cluster_gpus=len(gpus),
-        quotas=_quotas(s, projects),
+        quotas=_quotas(s, projects, pools),
+        pool_gpus=pool_gpus,
         policies=policy.all_effective(s, projects),
         templates=dict(cfg.compute_templates),
-        node_pools=tuple(sorted({n.pool for n in nodes} | {DEFAULT_POOL})),
+        node_pools=pools,
         gpu_models=tuple(sorted({g["model"] for g in gpus})),
     )
 
 
-def _quotas(s, projects: tuple[str, ...]) -> dict:
-    """Per project: its scheduler model and its department's quota (the model's rule). A
-    project with a stored value the model refuses is left out, as the scheduler leaves it out
-    of scheduling: its work is accepted and waits with that reason."""
+def _quotas(s, projects: tuple[str, ...], pools: tuple[str, ...]) -> dict:
+    """Per project: its scheduler model and its department's quota in each pool (the model's
+    rule). A pool where the project's or the department's stored value is one the model
+    refuses is left out, as the scheduler leaves it out of scheduling: its work is accepted
+    and waits with that reason."""
     models = {p.name: p for p in org.model_projects(s)}
     depts = {d.name: d for d in org.model_departments(s)}
     out = {}
@@ -49,11 +55,14 @@ def _quotas(s, projects: tuple[str, ...]) -> dict:
         if d is None:
             continue
         siblings = [q for q in models.values() if q.department == d.name]
-        try:
-            dq = department_quota(d, siblings, DEFAULT_POOL)
-            for q in (p.quotas.get(DEFAULT_POOL, NO_QUOTA), dq):
-                q.validate(f"project[{name}]")
-        except (ValidationError, TypeError):
-            continue
-        out[name] = (p, dq)
+        by_pool = {}
+        for pool in sorted(set(pools) | set(p.quotas) | set(d.quotas)):
+            try:
+                dq = department_quota(d, siblings, pool)
+                for q in (p.quotas.get(pool, NO_QUOTA), dq):
+                    q.validate(f"project[{name}]")
+            except (ValidationError, TypeError):
+                continue
+            by_pool[pool] = dq
+        out[name] = (p, by_pool)
     return out

@@ -35,9 +35,10 @@ class Limits:
     environments: tuple[str, ...] = ("default",)
     vscode: bool = False
     cluster_gpus: int | None = None  # all GPUs of all nodes; None: not checked
-    # Per project: its scheduler model and its department's quota in the default pool, for
-    # the ceilings no request can pass (check_can_run); a project missing here is not checked.
-    quotas: Mapping[str, tuple[Project, Quota]] = field(default_factory=dict)
+    # Per project: its scheduler model and its department's quota in each node pool, for the
+    # ceilings no request can pass (check_can_run); a project or pool missing here is not checked.
+    quotas: Mapping[str, tuple[Project, Mapping[str, Quota]]] = field(default_factory=dict)
+    pool_gpus: Mapping[str, int] = field(default_factory=dict)  # node pool -> its GPUs; none: not checked
     # Per project: its policy merged with its department's (hub_ext.policy); none: not limited.
     policies: Mapping[str, Effective] = field(default_factory=dict)
     templates: Mapping[str, dict] = field(default_factory=dict)  # compute templates
@@ -115,55 +116,82 @@ class WorkloadRequest:
         return {"fraction": "gpu_fraction", "memory": "gpu_memory_gib"}.get(self.gpu_mode, "gpus")
 
 
-def project_ceilings(limits: Limits, project: str, may_go_over_quota: bool) -> list[tuple[int, str]]:
-    """The most milli-GPUs one request in ``project`` may ask for, with what sets each
-    (scheduler.quota.ceilings); the spawn form shows the same."""
+def project_ceilings(limits: Limits, project: str, may_go_over_quota: bool,
+                     pool: str = DEFAULT_POOL) -> list[tuple[int, str]]:
+    """The most milli-GPUs one request in ``project`` may ask for in node pool ``pool``, with
+    what sets each (scheduler.quota.ceilings); the spawn form shows the same."""
     entry = limits.quotas.get(project)
-    return [] if entry is None else ceilings(*entry, DEFAULT_POOL, may_go_over_quota)
+    if entry is None or pool not in entry[1]:
+        return []
+    return ceilings(entry[0], entry[1][pool], pool, may_go_over_quota)
+
+
+def request_pools(limits: Limits, pool: str | None) -> tuple[str, ...]:
+    """The node pools a request may run in: the one it names; naming none or the default pool
+    it may run in any (store.to_workload, the pod's annotations), the default pool first."""
+    if pool not in (None, DEFAULT_POOL):
+        return (pool,)
+    return (DEFAULT_POOL, *(p for p in limits.node_pools if p != DEFAULT_POOL))
 
 
 def check_can_run(limits: Limits, project: str, demand: PodDemand, field_name: str, *,
                   may_go_over_quota: bool, pods: int = 1, pool: str | None = None) -> None:
     """Refuse a request that can never run, naming ``field_name``: more GPUs than the whole
-    cluster, or than a ceiling of its project (limits; quotas for work that may not go over
-    quota). The one rule for the form, the REST API and the CLI; GPUs per node are the
-    range of the GPU field itself."""
-    check_cpu_memory(limits, project, demand, pods, pool)
+    cluster, or, in every node pool it may run in, more than the pool holds or than a
+    ceiling of its project there (limits; quotas for work that may not go over quota; CPU
+    and memory quotas). The one rule for the form, the REST API and the CLI; GPUs per node
+    are the range of the GPU field itself."""
     whole = pods * demand.gpu_count
-    if not whole:
-        return
-    if limits.cluster_gpus is not None and whole > limits.cluster_gpus:
+    if whole and limits.cluster_gpus is not None and whole > limits.cluster_gpus:
         gang = f" ({pods} workers x {demand.gpu_count})" if pods > 1 else ""
         raise FieldError("workers" if pods > 1 else field_name,
                          f"the cluster has {limits.cluster_gpus} GPUs in all, got {whole}{gang}")
-    if pool not in (None, DEFAULT_POOL):
-        return  # the organisation's quotas are the default pool's
+    refusals = [pool_refusal(limits, project, demand, field_name, may_go_over_quota, pods, p)
+                for p in request_pools(limits, pool)]
+    if all(refusals):
+        raise refusals[0]  # the pool named, else the default pool
+
+
+def pool_refusal(limits: Limits, project: str, demand: PodDemand, field_name: str,
+                 may_go_over_quota: bool, pods: int, pool: str) -> FieldError | None:
+    """Why the request can never run in node pool ``pool`` (None: it may)."""
+    refused = cpu_memory_refusal(limits, project, demand, pods, pool)
+    whole = pods * demand.gpu_count
+    if refused or not whole:
+        return refused
+    gang = f" ({pods} workers x {demand.gpu_count})" if pods > 1 else ""
+    has = limits.pool_gpus.get(pool)
+    if has is not None and whole > has:
+        return FieldError("workers" if pods > 1 else field_name,
+                          f"node pool {pool} has {has} GPUs in all, got {whole}{gang}")
     # GPU memory is counted on the largest GPU: the least share it can be
     per_pod = demand.gpu_count * demand.milli_on(max(1, round(limits.gpu_memory_gib * 1024)))
     milli = pods * per_pod
-    for most, why in project_ceilings(limits, project, may_go_over_quota):
+    for most, why in project_ceilings(limits, project, may_go_over_quota, pool):
         if milli > most:
             gang = f" ({pods} workers x {per_pod / MILLI:g})" if pods > 1 else ""
-            raise FieldError(field_name, f"{why}, got {milli / MILLI:g}{gang}")
+            return FieldError(field_name, f"{why}, got {milli / MILLI:g}{gang}")
+    return None
 
 
-def check_cpu_memory(limits: Limits, project: str, demand: PodDemand, pods: int = 1,
-                     pool: str | None = None) -> None:
-    """Refuse more CPU or memory than the project's CPU or memory quota holds in all: such
-    work could never start (the scheduler holds running work to them, quota.resource_reason)."""
+def cpu_memory_refusal(limits: Limits, project: str, demand: PodDemand, pods: int = 1,
+                       pool: str = DEFAULT_POOL) -> FieldError | None:
+    """More CPU or memory than the project's CPU or memory quota in ``pool`` holds in all:
+    such work could never start there (the scheduler holds running work to them,
+    quota.resource_reason)."""
     entry = limits.quotas.get(project)
-    if entry is None or pool not in (None, DEFAULT_POOL):
-        return
-    q = entry[0].quotas.get(DEFAULT_POOL)
+    q = None if entry is None else entry[0].quotas.get(pool)
     if q is None:
-        return
+        return None
     gang = f" ({pods} workers)" if pods > 1 else ""
+    where = "" if pool == DEFAULT_POOL else f" in pool {pool}"
     if q.cpu_milli is not None and pods * demand.cpu_milli > q.cpu_milli:
-        raise FieldError("cpu", f"project {project}'s CPU quota is {q.cpu_milli / 1000:g} CPUs, "
-                         f"got {pods * demand.cpu_milli / 1000:g}{gang}")
+        return FieldError("cpu", f"project {project}'s CPU quota{where} is {q.cpu_milli / 1000:g} CPUs, "
+                          f"got {pods * demand.cpu_milli / 1000:g}{gang}")
     if q.memory_mib is not None and pods * demand.memory_mib > q.memory_mib:
-        raise FieldError("memory_gib", f"project {project}'s memory quota is {q.memory_mib / 1024:g} "
-                         f"GiB, got {pods * demand.memory_mib / 1024:g}{gang}")
+        return FieldError("memory_gib", f"project {project}'s memory quota{where} is {q.memory_mib / 1024:g} "
+                          f"GiB, got {pods * demand.memory_mib / 1024:g}{gang}")
+    return None
 
 
 def _one(data: dict, key: str, default=None):

@@ -182,23 +182,6 @@ class Runtime:
                     free[(p.node, i)] = free.get((p.node, i), MILLI) - p.gpu_milli
         return list(free.values())
 
-    def free_per_pool(self) -> dict[str, dict]:
-        """Per node pool: its GPUs, the GPUs free in it and its GPU models (the spawn form)."""
-        free = {}
-        for w in self.scheduler.snapshot.workloads.values():
-            for p in w.placement:
-                for i in p.gpu_indices:
-                    free[(p.node, i)] = free.get((p.node, i), 0) + p.gpu_milli
-        out: dict[str, dict] = {}
-        for n in self.nodes:
-            pool = out.setdefault(n.pool, {"gpus": 0, "free": 0.0, "models": []})
-            for g in n.gpus:
-                pool["gpus"] += 1
-                pool["free"] += (MILLI - free.get((n.name, g.index), 0)) / MILLI
-                if g.model not in pool["models"]:
-                    pool["models"].append(g.model)
-        return out
-
     def attachables(self, projects) -> dict[str, dict[str, list[str]]]:
         """Per project: the names of its credentials and data sources (the spawn form)."""
         with self.Session() as s:

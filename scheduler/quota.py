@@ -156,15 +156,19 @@ def ceilings(project: Project, dept_quota: Quota, pool: str, may_go_over_quota: 
     quotas too). A request above one can never run, so it is refused when submitted."""
     q = project.quotas.get(pool, NO_QUOTA)
     dept = f"department {project.department}"
+    where = "" if pool == DEFAULT_POOL else f" in pool {pool}"
     out = []
     if q.limit_milli is not None:
-        out.append((q.limit_milli, f"project {project.name} allows at most {_gpus_n(q.limit_milli)} (limit)"))
+        out.append((q.limit_milli, f"project {project.name} allows at most {_gpus_n(q.limit_milli)}{where} (limit)"))
     if dept_quota.limit_milli is not None:
-        out.append((dept_quota.limit_milli, f"{dept} allows at most {_gpus_n(dept_quota.limit_milli)} (limit)"))
+        out.append((dept_quota.limit_milli,
+                    f"{dept} allows at most {_gpus_n(dept_quota.limit_milli)}{where} (limit)"))
     if not may_go_over_quota:
         tail = " to work that may not go over quota"
-        out.append((q.quota_milli, f"project {project.name} allows at most {_gpus_n(q.quota_milli)} (quota){tail}"))
-        out.append((dept_quota.quota_milli, f"{dept} allows at most {_gpus_n(dept_quota.quota_milli)} (quota){tail}"))
+        out.append((q.quota_milli,
+                    f"project {project.name} allows at most {_gpus_n(q.quota_milli)}{where} (quota){tail}"))
+        out.append((dept_quota.quota_milli,
+                    f"{dept} allows at most {_gpus_n(dept_quota.quota_milli)}{where} (quota){tail}"))
     return out
 
 

@@ -20,18 +20,18 @@ from tornado.web import HTTPError
 from gpupool.errors import GpupoolError
 from hub_ext.inference import api as inference_api
 
-from .. import attach, audit, org, roles, sshkeys, validation
+from .. import attach, audit, capacity, org, roles, sshkeys, validation
 from ..db import EventRow, SampleRow, WorkloadRow, bump_version
 from ..events import add_event
 from ..host.accounts import Accounts
 from ..launch import output_log, read_from
 from ..limits import limits_for
 from ..requests import parse_request, workload_name
+from ..sharing import gpu_sharing
 from ..ssh.gateway import public_host_key
 from ..training.db import TrainingRow
 from . import governance_api, policy_api, roles_api, training_api, usage_api
 from .base import ApiHandler
-from .sharing import gpu_sharing
 
 SPEC = Path(__file__).parent / "openapi.yaml"
 MAX_LOG_BYTES = 1 << 20
@@ -133,17 +133,16 @@ class OrgWriter(ApiHandler):
     async def change_org(self, change, name: str | None, *args, deleted: bool = False):
         if self.ctx.cfg.backend != "kubernetes":
             return await self.off_loop(self._commit, change, args)
-        if any(isinstance(a, dict) and "pools" in a for a in args):
-            # the objects are the truth there, and the hub writes only their default pool
-            raise validation.FieldError("pools", "on Kubernetes other node pools' quotas are set in the "
-                                        "Department or Project object's spec.quotas.<pool>")
         from .. import k8s_org  # aiohttp and kubernetes_asyncio: the k8s extra
 
         out = await self.off_loop(self._check, change, args)
         name = name or out["name"]
+        # pools the body takes the quota away from (``"pools": {"fast": null}``; checked above)
+        removed = tuple(p for a in args if isinstance(a, dict) and isinstance(a.get("pools"), dict)
+                        for p, q in a["pools"].items() if q is None)
         try:
             await k8s_org.publish(await k8s_org.client(self.ctx.cfg.kubeconfig), self.kind, name,
-                                  None if deleted else out)
+                                  None if deleted else out, removed)
         except k8s_org.Unavailable as e:
             raise HTTPError(503, reason=str(e).replace("\n", " ")[:400]) from None
         try:
@@ -367,6 +366,16 @@ class NodesHandler(ApiHandler):
         self.send({"items": items})
 
 
+class CapacityHandler(ApiHandler):
+    """The spawn form's live figures (hub_ext.capacity) for the projects the caller may
+    submit to."""
+
+    def get(self):
+        mine = tuple(roles.submit_projects(self.who))
+        with self.Session() as s:
+            self.send(capacity.status(s, limits_for(s, self.ctx.cfg, self.username, projects=mine)))
+
+
 class EventsHandler(ApiHandler):
     def get(self):
         limit = validation.integer_arg(self.get_argument("limit", None), "limit", 100, 1, 1000)
@@ -415,6 +424,7 @@ def routes(prefix: str) -> list:
         url(a + f"/workloads/{n}", WorkloadHandler),
         url(a + f"/workloads/{n}/logs", WorkloadLogsHandler),
         url(a + "/nodes", NodesHandler),
+        url(a + "/capacity", CapacityHandler),
         url(a + "/events", EventsHandler),
         url(a + "/samples", SamplesHandler),
         *training_api.routes(a),

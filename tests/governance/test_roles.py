@@ -286,6 +286,7 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("DELETE", "/workloads/{name}"): Route("manage_workload", lambda w, s, ok: Call(
         f"/workloads/{w.workload(s) if ok else w.workloads[s]}")),
     ("GET", "/nodes"): Route("any", fixed("/nodes")),
+    ("GET", "/capacity"): Route("any", fixed("/capacity")),
     ("GET", "/events"): Route("any", fixed("/events"), list_key="project"),
     ("GET", "/samples"): Route("any", fixed("/samples")),
     ("GET", "/trainings"): Route("any", fixed("/trainings"), list_key="project"),

@@ -3,8 +3,11 @@ pool named, bounded per pool by the department, and used by the scheduler (work 
 waits at that pool's quota while the project's quota in another pool is free). The spawn
 form's free GPUs per pool follow another user's workspace while the form stays open."""
 
+import os
 import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hubclient import HubClient, call
@@ -136,3 +139,72 @@ def test_pool_quota_set_in_the_panel_is_the_one_the_scheduler_uses(phub, browser
                for e in audit["items"]), audit
     for name in ("fast-b", "ws-bob-p"):
         call(phub.url, admin, "DELETE", f"/workloads/{name}")
+
+
+GPUPOOL = str(Path(sys.executable).parent / "gpupool")
+
+
+def test_a_request_beyond_its_pools_ceiling_is_refused_at_once(phub, tmp_path):
+    """REST and CLI: beyond nlp's limit in pool fast is a 400 naming the pool and the limit;
+    within it is accepted; the default pool keeps its own ceilings."""
+    admin = HubClient(phub.url).login("admin", ADMIN_PW).token("admin")
+    bob = HubClient(phub.url).login("bob", USER_PW).token("bob")
+    assert call(phub.url, admin, "PATCH", "/departments/research", {"pools": {"fast": {"gpus": 2}}})[0] == 200
+    status, p = call(phub.url, admin, "PATCH", "/projects/nlp", {"pools": {"fast": {"gpus": 0.5, "limit": 1}}})
+    assert status == 200, p
+    job = {"kind": "training", "project": "nlp", "gpu_mode": "whole", "command": SLEEP, "preemptible": True}
+
+    msg = _error(call(phub.url, bob, "POST", "/workloads", {**job, "name": "fast-2", "gpus": 2, "node_pool": "fast"}),
+                 "gpus")
+    assert msg == "project nlp allows at most 1 GPU in pool fast (limit), got 2"
+    msg = _error(call(phub.url, bob, "POST", "/trainings", {"name": "fast-gang", "project": "nlp", "command": SLEEP,
+                                                            "gpu": 1, "workers": 2, "node_pool": "fast"}), "gpu")
+    assert msg == "project nlp allows at most 1 GPU in pool fast (limit), got 2 (2 workers x 1)"
+    status, w = call(phub.url, bob, "POST", "/workloads", {**job, "name": "fast-1", "gpus": 1, "node_pool": "fast"})
+    assert status == 201, w
+    # the default pool (any pool) is held to its own limit of 3, not to pool fast's
+    status, w = call(phub.url, bob, "POST", "/workloads", {**job, "name": "default-2", "gpus": 2})
+    assert status == 201, w
+    # refused there only where no pool takes it (the default pool names any), in its own words
+    assert call(phub.url, admin, "PATCH", "/projects/nlp", {"limit": 1})[0] == 200
+    try:
+        msg = _error(call(phub.url, bob, "POST", "/workloads", {**job, "name": "default-3", "gpus": 2}), "gpus")
+        assert msg == "project nlp allows at most 1 GPU (limit), got 2"
+    finally:
+        assert call(phub.url, admin, "PATCH", "/projects/nlp", {"limit": 3})[0] == 200
+    for name in ("fast-1", "default-2"):
+        assert call(phub.url, bob, "DELETE", f"/workloads/{name}")[0] == 204
+
+    env = {**os.environ, "GPUPOOL_URL": phub.url, "GPUPOOL_TOKEN": bob, "XDG_CONFIG_HOME": str(tmp_path)}
+    r = subprocess.run([GPUPOOL, "workspace", "start", "cli", "--project", "nlp", "--gpus", "2", "--node-pool", "fast",
+                        "--preemptible"], env=env, capture_output=True, text=True, timeout=90)
+    assert r.returncode != 0 and "gpus: project nlp allows at most 1 GPU in pool fast (limit), got 2" in r.stderr, r
+
+
+def test_the_form_shows_the_chosen_pools_quota(phub, browser, shots):
+    """Choosing pool fast, the verdict and the quota bar are pool fast's: its quota and limit,
+    and the refusal a submit would get there; back in the default pool, the default's."""
+    admin = HubClient(phub.url).login("admin", ADMIN_PW).token("admin")
+    assert call(phub.url, admin, "PATCH", "/departments/research", {"pools": {"fast": {"gpus": 2}}})[0] == 200
+    assert call(phub.url, admin, "PATCH", "/projects/nlp", {"pools": {"fast": {"gpus": 0.5, "limit": 1}}})[0] == 200
+    form = login(browser, phub.url, "alice", USER_PW)
+    form.goto(phub.url + "/hub/spawn")
+    form.select_option("#gp-project", "nlp")
+    form.check("input[name=gpu_mode][value=whole]")
+    form.fill("#gp-gpus", "2")
+    form.check("#gp-preemptible")
+    form.select_option("#gp-pool", "default")
+    assert (form.inner_text("#gp-quota-pool"), form.inner_text("#gp-quota"), form.inner_text("#gp-limit")) == \
+        ("default", "1", ", limit 3")
+    assert not form.inner_text("#gp-verdict").startswith("Cannot run")
+    form.select_option("#gp-pool", "fast")
+    assert (form.inner_text("#gp-quota-pool"), form.inner_text("#gp-quota"), form.inner_text("#gp-limit")) == \
+        ("fast", "0.5", ", limit 1")
+    assert form.inner_text("#gp-verdict") == "Cannot run: project nlp allows at most 1 GPU in pool fast (limit), got 2"
+    assert form.inner_text("#gp-capacity") == "2"
+    form.fill("#gp-gpus", "1")
+    assert form.inner_text("#gp-verdict") == "Starts now over quota (preemptible: may be reclaimed)"
+    form.uncheck("#gp-preemptible")
+    assert form.inner_text("#gp-verdict") == ("Cannot run: project nlp allows at most 0.5 GPUs in pool fast (quota) "
+                                              "to work that may not go over quota, got 1")
+    form.screenshot(path=str(shots / "spawn-form-pool-quota.png"), full_page=True)

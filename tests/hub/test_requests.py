@@ -1,5 +1,7 @@
 """The request rules shared by the spawn form, the REST API and the CLI."""
 
+import dataclasses
+
 import pytest
 
 from hub_ext.requests import FieldError, Limits, parse_request, workload_name
@@ -70,8 +72,8 @@ def test_workload_names():
 # -- requests that can never run (requests.check_can_run) -------------------------------------
 ORG = Limits(
     projects=("nlp", "ops"), max_gpus=4, gpu_memory_gib=80.0, cluster_gpus=8,
-    quotas={"nlp": (Project("nlp", "research", {DEFAULT_POOL: Quota(1, 1.0, 3)}), Quota(3, 1.0, None)),
-            "ops": (Project("ops", "infra", {DEFAULT_POOL: Quota(2, 1.0, None)}), Quota(2, 1.0, 2))},
+    quotas={"nlp": (Project("nlp", "research", {DEFAULT_POOL: Quota(1, 1.0, 3)}), {DEFAULT_POOL: Quota(3, 1.0, None)}),
+            "ops": (Project("ops", "infra", {DEFAULT_POOL: Quota(2, 1.0, None)}), {DEFAULT_POOL: Quota(2, 1.0, 2)})},
 )
 
 
@@ -112,6 +114,57 @@ def test_a_gang_larger_than_the_cluster_names_the_workers():
     with pytest.raises(FieldError) as e:
         parse_training({**spec, "workers": 2, "gpu": 2}, ORG)
     assert e.value.field == "gpu" and "project nlp allows at most 3 GPUs (limit), got 4 (2 workers x 2)" in str(e.value)
+
+
+# nlp: 1 GPU in the default pool (limit 3); in pool fast 2 GPUs, limit 2, department 2 (limit 4)
+POOLS = Limits(
+    projects=("nlp",), max_gpus=4, gpu_memory_gib=80.0, cluster_gpus=12, node_pools=(DEFAULT_POOL, "fast"),
+    pool_gpus={DEFAULT_POOL: 8, "fast": 4},
+    quotas={"nlp": (Project("nlp", "research", {DEFAULT_POOL: Quota(1, 1.0, 3), "fast": Quota(2, 1.0, 2)}),
+                    {DEFAULT_POOL: Quota(3, 1.0, None), "fast": Quota(2, 1.0, 4)})},
+)
+
+
+@pytest.mark.parametrize(
+    "data, field, message",
+    [
+        pytest.param({"gpus": 3, "preemptible": True}, "gpus",
+                     "project nlp allows at most 2 GPUs in pool fast (limit), got 3", id="pool-limit"),
+        pytest.param({"gpus": 3}, "gpus", "project nlp allows at most 2 GPUs in pool fast (limit), got 3",
+                     id="pool-limit-guaranteed"),
+        pytest.param({"gpu_mode": "memory", "gpu_memory_gib": 8, "cpu": 4}, "cpu",
+                     "project nlp's CPU quota in pool fast is 2 CPUs, got 4", id="pool-cpu-quota"),
+    ],
+)
+def test_a_request_beyond_its_pool_is_refused_naming_the_pool(data, field, message):
+    limits = POOLS
+    if field == "cpu":
+        p, dq = POOLS.quotas["nlp"]
+        fast = Project("nlp", "research", {**p.quotas, "fast": Quota(2, 1.0, 2, cpu=2)})
+        limits = dataclasses.replace(POOLS, quotas={"nlp": (fast, dq)})
+    with pytest.raises(FieldError) as e:
+        parse_request({"project": "nlp", "gpu_mode": "whole", "node_pool": "fast", **data}, limits)
+    assert e.value.field == field and message in str(e.value), str(e.value)
+
+
+def test_a_request_in_a_pool_within_its_quota_runs_and_the_default_pool_keeps_its_own():
+    assert parse_request({"project": "nlp", "gpu_mode": "whole", "gpus": 2, "node_pool": "fast"}, POOLS).gpus == 2
+    # the default pool names any pool (store.to_workload): refused only where no pool takes it
+    assert parse_request({"project": "nlp", "gpu_mode": "whole", "gpus": 3, "preemptible": True}, POOLS).gpus == 3
+    with pytest.raises(FieldError, match="gpus: project nlp allows at most 3 GPUs \\(limit\\), got 4"):
+        parse_request({"project": "nlp", "gpu_mode": "whole", "gpus": 4, "preemptible": True}, POOLS)
+    # a training naming no pool: the same
+    spec = {"name": "t", "project": "nlp", "command": ["x"], "gpu": 2, "preemptible": False}
+    assert parse_training(spec, POOLS).gpu == 2
+    with pytest.raises(FieldError, match="gpu: project nlp allows at most 2 GPUs in pool fast"):
+        parse_training({**spec, "node_pool": "fast", "gpu": 1, "workers": 3}, POOLS)
+
+
+def test_a_request_beyond_its_pools_gpus_names_the_pool():
+    limits = dataclasses.replace(POOLS, pool_gpus={DEFAULT_POOL: 8, "fast": 2})
+    with pytest.raises(FieldError, match="gpus: node pool fast has 2 GPUs in all, got 3"):
+        parse_request({"project": "nlp", "gpu_mode": "whole", "gpus": 3, "node_pool": "fast",
+                       "preemptible": True}, limits)
 
 
 def test_no_gpu_in_the_cluster():

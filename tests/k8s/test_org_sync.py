@@ -19,7 +19,9 @@ from hub_ext import k8s_org
 from hub_ext.validation import FieldError
 from scheduler.k8s.client import ApiError
 from scheduler.k8s.node_agent import NodeAgent, file_inventory
+from scheduler.k8s.objects import parse_project
 from scheduler.k8s.testcluster import ClusterInfo, script_path
+from scheduler.model import Quota
 from tests import chromium
 from tests.chart.chartlib import sa_kubeconfig
 from tests.hub.hubclient import HubClient, call
@@ -293,6 +295,59 @@ def _organisation_and_inventory(k8s_cluster: ClusterInfo, ns: str, hub: Hub, tmp
     assert gone.value.status == 404
 
 
+def test_pool_quotas_are_the_objects(k8s_cluster: ClusterInfo, hub):
+    """``pools`` through the REST API land in the objects' spec.quotas.<pool>, which the
+    scheduler's adapter reads; a kubectl edit of the object shows in GET; the panel's table
+    edits them; a pool set to null leaves the object."""
+    c, tok = _admin(hub)
+
+    async def get(kind, name):
+        async with kube(k8s_cluster) as kc:
+            return await kc.get(f"{GROUP}/{kind}/{name}")
+
+    status, d = call(hub.url, tok, "PATCH", f"/departments/{DEPT}", {"pools": {"fast": {"gpus": 2}}})
+    assert status == 200 and d["pools"]["fast"]["gpus"] == 2, d
+    assert run(get("departments", DEPT))["spec"]["quotas"]["fast"] == {"gpus": 2, "overQuotaWeight": 1}
+    status, p = call(hub.url, tok, "POST", "/projects", {"name": REST, "department": DEPT, "gpus": 1,
+                                                         "pools": {"fast": {"gpus": 1, "limit": 2}}})
+    assert status == 201, p
+    obj = run(get("projects", REST))
+    assert obj["spec"]["quotas"] == {"default": {"gpus": 1, "overQuotaWeight": 1},
+                                     "fast": {"gpus": 1, "overQuotaWeight": 1, "limit": 2}}
+    assert parse_project(obj).quotas["fast"] == Quota(1, 1.0, 2)  # what gpupool-scheduler reads
+    refused = call(hub.url, tok, "PATCH", f"/projects/{REST}", {"pools": {"fast": {"gpus": 3, "limit": None}}})
+    assert refused[0] == 400 and refused[1]["error"]["field"] == "pools.fast.gpus", refused
+
+    # kubectl edit of the object: GET shows it
+    async def edit():
+        async with kube(k8s_cluster) as kc:
+            await kc.patch(f"{GROUP}/projects/{REST}", {"spec": {"quotas": {"fast": {"gpus": 0.5}}}})
+
+    run(edit())
+    wait_for(lambda: call(hub.url, tok, "GET", f"/projects/{REST}")[1]["pools"].get("fast", {}).get("gpus") == 0.5,
+             "the kubectl edit in GET /projects", timeout=60)
+    assert call(hub.url, tok, "GET", f"/projects/{REST}")[1]["pools"]["fast"]["limit"] == 2
+
+    # the panel's table of quotas per node pool writes the object
+    with sync_playwright() as pw:
+        browser = chromium.launch(pw)
+        try:
+            page = chromium.login(browser, hub.url, "admin", ADMIN_PW)
+            page.goto(hub.url + "/services/gpupool/org")
+            row = page.locator(f"#pool-quotas tr[data-kind=projects][data-name={REST}][data-pool=fast]")
+            assert float(row.locator("input[name=gpus]").input_value()) == 0.5
+            row.locator("input[name=gpus]").fill("1.5")
+            row.locator("button").click()
+            page.wait_for_function(f"document.getElementById('msg').textContent.includes('Saved {REST} in pool fast')")
+        finally:
+            browser.close()
+    assert run(get("projects", REST))["spec"]["quotas"]["fast"] == {"gpus": 1.5, "overQuotaWeight": 1, "limit": 2}
+
+    status, p = call(hub.url, tok, "PATCH", f"/projects/{REST}", {"pools": {"fast": None}})
+    assert status == 200 and p["pools"] == {}, p
+    assert "fast" not in run(get("projects", REST))["spec"]["quotas"]
+
+
 def test_api_server_refusal_names_the_field(k8s_cluster: ClusterInfo):
     """What the CRDs' validation refuses (422) comes back as the REST API's field names."""
     item = {"name": "p-refused", "department": DEPT, "gpus": 2, "over_quota_weight": 1, "limit": 1}
@@ -307,6 +362,9 @@ def test_api_server_refusal_names_the_field(k8s_cluster: ClusterInfo):
     with pytest.raises(FieldError) as e:
         run(publish({**item, "limit": None, "gpus": -1}))
     assert e.value.field == "gpus"
+    with pytest.raises(FieldError) as e:  # another pool's: named as the REST API's pools
+        run(publish({**item, "limit": None, "pools": {"fast": {"gpus": 2, "over_quota_weight": 1, "limit": 1}}}))
+    assert e.value.field == "pools.fast.limit" and "greater than or equal" in e.value.message, (e.value.field, e.value.message)
 
     async def absent():
         async with kube(k8s_cluster) as kc:
@@ -361,7 +419,15 @@ def test_copy_follows_the_objects(tmp_path):
         s.commit()
         (p,) = org.list_projects(s)
         assert (p["name"], p["gpus"], p["limit"], p["over_quota_weight"], p["members"]) == ("p", 1, 2, 3, ["alice"])
+        assert p["pools"] == {"other-pool": {"gpus": 99, "over_quota_weight": 1, "limit": None,
+                                             "cpu_quota": None, "memory_quota_gib": None}}
         assert not k8s_org.reconcile(s, depts, projects), "nothing changed, nothing written"
+        # a CPU quota in a pool is the database's own: a change of the object keeps it
+        org.update_project(s, "p", {"pools": {"other-pool": {"cpu_quota": 4}}})
+        projects["p"]["spec"]["quotas"]["other-pool"] = {"gpus": 98, "limit": 99}
+        assert k8s_org.reconcile(s, depts, projects)
+        assert org.get_project(s, "p")["pools"]["other-pool"] == {
+            "gpus": 98, "over_quota_weight": 1, "limit": 99, "cpu_quota": 4, "memory_quota_gib": None}
         projects["p"] = _obj("p", 2, "d")  # limit removed, quota raised
         assert k8s_org.reconcile(s, depts, projects)
         (p,) = org.list_projects(s)

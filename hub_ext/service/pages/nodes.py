@@ -5,7 +5,7 @@ from __future__ import annotations
 from tornado import web
 
 from ... import roles
-from ..sharing import gpu_sharing
+from ...sharing import gpu_sharing
 from .base import PageHandler
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from ..db import NodeRow, WorkloadRow
+from .db import NodeRow, WorkloadRow
 
 HOLDING = ("running", "releasing", "stopping")
 
