@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -109,7 +110,8 @@ def forward(h: Hub, remote_port: int, opts: list[str] | None = None):
     (local,) = free_ports(1)
     p = subprocess.Popen(["sshpass", "-e", "ssh", *(opts or ssh_opts(h)), "-N", "-o", "ExitOnForwardFailure=yes",
                           "-L", f"{local}:127.0.0.1:{remote_port}", "alice@127.0.0.1"],
-                         env={**os.environ, "SSHPASS": h.tokens["alice"]}, stderr=subprocess.PIPE, text=True)
+                         env={**os.environ, "SSHPASS": h.tokens["alice"]}, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
 
     def listening():
         with socket.socket() as s:
@@ -118,22 +120,30 @@ def forward(h: Hub, remote_port: int, opts: list[str] | None = None):
     return p, local
 
 
+def stop(p: subprocess.Popen) -> str:
+    """End sshpass and its ssh (one process group); their stderr."""
+    os.killpg(p.pid, signal.SIGTERM)
+    try:
+        return p.communicate(timeout=20)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        return p.communicate()[1]
+
+
 def test_local_forward_reaches_her_jupyterlab_and_nothing_of_the_hub(shub):
     p, local = forward(shub, jupyter_port(shub))
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{local}/user/alice/api", timeout=20) as r:
             assert "version" in json.loads(r.read())
     finally:
-        p.terminate()
-        p.wait(10)
+        stop(p)
     hub_api = int(shub.env["GPUPOOL_HUB_PORT"])
     p, local = forward(shub, hub_api)
     try:
         with pytest.raises(OSError):
             urllib.request.urlopen(f"http://127.0.0.1:{local}/hub/api", timeout=20).read()
     finally:
-        p.terminate()
-        _, err = p.communicate(timeout=10)
+        err = stop(p)
     assert "administratively prohibited" in err or "open failed" in err
 
 
