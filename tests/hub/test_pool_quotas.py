@@ -198,10 +198,12 @@ def test_the_form_shows_the_chosen_pools_quota(phub, browser, shots):
         ("default", "1", ", limit 3")
     assert not form.inner_text("#gp-verdict").startswith("Cannot run")
     assert form.inner_text("#gp-gpu-label") == "NVIDIA H100 80GB HBM3"
+    assert form.inner_text("#gp-quota-unit") == "GPU"  # of a quota of 1
     form.select_option("#gp-pool", "fast")
     assert (form.inner_text("#gp-quota-pool"), form.inner_text("#gp-quota"), form.inner_text("#gp-limit")) == \
         ("fast", "0.5", ", limit 1")
     assert form.inner_text("#gp-gpu-label") == "NVIDIA B200"
+    assert form.inner_text("#gp-quota-unit") == "GPUs"  # of 0.5
     assert form.inner_text("#gp-verdict") == "Cannot run: project nlp allows at most 1 GPU in pool fast (limit), got 2"
     assert form.inner_text("#gp-capacity") == "2"
     form.fill("#gp-gpus", "1")
