@@ -94,6 +94,20 @@ class PodBuilder:
                 "spec": spec}
 
 
+def count_reads(kc: KubeClient, wanted) -> list[str]:
+    """Every GET made through ``kc`` of a path for which ``wanted(path)`` holds, as they
+    happen: what a follower asks the API server."""
+    reads: list[str] = []
+    real = kc.get
+
+    async def get(path: str, **params):
+        if wanted(path):
+            reads.append(path)
+        return await real(path, **params)
+    kc.get = get  # type: ignore[method-assign]
+    return reads
+
+
 def make_pod(name: str) -> PodBuilder:
     return PodBuilder(name)
 

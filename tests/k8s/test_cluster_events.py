@@ -16,25 +16,12 @@ from hub_ext.schema import make_sessionmaker
 from scheduler.contract import waiting_reason, workload_annotations
 from scheduler.k8s.testcluster import ClusterInfo
 
-from .helpers import create_org, delete_org, kube, make_pod, run, wait_until
+from .helpers import count_reads, create_org, delete_org, kube, make_pod, run, wait_until
 
 
 def _labelled(pod: dict, workload: str, owner: str) -> dict:
     pod["metadata"]["annotations"].update(workload_annotations(workload, owner))
     return pod
-
-
-def _event_reads(kc) -> list[str]:
-    """The follower's reads of Events (there should be none: the pods say it all)."""
-    reads: list[str] = []
-    real = kc.get
-
-    async def get(path: str, **params):
-        if path.endswith("/events"):
-            reads.append(path)
-        return await real(path, **params)
-    kc.get = get
-    return reads
 
 
 def test_gpu_hours_of_a_workspace_are_its_bind_to_its_deletion(k8s_cluster: ClusterInfo, ns, sched, tmp_path):
@@ -48,7 +35,7 @@ def test_gpu_hours_of_a_workspace_are_its_bind_to_its_deletion(k8s_cluster: Clus
     async def go():
         async with kube(k8s_cluster) as kc:
             await create_org(kc, "d-ev", 2, projects)
-            reads = _event_reads(kc)
+            reads = count_reads(kc, lambda path: path.endswith("/events"))
             follower = PodEvents(kc, Session, ns)
             task = asyncio.ensure_future(follower.run())
             try:
@@ -109,7 +96,7 @@ def test_an_evicted_pod_is_preempted_in_the_log(k8s_cluster: ClusterInfo, ns, sc
     async def go():
         async with kube(k8s_cluster) as kc:
             await create_org(kc, "d-ev2", 32, projects)
-            reads = _event_reads(kc)
+            reads = count_reads(kc, lambda path: path.endswith("/events"))
             task = asyncio.ensure_future(PodEvents(kc, Session, ns).run())
             try:
                 # over quota, the whole cluster: anything in quota takes it back

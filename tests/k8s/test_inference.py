@@ -21,6 +21,7 @@ from scheduler.k8s.testcluster import ClusterInfo
 
 from .helpers import (
     SchedulerProcess,
+    count_reads,
     create_namespace,
     create_org,
     delete_org,
@@ -94,19 +95,6 @@ def test_replicas_are_placed_scaled_and_explained(k8s_cluster: ClusterInfo, sche
     run(go())
 
 
-def _list_reads(kc, path: str) -> list[str]:
-    """Every GET of the collection ``path`` made through ``kc``."""
-    reads: list[str] = []
-    real = kc.get
-
-    async def get(p: str, **params):
-        if p == path:
-            reads.append(p)
-        return await real(p, **params)
-    kc.get = get
-    return reads
-
-
 def test_published_services_reach_the_activator_by_a_watch(k8s_cluster: ClusterInfo, ns, tmp_path):
     """The hub's row becomes a ConfigMap, the activator's side serves it and writes its state,
     the state comes back to the row; the row removed, the activator drops the service. Each
@@ -123,7 +111,7 @@ def test_published_services_reach_the_activator_by_a_watch(k8s_cluster: ClusterI
 
     async def go():
         async with kube(k8s_cluster) as hub_kc, kube(k8s_cluster) as act_kc:
-            hub_lists, act_lists = _list_reads(hub_kc, path), _list_reads(act_kc, path)
+            hub_lists, act_lists = count_reads(hub_kc, path.__eq__), count_reads(act_kc, path.__eq__)
             controller = Controller(K8sBackend(act_kc, ns), tick_s=0.3)
             publisher = Publisher(hub_kc, ns, Session)
             follower = Follower(act_kc, ns, controller, set())
@@ -214,7 +202,7 @@ def test_the_policy_idle_limit_is_published_with_the_service_and_its_stop_comes_
                 svc.idle_stop = {"ts": 1.0, "message": message}  # as Service.recommend records it
                 for _ in range(2):  # copied twice, recorded once
                     await follower.sync()
-                    await seen(publisher, lambda cm: cm is not None and "idle_stop" in status_of(cm),
+                    await seen(publisher, lambda cm: cm is not None and bool(status_of(cm).get("idle_stop")),
                                "the hub's copy has the stop")
                     await publisher.sync()
                 assert events() == [message]

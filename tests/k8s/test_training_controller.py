@@ -17,7 +17,7 @@ from hub_ext.training.spec import TrainingSpec
 from scheduler.contract import A, L
 from scheduler.k8s.testcluster import ClusterInfo
 
-from .helpers import bound, create_org, delete_org, kube, make_pod, run, wait_until
+from .helpers import bound, count_reads, create_org, delete_org, kube, make_pod, run, wait_until
 
 
 def _pod(name: str, node: str = "", phase: str = "Pending", deleting: bool = False, exit_code=None,
@@ -47,19 +47,6 @@ def test_gang_state_from_pods():
     assert (failed.status, failed.reason) == ("Failed", "worker a exited with code 3")
 
 
-def _collection_reads(kc, path: str) -> list[str]:
-    """Every GET of ``path`` (a list) made through ``kc``."""
-    reads: list[str] = []
-    real = kc.get
-
-    async def get(p: str, **params):
-        if p == path:
-            reads.append(p)
-        return await real(p, **params)
-    kc.get = get
-    return reads
-
-
 def test_training_gang_preempted_requeued_and_bound_again_with_its_claim(k8s_cluster: ClusterInfo, ns,
                                                                          sched, tmp_path):
     Session = make_sessionmaker(f"sqlite:///{tmp_path}/hub.db")
@@ -74,7 +61,7 @@ def test_training_gang_preempted_requeued_and_bound_again_with_its_claim(k8s_clu
     async def go():
         async with kube(k8s_cluster) as kc, kube(k8s_cluster) as ctl_kc:
             await create_org(kc, "d-ctl", 32, projects)
-            lists = _collection_reads(ctl_kc, f"/api/v1/namespaces/{ns}/pods")
+            lists = count_reads(ctl_kc, f"/api/v1/namespaces/{ns}/pods".__eq__)
             ctl = K8sTrainings(ctl_kc, Session, ns, poll_s=0.2)
             try:
                 # the other project holds 16 GPUs, so the gang (16 more, over quota) fills the cluster
