@@ -74,10 +74,11 @@ class Mirror:
         fut = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         try:
-            await asyncio.wait_for(fut, timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
+            # asyncio.wait, not wait_for: on Python 3.11 wait_for can swallow the caller's
+            # cancellation when the change arrives at the same moment, and the follower
+            # then sleeps on for its whole period
+            done, _ = await asyncio.wait({fut}, timeout=timeout)
+            return bool(done)
         finally:
             if fut in self._waiters:
                 self._waiters.remove(fut)
