@@ -16,6 +16,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 USER_PW = "gpupool-user"
 ADMIN_PW = "gpupool-admin-password-change-me"
+# a hub with two node pools: default (2 x H100 on node a) and fast (2 x B200 on node b)
+TWO_POOLS_CONFIG = """c = get_config()  # noqa
+c.Gpupool.use_nvml = False
+c.Gpupool.declared_gpus = [
+    {"node": "a", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "count": 2},
+    {"node": "b", "model": "NVIDIA B200", "memory_mib": 183359, "count": 2, "pool": "fast"},
+]
+"""
 # The prefix of the OS accounts test hubs make: set GPUPOOL_ACCOUNT_PREFIX to keep two test
 # runs on one host out of each other's accounts.
 ACCOUNT_PREFIX = os.environ.get("GPUPOOL_ACCOUNT_PREFIX", "gpupool-")

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 from hubclient import HubClient, call
-from hubproc import USER_PW, Hub
+from hubproc import TWO_POOLS_CONFIG, USER_PW, Hub
 
 from tests.waits import wait_for
 
@@ -16,18 +16,11 @@ pytestmark = [
                        "(scripts/setup-system installs it)"),
 ]
 
-CONFIG = """c = get_config()  # noqa
-c.Gpupool.use_nvml = False
-c.Gpupool.declared_gpus = [
-    {"node": "a", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "count": 2},
-    {"node": "b", "model": "NVIDIA B200", "memory_mib": 183359, "count": 2, "pool": "fast"},
-]
-"""
 
 
 @pytest.fixture(scope="module")
 def thub(tmp_path_factory):
-    h = Hub(tmp_path_factory.mktemp("thub"), config=CONFIG).start()
+    h = Hub(tmp_path_factory.mktemp("thub"), config=TWO_POOLS_CONFIG).start()
     yield h
     h.stop()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from hubclient import HubClient, call
-from hubproc import ADMIN_PW, USER_PW, Hub
+from hubproc import ADMIN_PW, TWO_POOLS_CONFIG, USER_PW, Hub
 
 from tests.chromium import login
 from tests.waits import wait_for
@@ -22,19 +22,12 @@ pytestmark = [
                        "(scripts/setup-system installs it)"),
 ]
 
-CONFIG = """c = get_config()  # noqa
-c.Gpupool.use_nvml = False
-c.Gpupool.declared_gpus = [
-    {"node": "a", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "count": 2},
-    {"node": "b", "model": "NVIDIA B200", "memory_mib": 183359, "count": 2, "pool": "fast"},
-]
-"""
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
 
 
 @pytest.fixture(scope="module")
 def phub(tmp_path_factory):
-    h = Hub(tmp_path_factory.mktemp("phub"), config=CONFIG).start()
+    h = Hub(tmp_path_factory.mktemp("phub"), config=TWO_POOLS_CONFIG).start()
     yield h
     h.stop()
 
