@@ -836,3 +836,59 @@ def test_quota_left_unserved_while_reclaim_takes_its_grace_is_a_miss_against_sta
     assert doc["policies"]["static"]["quota_unserved_mean_gpus"] == 0
     assert doc["policies"]["gpupool"]["quota_unserved_mean_gpus"] > 0
     assert goal["quota_unserved_le_static"] is False and "quota_unserved_le_static" in goal["goals_missed"]
+
+
+def _running(name, project, node, gpus=(0,), milli=1000, kind=Kind.TRAINING, cpu=4000, priority=None):
+    from scheduler.model import PodDemand, PodPlacement, State, Workload
+
+    demand = PodDemand(gpus=len(gpus), cpu_milli=cpu) if milli == 1000 else PodDemand(gpu_fraction=milli / 1000, cpu_milli=cpu)
+    return Workload(name, project, kind, demand, state=State.RUNNING, priority=priority,
+                    placement=(PodPlacement(node, tuple(gpus), milli),))
+
+
+def test_wait_causes_hold_back_a_pod_only_behind_work_the_rules_protect():
+    """bench/replay_wait_causes.py: a pod is held back when no node could hold it with every
+    workload gone that the scheduler's promises let it take."""
+    from types import SimpleNamespace
+
+    from scheduler.model import PodDemand, Workload
+
+    causes = _bench("replay_wait_causes")
+    big = {n.name: n for n in nodes(n=1, gpus=4)}  # one node of 4 GPUs, 64 CPUs
+    waiting = Workload("w", "busy", Kind.TRAINING, PodDemand(gpus=4, cpu_milli=8000))
+
+    def replay_with(*running, held):
+        snap = SimpleNamespace(workloads={v.name: v for v in running})
+        return SimpleNamespace(snap=snap, meter=SimpleNamespace(held=held), quota={"idle": 2000, "busy": 1000, "mid": 1000})
+
+    # Another project's training while that project is over its quota: it may be taken.
+    over = replay_with(_running("t", "idle", "n0", milli=500), held={"idle": 2500, "busy": 0, "mid": 0})
+    assert not causes.held_back(over, waiting, big)
+    # The same training while its project holds no more than its quota: protected.
+    inside = replay_with(_running("t", "idle", "n0", milli=500), held={"idle": 500, "busy": 0, "mid": 0})
+    assert causes.held_back(inside, waiting, big)
+    # A workspace is not preemptible: protected whatever its project holds.
+    ws = replay_with(_running("s", "idle", "n0", kind=Kind.WORKSPACE), held={"idle": 9000, "busy": 0, "mid": 0})
+    assert causes.held_back(ws, waiting, big)
+    # Its own project's training: protected at its priority, not below it.
+    same = replay_with(_running("o", "busy", "n0"), held={"idle": 0, "busy": 1000, "mid": 0})
+    assert causes.held_back(same, waiting, big)
+    lower = replay_with(_running("o", "busy", "n0", priority=10), held={"idle": 0, "busy": 1000, "mid": 0})
+    assert not causes.held_back(lower, waiting, big)
+    # CPUs count too: protected work taking 60 of the node's 64 CPUs leaves no room.
+    cpu = replay_with(_running("c", "idle", "n0", milli=100, kind=Kind.WORKSPACE, cpu=60_000),
+                      held={"idle": 100, "busy": 0, "mid": 0})
+    assert causes.held_back(cpu, Workload("f", "busy", Kind.TRAINING, PodDemand(gpu_fraction=0.5, cpu_milli=8000)), big)
+    assert not causes.held_back(cpu, Workload("f", "busy", Kind.TRAINING, PodDemand(gpu_fraction=0.5, cpu_milli=4000)), big)
+
+
+def test_wait_causes_split_the_replays_own_allocation_while_work_waits():
+    causes = _bench("replay_wait_causes")
+    scn = scenario()
+    out = causes.watch(nodes(n=2), synthetic(200, seed=4), scn)
+    total = out["allocation_while_work_waits_pct"]
+    assert total == replay(nodes(n=2), synthetic(200, seed=4), scn, "gpupool").metrics["gpu_allocation_mean_pct"]
+    assert out["waiting_s"] > 0 and 0 < out["held_back_share"] < 1  # both parts measured
+    parts = [(out["held_back_share"], out["allocation_while_held_back_pct"]),
+             (1 - out["held_back_share"], out["allocation_while_other_work_waits_pct"])]
+    assert sum(s * (a or 0) for s, a in parts) == pytest.approx(total, abs=0.02)

@@ -1,0 +1,130 @@
+"""Why work waits in a gpupool replay: the share of the waiting time in which every waiting
+pod is held back by other teams' protected work, and the allocation goal read with and
+without that time.
+
+*Protected* work is what the scheduler's promises forbid taking for the waiting pod
+(``protected``): work that is not preemptible (a workspace, an inference service), its own
+project's work of its priority or higher, and another project's work while that project
+holds no more than its quota (the in-quota promise, property (c) of the guarantee tests). A
+waiting pod is *held back* when no node could hold it (the node's GPUs, CPUs and memory)
+even with every unprotected workload gone; time is held back while every pod the scheduler
+sees waiting is. In that time nothing the rules allow would start anything, so allocation
+is what the offered load makes it.
+
+The replay is the shipped one (``replay.replay``, gpupool); this script only watches it.
+
+    python bench/replay_wait_causes.py [--scenario timezones] [--seed N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from unittest import mock
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import sweeplib  # noqa: E402
+from sweeplib import scenarios  # noqa: E402
+
+from scheduler.model import MILLI, State, ValidationError, Workload  # noqa: E402
+from scheduler.sim import replay  # noqa: E402
+
+
+def protected(v: Workload, w: Workload, over_quota: bool) -> bool:
+    """May ``v`` stay whatever ``w`` needs? Work that is not preemptible always may; of
+    ``w``'s own project, work of its priority or higher (a project preempts only lower
+    priority work for its own); of another project, work while that project holds no more
+    than its quota."""
+    if not v.is_preemptible:
+        return True
+    if v.project == w.project:
+        return v.effective_priority >= w.effective_priority
+    return not over_quota
+
+
+def held_back(r, w: Workload, nodes: dict) -> bool:
+    """Could no node hold ``w`` even with every workload gone that the guarantee lets go?"""
+    snap, held, quota = r.snap, r.meter.held, r.quota
+    d = w.demand
+    # Per node: per GPU the milli, and the CPU and memory, that protected work keeps.
+    keep_gpu: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    keep_res: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for v in snap.workloads.values():
+        if v.state != State.RUNNING or not protected(v, w, held[v.project] > quota[v.project]):
+            continue
+        for p in v.placement:
+            for g in p.gpu_indices:
+                keep_gpu[p.node][g] += p.gpu_milli
+            keep_res[p.node][0] += v.demand.cpu_milli
+            keep_res[p.node][1] += v.demand.memory_mib
+    for name, node in nodes.items():
+        if node.cpu_milli - keep_res[name][0] < d.cpu_milli or node.memory_mib - keep_res[name][1] < d.memory_mib:
+            continue
+        room = sum(1 for g in node.gpus if keep_gpu[name][g.index] + d.milli_on(g.memory_mib) <= MILLI)
+        if room >= max(1, d.gpus):
+            return False
+    return True
+
+
+def watch(nodes: list, pods: list, scn) -> dict:
+    by_name = {n.name: n for n in nodes}
+    state = {"held_back": False}
+    sums = {"wait_s": 0.0, "held_back_s": 0.0, "busy_wait": 0.0, "busy_held_back": 0.0}
+    orig_after, orig_advance = replay._Replay._after_cycle, replay.Meter.advance
+
+    def after(self, t):
+        orig_after(self, t)
+        waiting = list(self.snap.pending.values())
+        state["held_back"] = bool(waiting) and all(held_back(self, w, by_name) for w in waiting)
+
+    def advance(self, t):
+        dt = min(t, self.window_end) - self.t
+        if self.pending_seen and dt > 0:
+            sums["wait_s"] += dt
+            sums["busy_wait"] += self.held_total * dt
+            if state["held_back"]:
+                sums["held_back_s"] += dt
+                sums["busy_held_back"] += self.held_total * dt
+        orig_advance(self, t)
+
+    with mock.patch.object(replay._Replay, "_after_cycle", after), mock.patch.object(replay.Meter, "advance", advance):
+        res = replay.replay(nodes, pods, scn, "gpupool")
+    cap = sum(len(n.gpus) for n in nodes) * MILLI
+    other_s = sums["wait_s"] - sums["held_back_s"]
+
+    def pct(busy: float, s: float) -> float | None:
+        return round(100 * busy / (cap * s), 2) if s > 0 else None
+
+    return {
+        "allocation_while_work_waits_pct": res.metrics["gpu_allocation_mean_pct"],
+        "waiting_s": round(sums["wait_s"], 1),
+        "held_back_s": round(sums["held_back_s"], 1),
+        "held_back_share": round(sums["held_back_s"] / sums["wait_s"], 3) if sums["wait_s"] else None,
+        "allocation_while_held_back_pct": pct(sums["busy_held_back"], sums["held_back_s"]),
+        "allocation_while_other_work_waits_pct": pct(sums["busy_wait"] - sums["busy_held_back"], other_s),
+    }
+
+
+def main() -> int:
+    prog = "replay_wait_causes"
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", default="timezones")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    try:
+        scn = scenarios.load(args.scenario, seed=args.seed)
+    except ValidationError as e:
+        raise SystemExit(f"{prog}: {e}") from None
+    nodes, pods = sweeplib.load_trace(scn, prog)
+    out = {"scenario": scn.name, "seed": args.seed, **watch(nodes, pods, scn)}
+    print(json.dumps(out) if args.json else "\n".join(f"{k:<40} {v}" for k, v in out.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
