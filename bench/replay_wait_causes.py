@@ -13,7 +13,10 @@ is what the offered load makes it.
 
 The replay is the shipped one (``replay.replay``, gpupool); this script only watches it.
 
-    python bench/replay_wait_causes.py [--scenario timezones] [--seed N] [--json]
+With ``--team``, the same split for one team's waiting work that may go over quota, while
+the team wants over-quota GPUs: the time the Jain index counts it as owed a share.
+
+    python bench/replay_wait_causes.py [--scenario timezones] [--seed N] [--team NAME] [--json]
 """
 
 from __future__ import annotations
@@ -70,20 +73,26 @@ def held_back(r, w: Workload, nodes: dict) -> bool:
     return True
 
 
-def watch(nodes: list, pods: list, scn) -> dict:
+def watch(nodes: list, pods: list, scn, team: str | None = None) -> dict:
+    """The split for all waiting work; with ``team``, for that team's waiting work that may
+    go over quota, while the team wants over-quota GPUs (the times the Jain index counts)."""
     by_name = {n.name: n for n in nodes}
-    state = {"held_back": False}
+    state = {"held_back": False, "waits": False}
     sums = {"wait_s": 0.0, "held_back_s": 0.0, "busy_wait": 0.0, "busy_held_back": 0.0}
     orig_after, orig_advance = replay._Replay._after_cycle, replay.Meter.advance
 
     def after(self, t):
         orig_after(self, t)
         waiting = list(self.snap.pending.values())
+        if team is not None:
+            wants = self.meter.held[team] + self.pend_over[team] > self.quota[team]
+            waiting = [w for w in waiting if wants and w.project == team and w.may_go_over_quota]
+        state["waits"] = bool(waiting)
         state["held_back"] = bool(waiting) and all(held_back(self, w, by_name) for w in waiting)
 
     def advance(self, t):
         dt = min(t, self.window_end) - self.t
-        if self.pending_seen and dt > 0:
+        if (self.pending_seen if team is None else state["waits"]) and dt > 0:
             sums["wait_s"] += dt
             sums["busy_wait"] += self.held_total * dt
             if state["held_back"]:
@@ -100,6 +109,7 @@ def watch(nodes: list, pods: list, scn) -> dict:
         return round(100 * busy / (cap * s), 2) if s > 0 else None
 
     return {
+        "team": team,
         "allocation_while_work_waits_pct": res.metrics["gpu_allocation_mean_pct"],
         "waiting_s": round(sums["wait_s"], 1),
         "held_back_s": round(sums["held_back_s"], 1),
@@ -114,14 +124,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default="timezones")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--team", default=None, help="only this team's over-quota waiting, while it wants over-quota GPUs")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     try:
         scn = scenarios.load(args.scenario, seed=args.seed)
     except ValidationError as e:
         raise SystemExit(f"{prog}: {e}") from None
+    if args.team is not None and args.team not in {t.name for t in scn.teams}:
+        raise SystemExit(f"{prog}: --team must name a team of {scn.name}: {', '.join(t.name for t in scn.teams)}")
     nodes, pods = sweeplib.load_trace(scn, prog)
-    out = {"scenario": scn.name, "seed": args.seed, **watch(nodes, pods, scn)}
+    out = {"scenario": scn.name, "seed": args.seed, **watch(nodes, pods, scn, args.team)}
     print(json.dumps(out) if args.json else "\n".join(f"{k:<40} {v}" for k, v in out.items()))
     return 0
 

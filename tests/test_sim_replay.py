@@ -560,6 +560,8 @@ def _skew_sweep():
         ("replay_load_sweep", ["--compressions", "fast"], "--compressions must be a comma list of numbers > 0"),
         ("replay_load_sweep", ["--compressions", "inf"], "--compressions must be a comma list of numbers > 0"),
         ("replay_load_sweep", ["--scenario", "timezones"], "spreads its arrivals over calendar.days"),
+        ("replay_wait_causes", ["--scenario", "nope"], "no shipped scenario of that name"),
+        ("replay_wait_causes", ["--team", "nobody"], "--team must name a team of timezones"),
     ],
 )
 def test_sweep_bad_arguments_are_one_line(monkeypatch, bench, argv, says):
@@ -892,3 +894,7 @@ def test_wait_causes_split_the_replays_own_allocation_while_work_waits():
     parts = [(out["held_back_share"], out["allocation_while_held_back_pct"]),
              (1 - out["held_back_share"], out["allocation_while_other_work_waits_pct"])]
     assert sum(s * (a or 0) for s, a in parts) == pytest.approx(total, abs=0.02)
+    # One team's over-quota waiting: part of the time work waits.
+    busy = causes.watch(nodes(n=2), synthetic(200, seed=4), scn, team="busy")
+    assert busy["team"] == "busy" and 0 < busy["waiting_s"] <= out["waiting_s"]
+    assert busy["held_back_s"] <= busy["waiting_s"]
