@@ -52,6 +52,8 @@ class ClusterArrays:
     full_free: np.ndarray  # (N,) int16 GPUs with nothing on them
     cpu_free: np.ndarray  # (N,) int64 milli-CPU
     mem_free: np.ndarray  # (N,) int64 MiB
+    cpu_total: np.ndarray = field(default=None)  # type: ignore[arg-type]  # (N,) int64 milli-CPU of the node
+    mem_total: np.ndarray = field(default=None)  # type: ignore[arg-type]  # (N,) int64 MiB of the node
     # (N,) int64: clock value of the node's last take/give (0: as built); equal stamps within
     # one lineage mean equal node state.
     stamp: np.ndarray = field(default=None)  # type: ignore[arg-type]
@@ -104,6 +106,8 @@ class ClusterArrays:
             full_free=np.array([len(x.gpus) for x in nodes], dtype=np.int16),
             cpu_free=np.array([x.cpu_milli for x in nodes], dtype=np.int64),
             mem_free=np.array([x.memory_mib for x in nodes], dtype=np.int64),
+            cpu_total=np.array([x.cpu_milli for x in nodes], dtype=np.int64),
+            mem_total=np.array([x.memory_mib for x in nodes], dtype=np.int64),
         )
 
     def copy(self) -> ClusterArrays:
@@ -122,6 +126,8 @@ class ClusterArrays:
             full_free=self.full_free.copy(),
             cpu_free=self.cpu_free.copy(),
             mem_free=self.mem_free.copy(),
+            cpu_total=self.cpu_total,
+            mem_total=self.mem_total,
             stamp=self.stamp.copy(),
             lineage=self.lineage,
         )
@@ -211,6 +217,11 @@ class ClusterArrays:
                     rows[node] = static[node] and cpu_free[node] >= cpu and mem_free[node] >= mem
             entry[2] = len(log)
         return mask
+
+    def could_hold(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> np.ndarray:
+        """Nodes that could take one pod of ``demand`` if nothing ran on them (a fresh array)."""
+        static = self._static(pool, models, demand.gpu_count)
+        return static & (self.cpu_total >= demand.cpu_milli) & (self.mem_total >= demand.memory_mib)
 
     def _static(self, pool: str | None, models: tuple[str, ...], gpu_count: int) -> np.ndarray:
         """Nodes whose pool, GPU model and GPU count allow a pod; these never change within

@@ -13,7 +13,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..cycle import Cycle
-from ..model import MILLI, Evict, EvictionCause, PodDemand, State, Workload
+from ..model import MILLI, Evict, EvictionCause, State, Workload
 from ..placement import Choice
 
 # Moves per cycle, and nodes tried per waiting pod: each move restarts work, and a cycle
@@ -81,7 +81,7 @@ class Consolidate:
         free_total = int(np.clip(a.gpu_free[a.pool_id == c.pools.index(pool)], 0, None).sum())
         if free_total < d.gpus * MILLI:
             return False  # moving conserves the free GPUs: there are not enough of them
-        static = a.eligible(pool, w.gpu_models, PodDemand(gpus=d.gpus))
+        static = a.could_hold(pool, w.gpu_models, w.demand)  # nodes big enough for it (GPUs, CPU, memory)
         movable = self._movable(pool)
         # Nodes the pod could have with their over-quota work moved, the fewest GPUs to move first.
         options = []

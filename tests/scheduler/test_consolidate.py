@@ -47,3 +47,22 @@ def test_work_that_just_restarted_is_not_moved_again():
     d = decide(snap)
     assert sorted(e.workload for e in d.evictions) == ["a1", "a2"]
     assert {e.cause for e in d.evictions} == {EvictionCause.CONSOLIDATE}
+
+
+def test_only_nodes_big_enough_for_the_pod_are_opened():
+    # b asks for 4 GPUs and 100 CPUs. Five 64-CPU nodes each hold one over-quota GPU of a's
+    # (the fewest to move), n6 (128 CPUs) holds two, n7 (64 CPUs) has room for the moved
+    # work. Only n6 can ever hold the pod, so n6 is opened, however many smaller nodes
+    # would move less.
+    ds, ps = org(("a", 0), ("b", 0))
+    small = [make_node(f"n{i}", gpus=4, cpu_milli=64_000) for i in range(1, 6)]
+    nodes = [*small, make_node("n6", gpus=4, cpu_milli=128_000), make_node("n7", gpus=4, cpu_milli=64_000)]
+    running = [make_workload(f"a{i}").project("a").gpus(1).cpu(4000).submitted(i).running((f"n{i}", (0,), 1000)).obj()
+               for i in range(1, 6)]
+    running += [make_workload(f"a6{g}").project("a").gpus(1).cpu(4000).submitted(6).running(("n6", (g,), 1000)).obj()
+                for g in range(2)]
+    ask = make_workload("b4").project("b").gpus(4).cpu(100_000).submitted(10).obj()
+    d = decide(snapshot(nodes, ds, ps, [*running, ask], fair_share_reclaim=False))
+    assert sorted((e.workload, e.cause) for e in d.evictions) == [
+        ("a60", EvictionCause.CONSOLIDATE), ("a61", EvictionCause.CONSOLIDATE)]
+    assert "moving 2 workloads to free a whole node" in d.reason("b4")
