@@ -21,7 +21,6 @@ what they count.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -30,9 +29,7 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sweeplib  # noqa: E402
-from sweeplib import scenarios  # noqa: E402
 
-from scheduler.model import ValidationError  # noqa: E402
 from scheduler.quota import waterfill  # noqa: E402
 from scheduler.sim import replay  # noqa: E402
 
@@ -72,15 +69,8 @@ def departments_first(department: dict[str, str]):
 
 def main() -> int:
     prog = "replay_jain_variants"
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenario", default="balanced")
-    ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    try:
-        scn = scenarios.load(args.scenario, seed=args.seed)
-    except ValidationError as e:
-        raise SystemExit(f"{prog}: {e}") from None
+    args = sweeplib.seed_parser(__doc__, "balanced").parse_args()
+    scn = sweeplib.seeded_scenario(args, prog)
     nodes, pods = sweeplib.load_trace(scn, prog)
     by_dept, dept_weight = departments_first({t.name: t.department for t in scn.teams})
     for t in scn.teams:

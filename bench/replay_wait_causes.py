@@ -21,7 +21,6 @@ the team wants over-quota GPUs: the time the Jain index counts it as owed a shar
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import defaultdict
@@ -31,9 +30,8 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sweeplib  # noqa: E402
-from sweeplib import scenarios  # noqa: E402
 
-from scheduler.model import MILLI, State, ValidationError, Workload  # noqa: E402
+from scheduler.model import MILLI, State, Workload  # noqa: E402
 from scheduler.sim import replay  # noqa: E402
 
 
@@ -121,16 +119,10 @@ def watch(nodes: list, pods: list, scn, team: str | None = None) -> dict:
 
 def main() -> int:
     prog = "replay_wait_causes"
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenario", default="timezones")
-    ap.add_argument("--seed", type=int, default=None)
+    ap = sweeplib.seed_parser(__doc__, "timezones")
     ap.add_argument("--team", default=None, help="only this team's over-quota waiting, while it wants over-quota GPUs")
-    ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    try:
-        scn = scenarios.load(args.scenario, seed=args.seed)
-    except ValidationError as e:
-        raise SystemExit(f"{prog}: {e}") from None
+    scn = sweeplib.seeded_scenario(args, prog)
     if args.team is not None and args.team not in {t.name for t in scn.teams}:
         raise SystemExit(f"{prog}: --team must name a team of {scn.name}: {', '.join(t.name for t in scn.teams)}")
     nodes, pods = sweeplib.load_trace(scn, prog)

@@ -29,6 +29,23 @@ def parser(doc: str, scenario: str, plot_help: str) -> argparse.ArgumentParser:
     return ap
 
 
+def seed_parser(doc: str, scenario: str) -> argparse.ArgumentParser:
+    """The arguments of the scripts that watch one replay of a scenario's draw."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--scenario", default=scenario)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--json", action="store_true")
+    return ap
+
+
+def seeded_scenario(args: argparse.Namespace, prog: str) -> scenarios.Scenario:
+    """``--scenario`` drawn with ``--seed``; a one-line exit on a bad one."""
+    try:
+        return scenarios.load(args.scenario, seed=args.seed)
+    except ValidationError as e:
+        raise SystemExit(f"{prog}: {e}") from None
+
+
 def base_scenario(args: argparse.Namespace, prog: str) -> scenarios.Scenario:
     """``--scenario`` with ``--window`` applied; a one-line exit on a bad one."""
     try:
