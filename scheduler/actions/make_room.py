@@ -11,7 +11,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..cycle import Cycle, TooBig, pod_size
-from ..model import Evict, PodDemand, Workload
+from ..model import MILLI, Evict, PodDemand, Workload
 from ..placement import Choice
 from .evictions import EVICTIONS, Eviction, may_take
 from .room import RoomWithout
@@ -217,7 +217,7 @@ class MakeRoom:
         # global ones do (``plan_candidates``): worked out once per group until a plan evicts.
         memo = self.victims.plan_memo
         key = ("per node", w.project, pool, strategy.key, strategy.group(self.cycle, w, pool), gpu_work)
-        a, usage = work.arrays, work.usage
+        a = work.arrays
         kept = memo.get(key)
         if kept is None:
             wide = [c for c in self.victims.wide(w, pool, strategy) if c.gpus or not gpu_work]
@@ -228,26 +228,56 @@ class MakeRoom:
         for node in most.nodes[static[most.nodes] & most.fits(w)].tolist():
             if best is not None and len(best) == 1:
                 break  # no node needs fewer evictions than one
-            room = [a.gpu_free[node].tolist(), int(a.cpu_free[node]), int(a.mem_free[node])]
-            gone: dict[str, int] = defaultdict(int)
-            smallest: dict[str, int] = {}
-            chosen: list[tuple[Workload, list[Choice]]] = []
-            for v, floor, choices, milli, _ in (wide[i] for i in most.gone_on(node)):
-                if best is not None and len(chosen) + 1 >= len(best):
-                    break  # cannot beat the best node found so far
-                least = min(milli, smallest.get(v.project, milli))
-                if not may_take(floor, usage[(v.project, pool)] - gone[v.project] - milli, least):
-                    continue
-                gone[v.project] += milli
-                smallest[v.project] = least
-                chosen.append((v, choices))
-                for c in choices:
-                    if c.node == node:
-                        for j in c.gpus:
-                            room[0][j] += c.milli
-                        room[1] += v.demand.cpu_milli
-                        room[2] += v.demand.memory_mib
-                if self.victims.fits_room(w, node, *room):
+            here = [wide[i] for i in most.gone_on(node)]
+            # A pod of whole GPUs first takes only work on GPUs that could come free: taking
+            # pieces of a GPU that other work keeps uses up their projects' room above the
+            # floor and frees nothing it can use (one team's small pieces before its gang).
+            tries = [self._on_clearable_gpus(here, node, pool), here] if w.demand.gpus else [here]
+            for candidates in tries:
+                chosen = self._take_on_node(w, node, pool, candidates, best)
+                if chosen is not None:
                     best = chosen
                     break
         return best
+
+    def _on_clearable_gpus(self, here: list, node: int, pool: str) -> list:
+        """Of the candidates on ``node``, those with a GPU there that could come wholly free:
+        its free milli plus what the candidates of projects above their floor hold on it."""
+        usage = self.work.usage
+        could = list(self.work.arrays.gpu_free[node].tolist())
+        for v, floor, choices, _, _ in here:
+            if floor is None or usage[(v.project, pool)] > floor:
+                for c in choices:
+                    if c.node == node:
+                        for j in c.gpus:
+                            could[j] += c.milli
+        clear = {j for j, m in enumerate(could) if m >= MILLI}
+        return [x for x in here if any(c.node == node and clear.intersection(c.gpus) for c in x[2])]
+
+    def _take_on_node(self, w: Workload, node: int, pool: str, candidates: list,
+                      best: list | None) -> list[tuple[Workload, list[Choice]]] | None:
+        """``candidates`` (on ``node``) in eviction order until ``w`` fits there, as the
+        reclaim rule allows; None if it does not fit, or only with no fewer than ``best``."""
+        a, usage = self.work.arrays, self.work.usage
+        room = [a.gpu_free[node].tolist(), int(a.cpu_free[node]), int(a.mem_free[node])]
+        gone: dict[str, int] = defaultdict(int)
+        smallest: dict[str, int] = {}
+        chosen: list[tuple[Workload, list[Choice]]] = []
+        for v, floor, choices, milli, _ in candidates:
+            if best is not None and len(chosen) + 1 >= len(best):
+                return None  # cannot beat the best node found so far
+            least = min(milli, smallest.get(v.project, milli))
+            if not may_take(floor, usage[(v.project, pool)] - gone[v.project] - milli, least):
+                continue
+            gone[v.project] += milli
+            smallest[v.project] = least
+            chosen.append((v, choices))
+            for c in choices:
+                if c.node == node:
+                    for j in c.gpus:
+                        room[0][j] += c.milli
+                    room[1] += v.demand.cpu_milli
+                    room[2] += v.demand.memory_mib
+            if self.victims.fits_room(w, node, *room):
+                return chosen
+        return None

@@ -177,7 +177,13 @@ class Loop:
 
     def _check_reclaim(self, d, before) -> None:
         """(c): another project's eviction leaves the victim's project at or above its quota,
-        or takes only work that would be over that quota if it came back."""
+        or takes only work that would be over that quota if it came back. What the project
+        holds counts the work bound in the same cycle: a guaranteed workload that takes its
+        project's quota puts the project's borrowed training over it."""
+        before = dict(before)
+        for b in d.binds:
+            key = (self.snap.workloads[b.workload].project, "default")
+            before[key] = before.get(key, 0) + sum(p.gpu_milli * len(p.gpu_indices) for p in b.pods)
         taken: dict[str, list[int]] = defaultdict(list)
         for e in d.evictions:
             if e.reason.startswith("preempted"):
@@ -393,3 +399,48 @@ def test_guaranteed_work_is_not_overtaken_by_its_own_project_s_requeued_training
                      ("x1", "p3", INF, PodDemand(gpu_fraction=0.75), 1, {}))
     loop = run([_node("n0", 4)], *_org(0.5, 0, 0, 0.75), work, arrivals)
     assert "x1" in loop.bound_at
+
+
+def test_a_gang_is_reclaimed_whole_when_its_project_s_small_pieces_cannot_free_a_gpu():
+    """p3's workspace (in quota: its own training gives way) needs a whole GPU. p0, far over
+    its quota, holds pieces of GPUs 0 and 1 that other teams' work keeps from coming free,
+    and a 2-GPU gang on GPUs 2-3. Taking the pieces first, in eviction order, used up p0's
+    room above its quota before the gang was reached, so nothing was reclaimed."""
+    T, WS = Kind.TRAINING, Kind.WORKSPACE
+    q = PodDemand(gpu_fraction=0.25)
+    work = _work(
+        ("w0", "p0", T, PodDemand(gpus=1), 2, {}),
+        ("w1", "p0", T, q, 1, {}), ("w2", "p0", T, q, 1, {}), ("w3", "p1", T, q, 1, {}),
+        ("w4", "p0", T, q, 1, {}), ("w5", "p0", T, q, 1, {}), ("w6", "p3", T, q, 1, {}),
+        ("w7", "p0", T, PodDemand(gpus=1), 1, {}), ("w8", "p0", T, PodDemand(gpus=1), 1, {}),
+        ("w9", "p0", T, PodDemand(gpu_fraction=0.25, memory_mib=4096), 1, {}),
+    )
+    arrivals = _work(("x0", "p3", WS, PodDemand(gpus=1), 1, {}))
+    loop = run([_node("n0", 4)], *_org(0.75, 0.75, 0, 1), work, arrivals)
+    assert "x0" in loop.bound_at
+    assert [v for _, v, _, _ in loop.evictions[-1:]] == ["w0"]
+
+
+def test_a_training_its_own_guaranteed_work_put_over_quota_may_be_taken_in_the_same_cycle():
+    """p0's inference bound inside p0's quota only because p0's trainings give way; in the
+    same cycle one of those trainings, now over the quota, went to p2 for its fair share.
+    What the project holds counts the inference bound in that cycle (the check had read
+    the usage from before it and called the training in quota)."""
+    T, WS, INF = Kind.TRAINING, Kind.WORKSPACE, Kind.INFERENCE
+    mem = lambda mib: PodDemand(gpu_memory_mib=mib)  # noqa: E731
+    projects = [Project("p0", "d0", {"default": Quota(1.25)}), Project("p1", "d1", {"default": Quota(0.75)}),
+                Project("p2", "d0", {"default": Quota(0.75)}), Project("p3", "d1", {"default": Quota(1.25)})]
+    specs = [("w0", "p2", T, mem(40960), 1, {}), ("w1", "p0", T, PodDemand(gpu_fraction=0.5), 1, {}),
+             ("w3", "p2", T, mem(10240), 1, {}), ("w4", "p2", T, PodDemand(gpu_fraction=0.25), 1, {}),
+             ("w5", "p0", T, PodDemand(gpu_fraction=0.25), 1, {}), ("w6", "p1", T, PodDemand(gpu_fraction=0.5), 1, {}),
+             ("w7", "p0", T, PodDemand(gpu_fraction=0.25), 1, {}), ("w8", "p3", INF, PodDemand(gpu_fraction=0.75), 1, {}),
+             ("w9", "p0", T, PodDemand(gpu_fraction=0.5), 1, {}),
+             ("w10", "p2", WS, mem(10240), 1, {"allow_over_quota": True}),
+             ("w11", "p0", T, PodDemand(gpus=1), 2, {}), ("w12", "p0", T, PodDemand(gpus=4), 1, {}),
+             ("w13", "p0", T, PodDemand(gpu_fraction=0.25), 1, {}), ("w14", "p2", T, mem(10240), 1, {})]
+    work = [Workload(n, p, k, d, pods=pods, submit_time=float(n[1:]), grace_period_s=GRACE_S, **extra)
+            for n, p, k, d, pods, extra in specs]
+    x0 = Workload("x0", "p0", INF, PodDemand(gpu_fraction=0.75, cpu_milli=1000, memory_mib=65536),
+                  submit_time=10_000.0, grace_period_s=GRACE_S)
+    loop = run([_node("n0", 4)], [Department("d0"), Department("d1")], projects, work, [x0])
+    assert "x0" in loop.bound_at
