@@ -229,10 +229,17 @@ class MakeRoom:
             if best is not None and len(best) == 1:
                 break  # no node needs fewer evictions than one
             here = [wide[i] for i in most.gone_on(node)]
-            # A pod of whole GPUs first takes only work on GPUs that could come free: taking
-            # pieces of a GPU that other work keeps uses up their projects' room above the
-            # floor and frees nothing it can use (one team's small pieces before its gang).
-            tries = [self._on_clearable_gpus(here, node, pool), here] if w.demand.gpus else [here]
+            # Where eviction order finds no room, it tries again with only the work that can
+            # free room the pod can use: for whole GPUs, the work on GPUs that could come
+            # wholly free; for a fraction, the work on one GPU at a time. Pieces elsewhere
+            # free nothing it can use, and taking them first can use up their project's room
+            # above the floor before the piece that would have made room is reached.
+            tries = [here]
+            if w.demand.gpus:
+                tries.append(self._on_clearable_gpus(here, node, pool))
+            elif w.demand.gpu_count:  # a fraction: one GPU at a time
+                slots = sorted({j for x in here for c in x[2] if c.node == node for j in c.gpus})
+                tries += [[x for x in here if any(c.node == node and j in c.gpus for c in x[2])] for j in slots]
             for candidates in tries:
                 chosen = self._take_on_node(w, node, pool, candidates, best)
                 if chosen is not None:

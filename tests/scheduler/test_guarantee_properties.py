@@ -444,3 +444,20 @@ def test_a_training_its_own_guaranteed_work_put_over_quota_may_be_taken_in_the_s
                   submit_time=10_000.0, grace_period_s=GRACE_S)
     loop = run([_node("n0", 4)], [Department("d0"), Department("d1")], projects, work, [x0])
     assert "x0" in loop.bound_at
+
+
+def test_a_fraction_is_reclaimed_from_the_gpu_that_can_hold_it():
+    """p3's 0.75 training is in quota. p0, over its quota, holds 0.25 pieces on GPUs other
+    teams share and a whole GPU on GPU 3; the pieces came first in eviction order and used
+    up p0's room above its quota, so neither of its whole GPUs was ever taken."""
+    T = Kind.TRAINING
+    q = PodDemand(gpu_fraction=0.25)
+    work = _work(
+        ("w0", "p0", T, PodDemand(gpus=1), 1, {}), ("w1", "p1", T, q, 1, {}),
+        ("w2", "p1", T, PodDemand(gpu_fraction=0.5), 1, {}), ("w3", "p0", T, PodDemand(gpus=1), 1, {}),
+        ("w4", "p0", T, q, 1, {}), ("w5", "p0", T, q, 1, {}), ("w6", "p2", T, q, 1, {}), ("w7", "p3", T, q, 1, {}),
+    )
+    arrivals = _work(("x0", "p3", T, PodDemand(gpu_fraction=0.75), 1, {}))
+    loop = run([_node("n0", 4)], *_org(1.25, 0.75, 0.25, 1), work, arrivals)
+    assert "x0" in loop.bound_at
+    assert [v for _, v, _, _ in loop.evictions[-1:]] in (["w0"], ["w3"])  # one whole GPU of p0's
