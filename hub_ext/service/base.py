@@ -1,7 +1,7 @@
 """Base handlers of the gpupool service: HubOAuth login, scopes, JSON errors.
 
 Errors map to HTTP: FieldError -> 400, NotFound -> 404, Conflict -> 409, a missing
-scope -> 403, a method the path does not take -> 405 (with ``Allow``), a body over
+scope -> 403, a row another process removed while the request changed it -> 404, a method the path does not take -> 405 (with ``Allow``), a body over
 ``max_body_size`` -> 413; every error body is ``{"error": {"status", "field", "message"}}``.
 """
 
@@ -11,6 +11,7 @@ import asyncio
 import json
 
 from jupyterhub.services.auth import HubOAuthenticated
+from sqlalchemy.orm.exc import ObjectDeletedError, StaleDataError
 from tornado import web
 
 from .. import roles, validation
@@ -163,6 +164,11 @@ class ApiHandler(BaseHandler):
             return self.send_error(404, message=str(e))
         if isinstance(e, roles.Forbidden):
             return self.send_error(403, message=e.reason)
+        if isinstance(e, (StaleDataError, ObjectDeletedError)):
+            # No row has a version counter, so a write that matched no row means the row was
+            # deleted meanwhile (the job runner removes a training it was asked to delete).
+            return self.send_error(404, message="it was removed by another request while this "
+                                   "one changed it; this request changed nothing")
         return super()._handle_request_exception(e)
 
     def write_error(self, status_code, **kwargs):

@@ -1,0 +1,79 @@
+"""A training the job runner removes while a request is changing it (a second DELETE, a
+suspend) is a 404 saying so, never a 500: the runner deletes the row once it has carried out
+a delete, so the request's write matches no row. DELETE /workloads/NAME ends the same way as
+when it came first: 204, the workload is gone. The service's real tornado application
+with its test login; the runner's delete is made from another session at the moment the
+request has read the row."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from sqlalchemy import delete
+from tornado.httpclient import AsyncHTTPClient
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+from hub_ext import org
+from hub_ext.config import Gpupool
+from hub_ext.db import WorkloadRow
+from hub_ext.roles import ADMIN_SCOPE
+from hub_ext.schema import make_sessionmaker
+from hub_ext.service import base
+from hub_ext.service.app import make_app
+from hub_ext.training.db import TrainingRow
+
+PREFIX = "/services/gpupool/"
+
+
+@pytest.mark.parametrize("method,path,code", [
+    ("DELETE", "trainings/job", 404),
+    ("POST", "trainings/job/suspend", 404),
+    ("DELETE", "workloads/job", 204),
+])
+def test_a_training_removed_while_a_request_changes_it_is_never_a_500(tmp_path, monkeypatch,
+                                                                       method, path, code):
+    db = f"sqlite:///{tmp_path / 'gpupool.sqlite'}"
+    Session = make_sessionmaker(db)
+    with Session() as s:
+        org.create_department(s, {"name": "lab", "gpus": 1})
+        org.create_project(s, {"name": "nlp", "department": "lab", "members": ["admin"]})
+        s.commit()
+    cfg = Gpupool(state_dir=str(tmp_path / "state"), db_url=db)
+    app = make_app(cfg, PREFIX, Session, user_for_tests={"name": "admin", "scopes": [ADMIN_SCOPE]})
+    checked = base.BaseHandler.require
+
+    def require(self, action, *args, **kwargs):
+        checked(self, action, *args, **kwargs)
+        if action == "manage_workload":  # the row has been read: the runner deletes it now
+            with Session() as runner:
+                runner.execute(delete(TrainingRow).where(TrainingRow.name == "job"))
+                runner.execute(delete(WorkloadRow).where(WorkloadRow.name == "job"))
+                runner.commit()
+
+    async def run():
+        socks = bind_sockets(0, "127.0.0.1")
+        server = HTTPServer(app)
+        server.add_sockets(socks)
+        url = f"http://127.0.0.1:{socks[0].getsockname()[1]}{PREFIX}api/v1/"
+        http = AsyncHTTPClient()
+        try:
+            made = await http.fetch(url + "trainings", method="POST", raise_error=False, body=json.dumps(
+                {"name": "job", "project": "nlp", "command": ["true"], "gpu": 0}))
+            assert made.code == 201, made.body
+            monkeypatch.setattr(base.BaseHandler, "require", require)
+            r = await http.fetch(url + path, method=method, raise_error=False,
+                                 allow_nonstandard_methods=True, body=b"" if method == "POST" else None,
+                                 headers={"Content-Type": "multipart/form-data"})
+            after = await http.fetch(url + "trainings/job", raise_error=False)
+        finally:
+            server.stop()
+        return r, after
+
+    r, after = asyncio.run(run())
+    assert r.code == code, r.body
+    if code == 404:
+        assert "removed by another request" in json.loads(r.body)["error"]["message"]
+    assert after.code == 404  # the runner's delete stands
