@@ -562,6 +562,7 @@ def _skew_sweep():
         ("replay_load_sweep", ["--scenario", "timezones"], "spreads its arrivals over calendar.days"),
         ("replay_wait_causes", ["--scenario", "nope"], "no shipped scenario of that name"),
         ("replay_wait_causes", ["--team", "nobody"], "--team must name a team of timezones"),
+        ("replay_unserved_causes", ["--scenario", "nope"], "no shipped scenario of that name"),
     ],
 )
 def test_sweep_bad_arguments_are_one_line(monkeypatch, bench, argv, says):
@@ -898,3 +899,21 @@ def test_wait_causes_split_the_replays_own_allocation_while_work_waits():
     busy = causes.watch(nodes(n=2), synthetic(200, seed=4), scn, team="busy")
     assert busy["team"] == "busy" and 0 < busy["waiting_s"] <= out["waiting_s"]
     assert busy["held_back_s"] <= busy["waiting_s"]
+
+
+def test_unserved_causes_add_up_to_the_replays_own_figure():
+    """bench/replay_unserved_causes.py: the split per team and cause sums to the replay's
+    quota-unserved figure; static never evicts, so it has no reclaim part, and gpupool's
+    reclaim part is the time evicted work takes to release."""
+    causes = _bench("replay_unserved_causes")
+    scn = scenario()
+    split = {p: causes.split(nodes(n=2), synthetic(200, seed=4), scn, p) for p in ("static", "gpupool")}
+    for out in split.values():
+        parts = sum(v for team in out["by_team"].values() for v in team.values())
+        assert out["quota_unserved_mean_gpus"] > 0
+        assert parts == pytest.approx(out["quota_unserved_mean_gpus"], abs=0.02 * len(out["by_team"]))
+    assert "reclaim_in_flight" not in split["static"]["by_cause"]
+    assert "held_back" not in split["static"]["by_cause"]
+    assert split["gpupool"]["by_cause"].get("reclaim_in_flight", 0) > 0
+    longer = causes.split(nodes(n=2), synthetic(200, seed=4), scenario(eviction_grace_s=120), "gpupool")
+    assert longer["by_cause"]["reclaim_in_flight"] > split["gpupool"]["by_cause"]["reclaim_in_flight"]

@@ -1,0 +1,121 @@
+"""Why quota goes unserved in a replay: the quota-unserved figure (``quota_unserved_mean_gpus``:
+quota a team leaves unused while work of its own waits) split per team and by cause, for
+static and gpupool on the same draw, and gpupool once more with the eviction grace at zero.
+
+The causes, as seen by the last scheduling cycle (``held_back`` and ``protected`` are
+``replay_wait_causes``'s):
+
+  bigger_than_gap    every waiting pod of the team is larger than its quota less what it
+                     holds: none of them is in quota, no rule promises it a start
+  reclaim_in_flight  evicted work is releasing (its grace period): the room being made
+  held_back          gpupool: every in-quota waiting pod is held back by protected work
+  unseen             the team's waiting pods are all beyond the queue depth a cycle sees
+  since_last_cycle   the gap opened after the last cycle (a pod ended); the next one decides
+  could_start        none of the above: a start the rules allow that the cycle did not make
+
+The row with the grace at zero is the same replay in which evicted work frees its GPUs at
+once: the part of gpupool's figure that the eviction grace alone causes (static never
+evicts, so it never pays it).
+
+    python bench/replay_unserved_causes.py [--scenario skewed] [--seed N] [--json]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from unittest import mock
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import sweeplib  # noqa: E402
+from replay_wait_causes import held_back  # noqa: E402
+
+from scheduler.model import MILLI, State  # noqa: E402
+from scheduler.sim import replay  # noqa: E402
+
+
+def cause(r, project: str, gap: int, by_name: dict, policy: str) -> str:
+    """Why ``project`` leaves ``gap`` milli of its quota unused after this cycle."""
+    mine = [w for w in r.snap.pending.values() if w.project == project]
+    if not mine:
+        return "unseen"
+    held = r.meter.held[project]
+    in_quota = [w for w in mine if held + r.jobs[w.name].milli <= r.quota[project]]
+    if not in_quota:
+        return "bigger_than_gap"
+    if any(w.state == State.RELEASING for w in r.snap.workloads.values()):
+        return "reclaim_in_flight"
+    if policy == "gpupool" and all(held_back(r, w, by_name) for w in in_quota):
+        return "held_back"
+    return "could_start"
+
+
+def split(nodes: list, pods: list, scn, policy: str) -> dict:
+    """One replay of ``policy``: its quota-unserved figure and that figure per team and cause
+    (GPUs averaged over the arrival window, as the figure is)."""
+    by_name = {n.name: n for n in nodes}
+    last: dict[str, str] = {}
+    acc: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    orig_after, orig_advance = replay._Replay._after_cycle, replay.Meter.advance
+
+    def after(self, t):
+        orig_after(self, t)
+        last.clear()
+        for p, q in self.quota.items():
+            gap = min(q - self.meter.held[p], self.pend_all[p])
+            if gap > 0:
+                last[p] = cause(self, p, gap, by_name, policy)
+
+    def advance(self, t):
+        dt = min(t, self.window_end) - self.t
+        if dt > 0:  # the meter's own gap (``Meter.record``), so the parts add up to its figure
+            for p, q in self.quota.items():
+                gap = max(0, min(q - self.held[p], self.pend_all[p]))
+                if gap:
+                    acc[p][last.get(p, "since_last_cycle")] += gap * dt
+        orig_advance(self, t)
+
+    with mock.patch.object(replay._Replay, "_after_cycle", after), mock.patch.object(replay.Meter, "advance", advance):
+        m = replay.replay(nodes, pods, scn, policy).metrics
+    window = m["arrival_window_s"]
+    teams = {
+        p: {c: round(v / window / MILLI, 2) for c, v in sorted(parts.items())}
+        for p, parts in sorted(acc.items())
+    }
+    return {"quota_unserved_mean_gpus": m["quota_unserved_mean_gpus"],
+            "by_cause": _by_cause(teams), "by_team": teams}
+
+
+def _by_cause(teams: dict[str, dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    for parts in teams.values():
+        for c, v in parts.items():
+            out[c] += v
+    return {c: round(v, 2) for c, v in sorted(out.items())}
+
+
+def main() -> int:
+    prog = "replay_unserved_causes"
+    args = sweeplib.seed_parser(__doc__, "skewed").parse_args()
+    scn = sweeplib.seeded_scenario(args, prog)
+    nodes, pods = sweeplib.load_trace(scn, prog)
+    instant = dataclasses.replace(scn, time=dataclasses.replace(scn.time, eviction_grace_s=0.0))
+    out = {"scenario": scn.name, "seed": args.seed}
+    for name, s, policy in (("static", scn, "static"), ("gpupool", scn, "gpupool"),
+                            ("gpupool_grace_0", instant, "gpupool")):
+        out[name] = split(nodes, pods, s, policy)
+        if not args.json:
+            print(f"{name:<16} {out[name]['quota_unserved_mean_gpus']}  {out[name]['by_cause']}", flush=True)
+            for team, parts in out[name]["by_team"].items():
+                print(f"  {team:<14} {parts}", flush=True)
+    if args.json:
+        print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
