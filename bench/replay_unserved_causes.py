@@ -2,16 +2,17 @@
 quota a team leaves unused while work of its own waits) split per team and by cause, for
 static and gpupool on the same draw, and gpupool once more with the eviction grace at zero.
 
-The causes, as seen by the last scheduling cycle (``held_back`` and ``protected`` are
-``replay_wait_causes``'s):
+The causes, as seen after each scheduling cycle, first match (``fits``, ``held_back`` and
+``protected`` are ``replay_wait_causes``'s):
 
+  unseen             the team's waiting pods are all beyond the queue depth a cycle sees
   bigger_than_gap    every waiting pod of the team is larger than its quota less what it
                      holds: none of them is in quota, no rule promises it a start
-  reclaim_in_flight  evicted work is releasing (its grace period): the room being made
+  could_start        an in-quota waiting pod fits a node as it is: the cycle left it waiting
+  reclaim_in_flight  one fits once the evicted work releases (its grace period)
   held_back          gpupool: every in-quota waiting pod is held back by protected work
-  unseen             the team's waiting pods are all beyond the queue depth a cycle sees
+  reclaim_not_made   one fits only by evicting work the rules allow taking, not evicted yet
   since_last_cycle   the gap opened after the last cycle (a pod ended); the next one decides
-  could_start        none of the above: a start the rules allow that the cycle did not make
 
 The row with the grace at zero is the same replay in which evicted work frees its GPUs at
 once: the part of gpupool's figure that the eviction grace alone causes (static never
@@ -32,14 +33,14 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sweeplib  # noqa: E402
-from replay_wait_causes import held_back  # noqa: E402
+from replay_wait_causes import fits, held_back  # noqa: E402
 
 from scheduler.model import MILLI, State  # noqa: E402
 from scheduler.sim import replay  # noqa: E402
 
 
-def cause(r, project: str, gap: int, by_name: dict, policy: str) -> str:
-    """Why ``project`` leaves ``gap`` milli of its quota unused after this cycle."""
+def cause(r, project: str, by_name: dict, policy: str) -> str:
+    """Why ``project`` leaves quota unused while pods of its own wait, after this cycle."""
     mine = [w for w in r.snap.pending.values() if w.project == project]
     if not mine:
         return "unseen"
@@ -47,11 +48,13 @@ def cause(r, project: str, gap: int, by_name: dict, policy: str) -> str:
     in_quota = [w for w in mine if held + r.jobs[w.name].milli <= r.quota[project]]
     if not in_quota:
         return "bigger_than_gap"
-    if any(w.state == State.RELEASING for w in r.snap.workloads.values()):
+    if any(fits(r, w, by_name, lambda v: True) for w in in_quota):
+        return "could_start"
+    if any(fits(r, w, by_name, lambda v: v.state == State.RUNNING) for w in in_quota):
         return "reclaim_in_flight"
     if policy == "gpupool" and all(held_back(r, w, by_name) for w in in_quota):
         return "held_back"
-    return "could_start"
+    return "reclaim_not_made"
 
 
 def split(nodes: list, pods: list, scn, policy: str) -> dict:
@@ -68,7 +71,7 @@ def split(nodes: list, pods: list, scn, policy: str) -> dict:
         for p, q in self.quota.items():
             gap = min(q - self.meter.held[p], self.pend_all[p])
             if gap > 0:
-                last[p] = cause(self, p, gap, by_name, policy)
+                last[p] = cause(self, p, by_name, policy)
 
     def advance(self, t):
         dt = min(t, self.window_end) - self.t

@@ -47,15 +47,15 @@ def protected(v: Workload, w: Workload, over_quota: bool) -> bool:
     return not over_quota
 
 
-def held_back(r, w: Workload, nodes: dict) -> bool:
-    """Could no node hold ``w`` even with every workload gone that the guarantee lets go?"""
-    snap, held, quota = r.snap, r.meter.held, r.quota
+def fits(r, w: Workload, nodes: dict, keeps) -> bool:
+    """Could a node hold ``w`` (its GPUs, CPUs and memory) with only the holders that
+    ``keeps(v)`` says stay (running or releasing workloads)?"""
     d = w.demand
-    # Per node: per GPU the milli, and the CPU and memory, that protected work keeps.
+    # Per node: per GPU the milli, and the CPU and memory, that the kept work holds.
     keep_gpu: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     keep_res: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for v in snap.workloads.values():
-        if v.state != State.RUNNING or not protected(v, w, held[v.project] > quota[v.project]):
+    for v in r.snap.workloads.values():
+        if v.state not in (State.RUNNING, State.RELEASING) or not keeps(v):
             continue
         for p in v.placement:
             for g in p.gpu_indices:
@@ -67,8 +67,16 @@ def held_back(r, w: Workload, nodes: dict) -> bool:
             continue
         room = sum(1 for g in node.gpus if keep_gpu[name][g.index] + d.milli_on(g.memory_mib) <= MILLI)
         if room >= max(1, d.gpus):
-            return False
-    return True
+            return True
+    return False
+
+
+def held_back(r, w: Workload, nodes: dict) -> bool:
+    """Could no node hold ``w`` even with every workload gone that the guarantee lets go
+    (and every evicted one released)?"""
+    held, quota = r.meter.held, r.quota
+    return not fits(r, w, nodes, lambda v: v.state == State.RUNNING
+                    and protected(v, w, held[v.project] > quota[v.project]))
 
 
 def watch(nodes: list, pods: list, scn, team: str | None = None) -> dict:
