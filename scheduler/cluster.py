@@ -169,10 +169,12 @@ class ClusterArrays:
         asks the same few questions thousands of times with a node or two changed between."""
         return self._eligible(pool, models, demand).copy()
 
-    def eligible_view(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> np.ndarray:
+    def eligible_view(self, pool: str | None, models: tuple[str, ...], demand: PodDemand,
+                      off_scarce: bool = False) -> np.ndarray:
         """``eligible``'s mask as kept, read-only, without a copy: valid until the next
-        take/give. A placement policy may keep results for it (``kept_in_step``)."""
-        return self._eligible(pool, models, demand)
+        take/give. A placement policy may keep results for it (``kept_in_step``).
+        ``off_scarce``: without the pool's ``scarce`` nodes."""
+        return self._eligible(pool, models, demand, off_scarce)
 
     def kept_in_step(self, mask: np.ndarray) -> bool:
         """Whether ``mask`` is a kept ``eligible_view`` mask, up to date with ``changed``:
@@ -187,14 +189,15 @@ class ClusterArrays:
         """Whether any node's pool, GPU model, CPU and memory allow one pod of ``demand``."""
         return bool(self._eligible(pool, models, demand).any())
 
-    def _eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> np.ndarray:
+    def _eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand,
+                  off_scarce: bool = False) -> np.ndarray:
         """The kept mask for ``eligible``, up to date (not to be changed by the caller)."""
         cpu, mem = demand.cpu_milli, demand.memory_mib
-        key = (pool, models, demand.gpu_count, cpu, mem)
+        key = (pool, models, demand.gpu_count, cpu, mem, off_scarce)
         entry = self._masks.get(key)
         log = self.changed
         if entry is None or entry[1] is not log or len(log) - entry[2] > MASK_ROWS_BY_HAND:
-            static = self._static(pool, models, demand.gpu_count)
+            static = self._static(pool, models, demand.gpu_count, off_scarce)
             rows = static & (self.cpu_free >= cpu) & (self.mem_free >= mem)
             mask = rows.view()
             mask.flags.writeable = False  # changed only here, through ``rows``, in step with the log
@@ -223,9 +226,34 @@ class ClusterArrays:
         static = self._static(pool, models, demand.gpu_count)
         return static & (self.cpu_total >= demand.cpu_milli) & (self.mem_total >= demand.memory_mib)
 
-    def _static(self, pool: str | None, models: tuple[str, ...], gpu_count: int) -> np.ndarray:
-        """Nodes whose pool, GPU model and GPU count allow a pod; these never change within
-        a lineage, so the mask is kept there."""
+    def scarce(self, pool: str | None) -> np.ndarray:
+        """Nodes of ``pool`` that alone can hold its biggest pods: those of the biggest node
+        shape (the most GPUs, and of those the most CPUs and the most memory), when the pool
+        has other GPU nodes (else none): a pod asking for more GPUs, CPUs or memory than the
+        others have can only go there. Kept per lineage, as ``_static``."""
+        key = ("scarce", pool)
+        out = self.lineage.static.get(key)
+        if out is None:
+            inside = self._static(pool, (), 0) & (self.gpu_count > 0)
+            out = np.zeros(len(self.names), dtype=bool)
+            if inside.any():
+                most = inside & (self.gpu_count == self.gpu_count[inside].max())
+                top = most & (self.cpu_total == self.cpu_total[most].max()) & (self.mem_total == self.mem_total[most].max())
+                if top.sum() < inside.sum():
+                    out = top
+            self.lineage.static[key] = out
+        return out
+
+    def _static(self, pool: str | None, models: tuple[str, ...], gpu_count: int,
+                off_scarce: bool = False) -> np.ndarray:
+        """Nodes whose pool, GPU model and GPU count allow a pod (``off_scarce``: less the
+        pool's scarce nodes); these never change within a lineage, so the mask is kept there."""
+        if off_scarce:
+            key_off = ("off_scarce", pool, models, gpu_count)
+            static = self.lineage.static.get(key_off)
+            if static is None:
+                static = self.lineage.static[key_off] = self._static(pool, models, gpu_count) & ~self.scarce(pool)
+            return static
         key = (pool, models, gpu_count)
         static = self.lineage.static.get(key)
         if static is None:

@@ -237,8 +237,11 @@ class Cycle:
         """Over-quota GPU-seconds the project got above (> 0) or below its share lately."""
         return self.snap.over_quota_lag.get((project, pool), 0.0)
 
-    def place(self, w: Workload, pool: str) -> list[Choice] | None:
-        """Place the whole gang in ``pool`` (taking its capacity), or nothing."""
+    def place(self, w: Workload, pool: str, protected: bool = False) -> list[Choice] | None:
+        """Place the whole gang in ``pool`` (taking its capacity), or nothing. ``protected``
+        work (placed in quota, or not preemptible: what reclaim for another project may not
+        take) goes to the pool's scarce nodes (``ClusterArrays.scarce``) only where no other
+        node can take it, so what runs there stays reclaimable for the pods only they hold."""
         shape = self.shape_of.get(w.name)
         if shape is None:  # worked out once per workload and cycle
             shape = self.shape_of[w.name] = self._shape(w)
@@ -254,6 +257,11 @@ class Cycle:
             return None
         a = self.work.arrays
         if w.pods == 1 and topo is None:  # the common case: one try, nothing to undo
+            if protected and w.demand.gpu_count and a.scarce(pool).any():
+                c = self.policy.place(a, a.eligible_view(pool, w.gpu_models, w.demand, off_scarce=True), w.demand)
+                if c is not None:
+                    self.work.take(w, [c])
+                    return [c]
             c = self.policy.place(a, a.eligible_view(pool, w.gpu_models, w.demand), w.demand)
             if c is not None:
                 self.work.take(w, [c])
@@ -312,7 +320,7 @@ class Cycle:
             if not allow(pool, v):
                 why = why or v.reason
                 continue
-            choices = self.place(w, pool)
+            choices = self.place(w, pool, protected=not (v.over_quota and w.is_preemptible))
             if choices is not None:
                 self.bind(w, choices, v.over_quota)
                 return True
