@@ -241,7 +241,8 @@ class Cycle:
         """Place the whole gang in ``pool`` (taking its capacity), or nothing. ``protected``
         work (placed in quota, or not preemptible: what reclaim for another project may not
         take) goes to the pool's scarce nodes (``ClusterArrays.scarce``) only where no other
-        node can take it, so what runs there stays reclaimable for the pods only they hold."""
+        node can take it, so what runs there stays reclaimable for the pods only they hold
+        (single pods; a gang is placed as before)."""
         shape = self.shape_of.get(w.name)
         if shape is None:  # worked out once per workload and cycle
             shape = self.shape_of[w.name] = self._shape(w)
