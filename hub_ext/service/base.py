@@ -1,8 +1,9 @@
 """Base handlers of the gpupool service: HubOAuth login, scopes, JSON errors.
 
 Errors map to HTTP: FieldError -> 400, NotFound -> 404, Conflict -> 409, a missing
-scope -> 403, a row another process removed while the request changed it -> 404, a method the path does not take -> 405 (with ``Allow``), a body over
-``max_body_size`` -> 413; every error body is ``{"error": {"status", "field", "message"}}``.
+scope -> 403, a row another process removed while the request changed it -> 404, a method
+the path does not take -> 405 (with ``Allow``), a body over ``max_body_size`` -> 413; every
+error body is ``{"error": {"status", "field", "message"}}``.
 """
 
 from __future__ import annotations

@@ -240,7 +240,9 @@ class MakeRoom:
             elif w.demand.gpu_count:  # a fraction: one GPU at a time
                 slots = sorted({j for x in here for c in x[2] if c.node == node for j in c.gpus})
                 tries += [[x for x in here if any(c.node == node and j in c.gpus for c in x[2])] for j in slots]
-            for candidates in tries:
+            for i, candidates in enumerate(tries):
+                if candidates in tries[:i]:
+                    continue  # walked already: the same candidates give the same answer
                 chosen = self._take_on_node(w, node, pool, candidates, best)
                 if chosen is not None:
                     best = chosen
