@@ -11,6 +11,11 @@ even with every unprotected workload gone; time is held back while every pod the
 sees waiting is. In that time nothing the rules allow would start anything, so allocation
 is what the offered load makes it.
 
+The ceilings (``..._ceiling_pct``) read the same times as if every pod then waiting had
+started at once (what is allocated plus what waits, at most every GPU): no schedule of those
+moments allocates more. Where a ceiling is below the goal's 85%, the goal cannot be met
+there by any rule, only by more work waiting.
+
 The replay is the shipped one (``replay.replay``, gpupool); this script only watches it.
 
 With ``--team``, the same split for one team's waiting work that may go over quota, while
@@ -83,8 +88,11 @@ def watch(nodes: list, pods: list, scn, team: str | None = None) -> dict:
     """The split for all waiting work; with ``team``, for that team's waiting work that may
     go over quota, while the team wants over-quota GPUs (the times the Jain index counts)."""
     by_name = {n.name: n for n in nodes}
-    state = {"held_back": False, "waits": False}
-    sums = {"wait_s": 0.0, "held_back_s": 0.0, "busy_wait": 0.0, "busy_held_back": 0.0}
+    cap = sum(len(n.gpus) for n in nodes) * MILLI
+    gpu_mem = max((g.memory_mib for n in nodes for g in n.gpus), default=1)
+    state = {"held_back": False, "waits": False, "asked": 0}
+    sums = {"wait_s": 0.0, "held_back_s": 0.0, "busy_wait": 0.0, "busy_held_back": 0.0,
+            "ceiling_wait": 0.0, "ceiling_held_back": 0.0}
     orig_after, orig_advance = replay._Replay._after_cycle, replay.Meter.advance
 
     def after(self, t):
@@ -94,6 +102,10 @@ def watch(nodes: list, pods: list, scn, team: str | None = None) -> dict:
             wants = self.meter.held[team] + self.pend_over[team] > self.quota[team]
             waiting = [w for w in waiting if wants and w.project == team and w.may_go_over_quota]
         state["waits"] = bool(waiting)
+        # The ceiling counts all queued work, also what waits beyond the queue depth the
+        # scheduler sees (the goal's "work waits" counts it too).
+        asked = waiting + list(self.queues.waiting.values()) if team is None else waiting
+        state["asked"] = sum(w.gpu_milli_estimate(gpu_mem) for w in asked)
         state["held_back"] = bool(waiting) and all(held_back(self, w, by_name) for w in waiting)
 
     def advance(self, t):
@@ -101,14 +113,16 @@ def watch(nodes: list, pods: list, scn, team: str | None = None) -> dict:
         if (self.pending_seen if team is None else state["waits"]) and dt > 0:
             sums["wait_s"] += dt
             sums["busy_wait"] += self.held_total * dt
+            ceiling = min(cap, self.held_total + state["asked"]) * dt
+            sums["ceiling_wait"] += ceiling
             if state["held_back"]:
                 sums["held_back_s"] += dt
                 sums["busy_held_back"] += self.held_total * dt
+                sums["ceiling_held_back"] += ceiling
         orig_advance(self, t)
 
     with mock.patch.object(replay._Replay, "_after_cycle", after), mock.patch.object(replay.Meter, "advance", advance):
         res = replay.replay(nodes, pods, scn, "gpupool")
-    cap = sum(len(n.gpus) for n in nodes) * MILLI
     other_s = sums["wait_s"] - sums["held_back_s"]
 
     def pct(busy: float, s: float) -> float | None:
@@ -122,6 +136,8 @@ def watch(nodes: list, pods: list, scn, team: str | None = None) -> dict:
         "held_back_share": round(sums["held_back_s"] / sums["wait_s"], 3) if sums["wait_s"] else None,
         "allocation_while_held_back_pct": pct(sums["busy_held_back"], sums["held_back_s"]),
         "allocation_while_other_work_waits_pct": pct(sums["busy_wait"] - sums["busy_held_back"], other_s),
+        "allocation_ceiling_while_work_waits_pct": pct(sums["ceiling_wait"], sums["wait_s"]),
+        "allocation_ceiling_while_held_back_pct": pct(sums["ceiling_held_back"], sums["held_back_s"]),
     }
 
 

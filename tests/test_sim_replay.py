@@ -895,6 +895,10 @@ def test_wait_causes_split_the_replays_own_allocation_while_work_waits():
     parts = [(out["held_back_share"], out["allocation_while_held_back_pct"]),
              (1 - out["held_back_share"], out["allocation_while_other_work_waits_pct"])]
     assert sum(s * (a or 0) for s, a in parts) == pytest.approx(total, abs=0.02)
+    # The ceilings: what is allocated plus what waits, at most every GPU; never below what
+    # was allocated, and above it where work waited that was not started.
+    assert total < out["allocation_ceiling_while_work_waits_pct"] <= 100
+    assert out["allocation_while_held_back_pct"] <= out["allocation_ceiling_while_held_back_pct"] <= 100
     # One team's over-quota waiting: part of the time work waits.
     busy = causes.watch(nodes(n=2), synthetic(200, seed=4), scn, team="busy")
     assert busy["team"] == "busy" and 0 < busy["waiting_s"] <= out["waiting_s"]
