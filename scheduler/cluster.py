@@ -244,6 +244,14 @@ class ClusterArrays:
             self.lineage.static[key] = out
         return out
 
+    def has_scarce(self, pool: str | None) -> bool:
+        """Whether ``pool`` has ``scarce`` nodes (asked at every placement; kept as ``scarce``)."""
+        key = ("has scarce", pool)
+        out = self.lineage.static.get(key)
+        if out is None:
+            out = self.lineage.static[key] = bool(self.scarce(pool).any())
+        return out
+
     def _static(self, pool: str | None, models: tuple[str, ...], gpu_count: int,
                 off_scarce: bool = False) -> np.ndarray:
         """Nodes whose pool, GPU model and GPU count allow a pod (``off_scarce``: less the

@@ -258,7 +258,7 @@ class Cycle:
             return None
         a = self.work.arrays
         if w.pods == 1 and topo is None:  # the common case: one try, nothing to undo
-            if protected and w.demand.gpu_count and a.scarce(pool).any():
+            if protected and w.demand.gpu_count and a.has_scarce(pool):
                 c = self.policy.place(a, a.eligible_view(pool, w.gpu_models, w.demand, off_scarce=True), w.demand)
                 if c is not None:
                     self.work.take(w, [c])

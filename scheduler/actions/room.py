@@ -20,20 +20,32 @@ class RoomWithout:
 
     def __init__(self, arrays: ClusterArrays, gone: Iterable[tuple[Workload, list[Choice]]]):
         self.arrays = arrays
-        # Per pod of the work gone: its placement, its workload's position, its demand.
-        pods = [(c, i, v.demand) for i, (v, choices) in enumerate(gone) for c in choices]
-        pod_node = [c.node for c, _, _ in pods]
-        pod_of = [i for _, i, _ in pods]
-        cpu = [d.cpu_milli for _, _, d in pods]
-        mem = [d.memory_mib for _, _, d in pods]
-        # Per GPU slot it holds: node, slot, milli.
-        slot_node = [c.node for c, _, _ in pods for _ in c.gpus]
-        slot = [j for c, _, _ in pods for j in c.gpus]
-        milli = [c.milli for c, _, _ in pods for _ in c.gpus]
+        # Per pod of the work gone: node, its workload's position, CPU, memory; per GPU slot
+        # it holds: node, slot, milli. One pass (make-room builds these of a thousand victims).
+        pod_node: list[int] = []
+        pod_of: list[int] = []
+        cpu: list[int] = []
+        mem: list[int] = []
+        slot_node: list[int] = []
+        slot: list[int] = []
+        milli: list[int] = []
+        for i, (v, choices) in enumerate(gone):
+            d = v.demand
+            for c in choices:
+                node, gpus = c.node, c.gpus
+                pod_node.append(node)
+                pod_of.append(i)
+                cpu.append(d.cpu_milli)
+                mem.append(d.memory_mib)
+                if gpus:
+                    k = len(gpus)
+                    slot_node += [node] * k
+                    slot += gpus
+                    milli += [c.milli] * k
         width = arrays.gpu_free.shape[1]
         self.pod_node = np.array(pod_node, dtype=np.int64)
         self.pod_of = np.array(pod_of, dtype=np.int64)
-        self.nodes = np.unique(self.pod_node)
+        self.nodes = _unique(self.pod_node)
         k = len(self.nodes)
         at = np.searchsorted(self.nodes, self.pod_node)
         self.cpu = arrays.cpu_free[self.nodes] + _sums(at, cpu, k)
@@ -63,3 +75,15 @@ def _sums(at: np.ndarray, values: list[int], n: int) -> np.ndarray:
     if not values:
         return np.zeros(n, dtype=np.int64)
     return np.bincount(at, np.array(values, dtype=np.int64), minlength=n).astype(np.int64)
+
+
+def _unique(a: np.ndarray) -> np.ndarray:
+    """``np.unique`` of a 1-D integer array, without its per-call check for masked arrays
+    (which imports ``numpy.ma`` on first use: 20 ms in a scheduler's first cycle)."""
+    s = np.sort(a)
+    if len(s) < 2:
+        return s
+    keep = np.empty(len(s), dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]

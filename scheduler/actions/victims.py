@@ -356,6 +356,7 @@ class OwnRoom:
 def whole_gpu_room(room: np.ndarray, static: np.ndarray, w: Workload) -> bool:
     """Would nodes in ``static`` with ``room`` (milli per GPU slot) hold every pod of
     ``w``, counting whole GPUs only (``w`` asks for whole GPUs)?"""
-    full = (room[static] >= MILLI).view(np.uint8)
+    full = (room >= MILLI).view(np.uint8)
     whole = full @ np.ones(full.shape[1], dtype=np.uint8)  # per node: a sum, several times faster
+    whole[~static] = 0  # cheaper than selecting the rows of ``static`` first (a copy)
     return int((whole // w.demand.gpus).sum()) >= w.pods
