@@ -241,8 +241,8 @@ class Cycle:
         """Place the whole gang in ``pool`` (taking its capacity), or nothing. ``protected``
         work (placed in quota, or not preemptible: what reclaim for another project may not
         take) goes to the pool's scarce nodes (``ClusterArrays.scarce``) only where no other
-        node can take it, so what runs there stays reclaimable for the pods only they hold
-        (single pods; a gang is placed as before)."""
+        node can take it, so what runs there stays reclaimable for the pods only they hold.
+        A gang is kept off them whole, or placed as if they were like any other node."""
         shape = self.shape_of.get(w.name)
         if shape is None:  # worked out once per workload and cycle
             shape = self.shape_of[w.name] = self._shape(w)
@@ -270,22 +270,26 @@ class Cycle:
             self.failed[key] = epoch
             self.no_room.add(group, size)
             return None
-        for domain in self._domains(topo, pool):
-            with self.work.trial() as gang:  # a gang is placed whole or not at all
-                choices: list[Choice] = []
-                for _ in range(w.pods):
-                    if domain is None:  # the kept mask, as for a single pod
-                        mask = a.eligible_view(pool, w.gpu_models, w.demand)
-                    else:
-                        mask = a.eligible(pool, w.gpu_models, w.demand) & domain
-                    c = self.policy.place(a, mask, w.demand)
-                    if c is None:
-                        break
-                    self.work.take(w, [c])
-                    choices.append(c)
-                if len(choices) == w.pods:
-                    gang.keep()
-                    return choices
+        off = (True, False) if protected and w.demand.gpu_count and a.has_scarce(pool) else (False,)
+        for off_scarce in off:
+            for domain in self._domains(topo, pool):
+                with self.work.trial() as gang:  # a gang is placed whole or not at all
+                    choices: list[Choice] = []
+                    for _ in range(w.pods):
+                        if domain is None:  # the kept mask, as for a single pod
+                            mask = a.eligible_view(pool, w.gpu_models, w.demand, off_scarce)
+                        else:
+                            mask = a.eligible(pool, w.gpu_models, w.demand) & domain
+                            if off_scarce:
+                                mask &= ~a.scarce(pool)
+                        c = self.policy.place(a, mask, w.demand)
+                        if c is None:
+                            break
+                        self.work.take(w, [c])
+                        choices.append(c)
+                    if len(choices) == w.pods:
+                        gang.keep()
+                        return choices
         self.failed[key] = self.work.epoch
         self.no_room.add(group, size)
         return None

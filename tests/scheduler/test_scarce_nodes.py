@@ -86,3 +86,24 @@ def test_a_pod_only_the_scarce_node_holds_starts_after_one_reclaim():
     apply(snap, d)
     d = decide(snap)
     assert _node_of(d, "b8") == "big"
+
+
+def _nodes_of(d, name):
+    return sorted(p.node for b in d.binds if b.workload == name for p in b.pods)
+
+
+def test_an_in_quota_gang_keeps_off_the_scarce_node_whole():
+    # Packing alone puts one of the two pods on big's last free GPU.
+    d = decide(_busy([make_workload("ag").project("a").gpus(1).cpu(8000).pods(2).submitted(10).obj()]))
+    assert _nodes_of(d, "ag") == ["n1", "n1"]
+
+
+def test_an_in_quota_gang_takes_the_scarce_node_when_only_with_it_it_fits():
+    # Five pods of one GPU: n1 has four free, big one.
+    d = decide(_busy([make_workload("ag").project("a").gpus(1).cpu(8000).pods(5).submitted(10).obj()]))
+    assert _nodes_of(d, "ag") == ["big", "n1", "n1", "n1", "n1"]
+
+
+def test_an_over_quota_gang_may_fill_the_scarce_node():
+    d = decide(_busy([make_workload("cg").project("c").gpus(1).cpu(8000).pods(2).submitted(10).obj()]))
+    assert "big" in _nodes_of(d, "cg")
