@@ -84,6 +84,10 @@ class _Requests(_Base):
         with self.Session() as s:
             t = self._get(s, name)
             self.require("manage_workload", project=t.project, owner=t.owner)
+            if t.request == "delete" and what != "delete":
+                # The delete stands: a later request would take its place in the one slot
+                # the runner reads, and the job the owner deleted would stay.
+                raise org.Conflict("status", f"cannot {what} a job that is being deleted")
             if what == "suspend" and t.status in ("Succeeded", "Failed", "Suspended"):
                 raise org.Conflict("status", f"cannot suspend a job that is {t.status}")
             if what == "resume" and t.status != "Suspended":

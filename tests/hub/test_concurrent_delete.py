@@ -77,3 +77,42 @@ def test_a_training_removed_while_a_request_changes_it_is_never_a_500(tmp_path, 
     if code == 404:
         assert "removed by another request" in json.loads(r.body)["error"]["message"]
     assert after.code == 404  # the runner's delete stands
+
+
+def test_a_suspend_or_resume_after_a_delete_is_a_409_and_the_delete_stands(tmp_path):
+    """One request slot per job, read by the runner: a suspend that came after the delete
+    and before the runner took it would replace the delete, and the deleted job would stay
+    (Suspended). Refused instead; a second delete is accepted again."""
+    db = f"sqlite:///{tmp_path / 'gpupool.sqlite'}"
+    Session = make_sessionmaker(db)
+    with Session() as s:
+        org.create_department(s, {"name": "lab", "gpus": 1})
+        org.create_project(s, {"name": "nlp", "department": "lab", "members": ["admin"]})
+        s.commit()
+    cfg = Gpupool(state_dir=str(tmp_path / "state"), db_url=db)
+    app = make_app(cfg, PREFIX, Session, user_for_tests={"name": "admin", "scopes": [ADMIN_SCOPE]})
+
+    async def run():
+        socks = bind_sockets(0, "127.0.0.1")
+        server = HTTPServer(app)
+        server.add_sockets(socks)
+        url = f"http://127.0.0.1:{socks[0].getsockname()[1]}{PREFIX}api/v1/trainings"
+        http = AsyncHTTPClient()
+        codes = []
+        try:
+            made = await http.fetch(url, method="POST", raise_error=False, body=json.dumps(
+                {"name": "job", "project": "nlp", "command": ["true"], "gpu": 0}))
+            assert made.code == 201, made.body
+            for method, path in (("DELETE", ""), ("POST", "/suspend"), ("POST", "/resume"), ("DELETE", "")):
+                r = await http.fetch(f"{url}/job{path}", method=method, raise_error=False,
+                                     body=b"" if method == "POST" else None)
+                codes.append((r.code, json.loads(r.body)["error"]["message"] if r.code >= 400 else ""))
+        finally:
+            server.stop()
+        return codes
+
+    codes = asyncio.run(run())
+    assert [c for c, _ in codes] == [202, 409, 409, 202]
+    assert "cannot suspend a job that is being deleted" in codes[1][1]
+    with Session() as s:
+        assert s.get(TrainingRow, "job").request == "delete"
