@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -35,15 +36,33 @@ def account(user: str) -> str:
 
 
 def free_ports(n: int) -> list[int]:
+    """``n`` free ports below the kernel's ephemeral range. A port the kernel hands out for
+    port 0 comes from that range, and between choosing it and the hub binding it, any
+    outgoing connection (the proxy polling the hub that is not up yet) may take it as its
+    own source port: the hub then fails with "Address already in use"."""
+    low = _ephemeral_low()
     socks, ports = [], []
-    for _ in range(n):
+    rnd = random.Random()
+    while len(ports) < n:
+        port = rnd.randrange(max(1024, low - 12_000), low)
         s = socket.socket()
-        s.bind(("127.0.0.1", 0))
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            s.close()
+            continue
         socks.append(s)
-        ports.append(s.getsockname()[1])
+        ports.append(port)
     for s in socks:
         s.close()
     return ports
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 class Hub:
