@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import urllib.error
 import urllib.parse
@@ -63,6 +64,11 @@ def cmd_up(args) -> int:
         if not config.exists():
             sys.exit(f"gpupool: --config: no such file {config}")
         env["GPUPOOL_CONFIG"] = str(config)
+        exposed = exposed_secrets(config)
+        if exposed:
+            print(f"gpupool: warning: {config} sets {', '.join(exposed)} and other accounts can read it "
+                  f"(mode {config.stat().st_mode & 0o777:04o}), every user's workload among them: "
+                  f"chmod 600 it (the hub reads it as root)", file=sys.stderr, flush=True)
     env["PATH"] = os.pathsep.join([str(ROOT / ".tools" / "bin"), str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     hub = Path(sys.executable).parent / "jupyterhub"
@@ -74,6 +80,19 @@ def cmd_up(args) -> int:
         env["GPUPOOL_PORT"] = str(args.port)
     os.execve(argv[0], argv, env)
     return 0
+
+
+SECRET_OPTIONS = ("admin_password", "user_password", "oidc_client_secret")
+
+
+def exposed_secrets(config: Path) -> list[str]:
+    """The secret options ``config`` sets (outside comments) while accounts other than its
+    owner may read it: in embedded mode workloads run as those accounts."""
+    if not config.stat().st_mode & 0o044:
+        return []
+    text = config.read_text(errors="replace")
+    return [name for name in SECRET_OPTIONS
+            if re.search(rf"^[ \t]*c\.Gpupool\.{name}[ \t]*=", text, re.MULTILINE)]
 
 
 def option_rows() -> list[tuple[str, str, str, str]]:
