@@ -28,13 +28,9 @@ from hub_ext.training.db import TrainingRow
 PREFIX = "/services/gpupool/"
 
 
-@pytest.mark.parametrize("method,path,code", [
-    ("DELETE", "trainings/job", 404),
-    ("POST", "trainings/job/suspend", 404),
-    ("DELETE", "workloads/job", 204),
-])
-def test_a_training_removed_while_a_request_changes_it_is_never_a_500(tmp_path, monkeypatch,
-                                                                       method, path, code):
+def _service(tmp_path):
+    """The service's real tornado application on a fresh database with one project, nlp,
+    and a test login as a platform admin; and its sessions."""
     db = f"sqlite:///{tmp_path / 'gpupool.sqlite'}"
     Session = make_sessionmaker(db)
     with Session() as s:
@@ -43,6 +39,17 @@ def test_a_training_removed_while_a_request_changes_it_is_never_a_500(tmp_path, 
         s.commit()
     cfg = Gpupool(state_dir=str(tmp_path / "state"), db_url=db)
     app = make_app(cfg, PREFIX, Session, user_for_tests={"name": "admin", "scopes": [ADMIN_SCOPE]})
+    return Session, app
+
+
+@pytest.mark.parametrize("method,path,code", [
+    ("DELETE", "trainings/job", 404),
+    ("POST", "trainings/job/suspend", 404),
+    ("DELETE", "workloads/job", 204),
+])
+def test_a_training_removed_while_a_request_changes_it_is_never_a_500(tmp_path, monkeypatch,
+                                                                       method, path, code):
+    Session, app = _service(tmp_path)
     checked = base.BaseHandler.require
 
     def require(self, action, *args, **kwargs):
@@ -83,14 +90,7 @@ def test_a_suspend_or_resume_after_a_delete_is_a_409_and_the_delete_stands(tmp_p
     """One request slot per job, read by the runner: a suspend that came after the delete
     and before the runner took it would replace the delete, and the deleted job would stay
     (Suspended). Refused instead; a second delete is accepted again."""
-    db = f"sqlite:///{tmp_path / 'gpupool.sqlite'}"
-    Session = make_sessionmaker(db)
-    with Session() as s:
-        org.create_department(s, {"name": "lab", "gpus": 1})
-        org.create_project(s, {"name": "nlp", "department": "lab", "members": ["admin"]})
-        s.commit()
-    cfg = Gpupool(state_dir=str(tmp_path / "state"), db_url=db)
-    app = make_app(cfg, PREFIX, Session, user_for_tests={"name": "admin", "scopes": [ADMIN_SCOPE]})
+    Session, app = _service(tmp_path)
 
     async def run():
         socks = bind_sockets(0, "127.0.0.1")
