@@ -257,21 +257,18 @@ class Cycle:
         elif self.no_room.covers(group, size):
             return None
         a = self.work.arrays
-        if w.pods == 1 and topo is None:  # the common case: one try, nothing to undo
-            if protected and w.demand.gpu_count and a.has_scarce(pool):
-                c = self.policy.place(a, a.eligible_view(pool, w.gpu_models, w.demand, off_scarce=True), w.demand)
+        # Off the scarce nodes first, then anywhere (the one rule for pods and gangs alike).
+        tries = (True, False) if protected and w.demand.gpu_count and a.has_scarce(pool) else (False,)
+        if w.pods == 1 and topo is None:  # the common case: nothing to undo
+            for off_scarce in tries:
+                c = self.policy.place(a, a.eligible_view(pool, w.gpu_models, w.demand, off_scarce), w.demand)
                 if c is not None:
                     self.work.take(w, [c])
                     return [c]
-            c = self.policy.place(a, a.eligible_view(pool, w.gpu_models, w.demand), w.demand)
-            if c is not None:
-                self.work.take(w, [c])
-                return [c]
             self.failed[key] = epoch
             self.no_room.add(group, size)
             return None
-        off = (True, False) if protected and w.demand.gpu_count and a.has_scarce(pool) else (False,)
-        for off_scarce in off:
+        for off_scarce in tries:
             for domain in self._domains(topo, pool):
                 with self.work.trial() as gang:  # a gang is placed whole or not at all
                     choices: list[Choice] = []
