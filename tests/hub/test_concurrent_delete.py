@@ -13,8 +13,6 @@ import json
 import pytest
 from sqlalchemy import delete
 from tornado.httpclient import AsyncHTTPClient
-from tornado.httpserver import HTTPServer
-from tornado.netutil import bind_sockets
 
 from hub_ext import org
 from hub_ext.config import Gpupool
@@ -24,6 +22,7 @@ from hub_ext.schema import make_sessionmaker
 from hub_ext.service import base
 from hub_ext.service.app import make_app
 from hub_ext.training.db import TrainingRow
+from tests.served import served
 
 PREFIX = "/services/gpupool/"
 
@@ -61,12 +60,9 @@ def test_a_training_removed_while_a_request_changes_it_is_never_a_500(tmp_path, 
                 runner.commit()
 
     async def run():
-        socks = bind_sockets(0, "127.0.0.1")
-        server = HTTPServer(app)
-        server.add_sockets(socks)
-        url = f"http://127.0.0.1:{socks[0].getsockname()[1]}{PREFIX}api/v1/"
         http = AsyncHTTPClient()
-        try:
+        async with served(app) as root:
+            url = f"{root}{PREFIX}api/v1/"
             made = await http.fetch(url + "trainings", method="POST", raise_error=False, body=json.dumps(
                 {"name": "job", "project": "nlp", "command": ["true"], "gpu": 0}))
             assert made.code == 201, made.body
@@ -75,8 +71,6 @@ def test_a_training_removed_while_a_request_changes_it_is_never_a_500(tmp_path, 
                                  allow_nonstandard_methods=True, body=b"" if method == "POST" else None,
                                  headers={"Content-Type": "multipart/form-data"})
             after = await http.fetch(url + "trainings/job", raise_error=False)
-        finally:
-            server.stop()
         return r, after
 
     r, after = asyncio.run(run())
@@ -93,13 +87,10 @@ def test_a_suspend_or_resume_after_a_delete_is_a_409_and_the_delete_stands(tmp_p
     Session, app = _service(tmp_path)
 
     async def run():
-        socks = bind_sockets(0, "127.0.0.1")
-        server = HTTPServer(app)
-        server.add_sockets(socks)
-        url = f"http://127.0.0.1:{socks[0].getsockname()[1]}{PREFIX}api/v1/trainings"
         http = AsyncHTTPClient()
         codes = []
-        try:
+        async with served(app) as root:
+            url = f"{root}{PREFIX}api/v1/trainings"
             made = await http.fetch(url, method="POST", raise_error=False, body=json.dumps(
                 {"name": "job", "project": "nlp", "command": ["true"], "gpu": 0}))
             assert made.code == 201, made.body
@@ -107,8 +98,6 @@ def test_a_suspend_or_resume_after_a_delete_is_a_409_and_the_delete_stands(tmp_p
                 r = await http.fetch(f"{url}/job{path}", method=method, raise_error=False,
                                      body=b"" if method == "POST" else None)
                 codes.append((r.code, json.loads(r.body)["error"]["message"] if r.code >= 400 else ""))
-        finally:
-            server.stop()
         return codes
 
     codes = asyncio.run(run())

@@ -10,14 +10,13 @@ import json
 import sqlite3
 
 from tornado.httpclient import AsyncHTTPClient
-from tornado.httpserver import HTTPServer
-from tornado.netutil import bind_sockets
 
 from hub_ext import org
 from hub_ext.config import Gpupool
 from hub_ext.roles import ADMIN_SCOPE
 from hub_ext.schema import make_sessionmaker
 from hub_ext.service.app import make_app
+from tests.served import served
 
 PREFIX = "/services/gpupool/"
 MEMBERS = [f"user{i:04d}" for i in range(5000)]
@@ -34,28 +33,25 @@ def test_a_project_write_waiting_for_the_database_blocks_no_other_request(tmp_pa
     app = make_app(cfg, PREFIX, Session, user_for_tests={"name": "admin", "scopes": [ADMIN_SCOPE]})
 
     async def run():
-        socks = bind_sockets(0, "127.0.0.1")
-        server = HTTPServer(app)
-        server.add_sockets(socks)
-        url = f"http://127.0.0.1:{socks[0].getsockname()[1]}{PREFIX}api/v1"
         http = AsyncHTTPClient()
-        holder = sqlite3.connect(db, isolation_level=None)
-        holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock
-        try:
-            patch = asyncio.ensure_future(http.fetch(
-                url + "/projects/big", method="PATCH", body=json.dumps({"members": MEMBERS}),
-                raise_error=False, request_timeout=60))
-            while not app.settings.get("_patch_started"):  # until the write is under way
-                if patch.done():
-                    break
-                await asyncio.sleep(0.05)
-            me = await http.fetch(url + "/me", raise_error=False, request_timeout=20)
-            waiting = not patch.done()
-        finally:
-            holder.execute("ROLLBACK")
-            holder.close()
-        done = await patch
-        server.stop()
+        async with served(app) as root:
+            url = f"{root}{PREFIX}api/v1"
+            holder = sqlite3.connect(db, isolation_level=None)
+            holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+            try:
+                patch = asyncio.ensure_future(http.fetch(
+                    url + "/projects/big", method="PATCH", body=json.dumps({"members": MEMBERS}),
+                    raise_error=False, request_timeout=60))
+                while not app.settings.get("_patch_started"):  # until the write is under way
+                    if patch.done():
+                        break
+                    await asyncio.sleep(0.05)
+                me = await http.fetch(url + "/me", raise_error=False, request_timeout=20)
+                waiting = not patch.done()
+            finally:
+                holder.execute("ROLLBACK")
+                holder.close()
+            done = await patch
         return me, waiting, done
 
     started = org.update_project

@@ -6,11 +6,10 @@ import asyncio
 import json
 
 from tornado.httpclient import AsyncHTTPClient
-from tornado.httpserver import HTTPServer
-from tornado.netutil import bind_sockets
 from tornado.web import Application
 
 from hub_ext.service.base import ApiHandler
+from tests.served import served
 
 
 class Broken(ApiHandler):
@@ -22,15 +21,8 @@ def test_unexpected_error_is_a_json_500():
     async def run():
         app = Application([("/broken", Broken)], user_for_tests={"name": "alice", "scopes": [
             "custom:gpupool:use"]})
-        socks = bind_sockets(0, "127.0.0.1")
-        server = HTTPServer(app)
-        server.add_sockets(socks)
-        try:
-            url = f"http://127.0.0.1:{socks[0].getsockname()[1]}/broken"
-            r = await AsyncHTTPClient().fetch(url, raise_error=False)
-        finally:
-            server.stop()
-        return r
+        async with served(app) as root:
+            return await AsyncHTTPClient().fetch(f"{root}/broken", raise_error=False)
 
     r = asyncio.run(run())
     assert r.code == 500

@@ -11,8 +11,6 @@ import time
 import uuid
 
 from tornado.httpclient import AsyncHTTPClient
-from tornado.httpserver import HTTPServer
-from tornado.netutil import bind_sockets
 
 from hub_ext import org
 from hub_ext.activity import MAGIC
@@ -22,6 +20,7 @@ from hub_ext.roles import ADMIN_SCOPE, USE_SCOPE
 from hub_ext.schema import make_sessionmaker
 from hub_ext.service.app import make_app
 from scheduler.embedded import region_path
+from tests.served import served
 
 PREFIX = "/services/gpupool/"
 TAG = uuid.uuid4().hex[:8]
@@ -47,15 +46,8 @@ def _setup(tmp_path):
 
 def _get(cfg, Session, user: dict, *paths: str) -> list:
     async def run():
-        app = make_app(cfg, PREFIX, Session, user_for_tests=user)
-        socks = bind_sockets(0, "127.0.0.1")
-        server = HTTPServer(app)
-        server.add_sockets(socks)
-        base = f"http://127.0.0.1:{socks[0].getsockname()[1]}{PREFIX}"
-        try:
-            return [await AsyncHTTPClient().fetch(base + p, raise_error=False) for p in paths]
-        finally:
-            server.stop()
+        async with served(make_app(cfg, PREFIX, Session, user_for_tests=user)) as root:
+            return [await AsyncHTTPClient().fetch(f"{root}{PREFIX}{p}", raise_error=False) for p in paths]
 
     return asyncio.run(run())
 
