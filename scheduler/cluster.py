@@ -29,12 +29,13 @@ MASKS_KEPT = 256
 class Lineage:
     """Shared by an array set and its copies: the stamp clock and policies' per-node caches."""
 
-    __slots__ = ("clock", "caches", "static", "__weakref__")
+    __slots__ = ("clock", "caches", "static", "could_hold", "__weakref__")
 
     def __init__(self) -> None:
         self.clock = itertools.count(1)
         self.caches: dict = {}
         self.static: dict = {}  # eligibility masks that depend only on node attributes
+        self.could_hold: dict = {}  # per pod shape too (``ClusterArrays.could_hold``): bounded
 
 
 @dataclass
@@ -222,9 +223,19 @@ class ClusterArrays:
         return mask
 
     def could_hold(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> np.ndarray:
-        """Nodes that could take one pod of ``demand`` if nothing ran on them (a fresh array)."""
-        static = self._static(pool, models, demand.gpu_count)
-        return static & (self.cpu_total >= demand.cpu_milli) & (self.mem_total >= demand.memory_mib)
+        """Nodes that could take one pod of ``demand`` if nothing ran on them (read-only).
+        Totals never change within a lineage, so the mask is kept there per pod shape."""
+        kept = self.lineage.could_hold
+        key = (pool, models, demand.gpu_count, demand.cpu_milli, demand.memory_mib)
+        out = kept.get(key)
+        if out is None:
+            static = self._static(pool, models, demand.gpu_count)
+            out = static & (self.cpu_total >= demand.cpu_milli) & (self.mem_total >= demand.memory_mib)
+            out.flags.writeable = False
+            if len(kept) >= MASKS_KEPT:  # a long-lived lineage sees many pod shapes
+                kept.clear()
+            kept[key] = out
+        return out
 
     def scarce(self, pool: str | None) -> np.ndarray:
         """Nodes of ``pool`` that alone can hold its biggest pods: those of the biggest node
