@@ -15,6 +15,7 @@ import numpy as np
 from ..cycle import Cycle
 from ..model import MILLI, Evict, EvictionCause, State, Workload
 from ..placement import Choice
+from .room import give_back
 
 # Moves per cycle, and nodes tried per waiting pod: each move restarts work, and a cycle
 # must stay short at any scale.
@@ -97,9 +98,7 @@ class Consolidate:
                     continue
                 gone[v.project] += milli
                 chosen.append(v)
-                for ch in work.choices_of(v):
-                    for g in ch.gpus:
-                        room[g] += ch.milli
+                give_back(room, node, work.choices_of(v))
             if int((room == MILLI).sum()) >= d.gpus:
                 options.append((sum(work.milli_of(v) for v in chosen), node, chosen))
         options.sort(key=lambda o: (o[0], o[1]))

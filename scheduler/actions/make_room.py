@@ -14,7 +14,7 @@ from ..cycle import Cycle, TooBig, pod_size
 from ..model import MILLI, Evict, PodDemand, Workload
 from ..placement import Choice
 from .evictions import EVICTIONS, Eviction, may_take
-from .room import RoomWithout
+from .room import RoomWithout, give_back
 from .victims import OverQuotaRoom, OwnRoom, Victims
 
 
@@ -253,13 +253,10 @@ class MakeRoom:
         """Of the candidates on ``node``, those with a GPU there that could come wholly free:
         its free milli plus what the candidates of projects above their floor hold on it."""
         usage = self.work.usage
-        could = list(self.work.arrays.gpu_free[node].tolist())
+        could = self.work.arrays.gpu_free[node].tolist()
         for v, floor, choices, _, _ in here:
             if floor is None or usage[(v.project, pool)] > floor:
-                for c in choices:
-                    if c.node == node:
-                        for j in c.gpus:
-                            could[j] += c.milli
+                give_back(could, node, choices)
         clear = {j for j, m in enumerate(could) if m >= MILLI}
         return [x for x in here if any(c.node == node and clear.intersection(c.gpus) for c in x[2])]
 
@@ -281,12 +278,9 @@ class MakeRoom:
             gone[v.project] += milli
             smallest[v.project] = least
             chosen.append((v, choices))
-            for c in choices:
-                if c.node == node:
-                    for j in c.gpus:
-                        room[0][j] += c.milli
-                    room[1] += v.demand.cpu_milli
-                    room[2] += v.demand.memory_mib
+            pods = give_back(room[0], node, choices)
+            room[1] += pods * v.demand.cpu_milli
+            room[2] += pods * v.demand.memory_mib
             if self.victims.fits_room(w, node, *room):
                 return chosen
         return None

@@ -70,6 +70,18 @@ class RoomWithout:
         return list(dict.fromkeys(self.pod_of[self.pod_node == node].tolist()))
 
 
+def give_back(gpus: list[int], node: int, choices: list[Choice]) -> int:
+    """Add to ``gpus`` (milli free per GPU slot of ``node``) what ``choices`` hold there, as
+    if that work were gone; the number of its pods there (for their CPU and memory)."""
+    pods = 0
+    for c in choices:
+        if c.node == node:
+            pods += 1
+            for j in c.gpus:
+                gpus[j] += c.milli
+    return pods
+
+
 def _sums(at: np.ndarray, values: list[int], n: int) -> np.ndarray:
     """``values`` summed per position ``at`` into ``n`` integers."""
     if not values:
