@@ -216,9 +216,14 @@ class FairShareReclaim(Eviction):
 
 
 class CatchUp(Eviction):
-    """For over-quota work of a project past its fair share of the instant but behind its
+    """For over-quota work of a project below its fair share of the instant and behind its
     share over time (``quota.may_catch_up``): the over-quota work of projects ahead of
-    theirs, furthest ahead first; a victim leaves its project at or above its quota."""
+    theirs, furthest ahead first; a victim leaves its project at or above its quota.
+
+    It comes after fair-share reclaim, for the work that does not fit the fair share and
+    for the work that does where fair-share reclaim found no room: that keeps every victim
+    at its fair share, so an indivisible piece of a project only a little above its share
+    (an 8-GPU pod 1 GPU above) is out of its reach."""
 
     cause, name, key = EvictionCause.CATCH_UP, "catch_up", "catch up"
     over_quota_only = True
@@ -227,8 +232,7 @@ class CatchUp(Eviction):
         return cfg.fair_share_reclaim
 
     def applies(self, c: Cycle, w: Workload, pool: str, v) -> bool:
-        # Where fair-share reclaim applies, it goes instead.
-        return v.allowed and v.over_quota and not c.fits_fair_share(w, pool) and bool(catch_up_from(c, w, pool))
+        return v.allowed and v.over_quota and bool(catch_up_from(c, w, pool))
 
     def group(self, c: Cycle, w: Workload, pool: str) -> object:
         return c.milli(w, pool)  # may_catch_up weighs the GPUs asked for
@@ -287,8 +291,9 @@ def catch_up_from(c: Cycle, w: Workload, pool: str) -> list[str]:
 
 # In the order of what the waiting workload is owed: its quota first (a guarantee), taking
 # victims down to their quota, and only then below it (``may_take``: work that would not fit
-# back); then its fair share of the idle GPUs now, then over time (catch up, only where it
-# is past its share now); these take back GPUs other projects borrowed. Preemption comes
+# back); then its fair share of the idle GPUs now, then over time (catch up: for a pod past
+# that share, or one within it that fair-share reclaim found no room for, since its victims
+# keep their fair share); these take back GPUs other projects borrowed. Preemption comes
 # next: it is the one way that costs the waiting workload's own team. Last, reclaim for
 # guaranteed work whose own project's preemptible work held its quota: that work gives way
 # first (preemption), other teams' borrowed GPUs only where that made no room. The two

@@ -101,7 +101,7 @@ def test_no_catch_up_unless_behind_by_a_whole_workload_and_the_victim_is_ahead(l
 def test_no_catch_up_for_a_project_that_holds_its_fair_share_now():
     # a holds 4 (quota 3, one over), b 3 + 1 over: each has its fair share of the 2
     # over-quota GPUs. a is far behind over time and waits with 1 GPU more, but at its fair
-    # share it repays no history: catch up is for pods too large for the share.
+    # share it repays no history: catch up is for a project below its share now.
     ds, ps = org(("a", 3), ("b", 3))
     ws = [
         make_workload("a-in").project("a").gpus(4).submitted(0).running(("n1", (0, 1, 2, 3), 1000)).obj(),
@@ -121,6 +121,31 @@ def test_no_catch_up_for_a_project_that_holds_its_fair_share_now():
     snap = snapshot([make_node("n1", gpus=8)], ds, ps, ws)
     snap.over_quota_lag = {("a", "default"): -5 * unit, ("b", "default"): 5 * unit}
     assert [e.workload for e in decide(snap).evictions] == ["b-over"]
+
+
+def test_a_pod_within_the_fair_share_catches_up_where_fair_share_reclaim_finds_no_room():
+    # One 4-GPU node, quotas 0: b and c each hold a 2-GPU pod over quota, a waits with 1 GPU.
+    # a's fair share is the 1 GPU it asks for, b's and c's 1.5 each: a's pod fits a's, but
+    # either 2-GPU pod taken would leave its project at 0, below its fair share, so
+    # fair-share reclaim finds no room.
+    ds, ps = org(("a", 0), ("b", 0), ("c", 0))
+    ws = [
+        make_workload("b-over").project("b").gpus(2).submitted(0).running(("n1", (0, 1), 1000)).obj(),
+        make_workload("c-over").project("c").gpus(2).submitted(0).running(("n1", (2, 3), 1000)).obj(),
+        make_workload("a-one").project("a").gpus(1).submitted(1).obj(),
+    ]
+    snap = snapshot([make_node("n1", gpus=4)], ds, ps, ws)
+    d = decide(snap)
+    assert [d.fair_share_milli[(p, "default")] for p in "abc"] == [1000, 1500, 1500]
+    assert d.evictions == []
+    # a behind over time and b ahead, by a's pod x catch_up_s: catch up takes b's pod.
+    unit = MILLI * snap.config.catch_up_s
+    snap.over_quota_lag = {("a", "default"): -unit, ("b", "default"): unit}
+    d = decide(snap)
+    assert [(e.workload, e.cause) for e in d.evictions] == [("b-over", EvictionCause.CATCH_UP)]
+    # Not from c, which is not ahead; and not at all while a is not behind.
+    snap.over_quota_lag = {("a", "default"): 0.0, ("b", "default"): unit}
+    assert decide(snap).evictions == []
 
 
 def test_protected_work_is_never_taken_for_catch_up():
