@@ -12,9 +12,9 @@ sees waiting is. In that time nothing the rules allow would start anything, so a
 is what the offered load makes it.
 
 The ceilings (``..._ceiling_pct``) read the same times as if every pod then waiting had
-started at once (what is allocated plus what waits, at most every GPU): no schedule of those
-moments allocates more. Where a ceiling is below the goal's 85%, the goal cannot be met
-there by any rule, only by more work waiting.
+started at once (what is allocated plus what waits, at most every GPU): no start order
+allocates more *in those moments*. They bound the replayed rules' backlog, not every rule: a
+rule that starts work sooner changes which moments count, and may end above this ceiling.
 
 The replay is the shipped one (``replay.replay``, gpupool); this script only watches it.
 
