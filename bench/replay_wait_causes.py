@@ -18,6 +18,12 @@ rule that starts work sooner changes which moments count, and may end above this
 
 The replay is the shipped one (``replay.replay``, gpupool); this script only watches it.
 
+``held_back_by_s`` splits the held-back time by what protects the work that holds the
+waiting pods back on the nodes big enough for them: work that is not preemptible, the pod's
+own project's work of its priority or higher, or another project's work in its quota (or
+no node is big enough). Each moment is shared equally among the waiting pods, and a pod's
+share among the protections found, so the parts add up to ``held_back_s``.
+
 With ``--team``, the same split for one team's waiting work that may go over quota, while
 the team wants over-quota GPUs: the time the Jain index counts it as owed a share.
 
@@ -84,13 +90,38 @@ def held_back(r, w: Workload, nodes: dict) -> bool:
                     and protected(v, w, held[v.project] > quota[v.project]))
 
 
+# What protects the work that holds a waiting pod back, in the order a holder is read; the
+# last, where no node is big enough for the pod at all.
+PROTECTIONS = ("not preemptible", "own project", "other project in quota", "no node big enough")
+
+
+def protections(r, w: Workload, nodes: dict) -> set[str]:
+    """What protects the work on the nodes big enough for ``w`` (their GPUs, CPUs and
+    memory in all) that the guarantee keeps there: not preemptible, ``w``'s own project's
+    work of its priority or higher, another project's work while it holds no more than its
+    quota."""
+    d = w.demand
+    big = {name for name, n in nodes.items()
+           if len(n.gpus) >= max(1, d.gpus) and n.cpu_milli >= d.cpu_milli and n.memory_mib >= d.memory_mib}
+    held, quota = r.meter.held, r.quota
+    out: set[str] = set()
+    for v in r.snap.workloads.values():
+        if v.state != State.RUNNING or not any(p.node in big for p in v.placement):
+            continue
+        if not protected(v, w, held[v.project] > quota[v.project]):
+            continue
+        out.add(PROTECTIONS[0] if not v.is_preemptible else PROTECTIONS[1] if v.project == w.project else PROTECTIONS[2])
+    return out
+
+
 def watch(nodes: list, pods: list, scn, team: str | None = None) -> dict:
     """The split for all waiting work; with ``team``, for that team's waiting work that may
     go over quota, while the team wants over-quota GPUs (the times the Jain index counts)."""
     by_name = {n.name: n for n in nodes}
     cap = sum(len(n.gpus) for n in nodes) * MILLI
     gpu_mem = max((g.memory_mib for n in nodes for g in n.gpus), default=1)
-    state = {"held_back": False, "waits": False, "asked": 0}
+    state: dict = {"held_back": False, "waits": False, "asked": 0, "by": {}}
+    held_back_by = dict.fromkeys(PROTECTIONS, 0.0)
     sums = {"wait_s": 0.0, "held_back_s": 0.0, "busy_wait": 0.0, "busy_held_back": 0.0,
             "ceiling_wait": 0.0, "ceiling_held_back": 0.0}
     orig_after, orig_advance = replay._Replay._after_cycle, replay.Meter.advance
@@ -107,6 +138,15 @@ def watch(nodes: list, pods: list, scn, team: str | None = None) -> dict:
         asked = waiting + list(self.queues.waiting.values()) if team is None else waiting
         state["asked"] = sum(w.gpu_milli_estimate(gpu_mem) for w in asked)
         state["held_back"] = bool(waiting) and all(held_back(self, w, by_name) for w in waiting)
+        # Held-back time goes to what protects the blockers: equal parts per waiting pod,
+        # and per pod equal parts per protection found on the nodes that could hold it.
+        by: dict[str, float] = defaultdict(float)
+        if state["held_back"]:
+            for w in waiting:
+                found = protections(self, w, by_name) or {PROTECTIONS[-1]}
+                for p in found:
+                    by[p] += 1 / (len(waiting) * len(found))
+        state["by"] = by
 
     def advance(self, t):
         dt = min(t, self.window_end) - self.t
@@ -119,6 +159,8 @@ def watch(nodes: list, pods: list, scn, team: str | None = None) -> dict:
                 sums["held_back_s"] += dt
                 sums["busy_held_back"] += self.held_total * dt
                 sums["ceiling_held_back"] += ceiling
+                for p, part in state["by"].items():
+                    held_back_by[p] += part * dt
         orig_advance(self, t)
 
     with mock.patch.object(replay._Replay, "_after_cycle", after), mock.patch.object(replay.Meter, "advance", advance):
@@ -138,6 +180,7 @@ def watch(nodes: list, pods: list, scn, team: str | None = None) -> dict:
         "allocation_while_other_work_waits_pct": pct(sums["busy_wait"] - sums["busy_held_back"], other_s),
         "allocation_ceiling_while_work_waits_pct": pct(sums["ceiling_wait"], sums["wait_s"]),
         "allocation_ceiling_while_held_back_pct": pct(sums["ceiling_held_back"], sums["held_back_s"]),
+        "held_back_by_s": {p: round(x, 1) for p, x in held_back_by.items()},
     }
 
 

@@ -878,6 +878,12 @@ def test_wait_causes_hold_back_a_pod_only_behind_work_the_rules_protect():
     assert causes.held_back(same, waiting, big)
     lower = replay_with(_running("o", "busy", "n0", priority=10), held={"idle": 0, "busy": 1000, "mid": 0})
     assert not causes.held_back(lower, waiting, big)
+    # What protects the work on the nodes big enough for the pod.
+    assert causes.protections(over, waiting, big) == set()
+    assert causes.protections(inside, waiting, big) == {"other project in quota"}
+    assert causes.protections(ws, waiting, big) == {"not preemptible"}
+    assert causes.protections(same, waiting, big) == {"own project"}
+    assert causes.protections(inside, Workload("x", "busy", Kind.TRAINING, PodDemand(gpus=8)), big) == set()  # no node that big
     # CPUs count too: protected work taking 60 of the node's 64 CPUs leaves no room.
     cpu = replay_with(_running("c", "idle", "n0", milli=100, kind=Kind.WORKSPACE, cpu=60_000),
                       held={"idle": 100, "busy": 0, "mid": 0})
@@ -899,6 +905,9 @@ def test_wait_causes_split_the_replays_own_allocation_while_work_waits():
     # was allocated, and above it where work waited that was not started.
     assert total < out["allocation_ceiling_while_work_waits_pct"] <= 100
     assert out["allocation_while_held_back_pct"] <= out["allocation_ceiling_while_held_back_pct"] <= 100
+    # The held-back time, split by what protects the blockers, adds up to it.
+    assert set(out["held_back_by_s"]) == set(causes.PROTECTIONS)
+    assert sum(out["held_back_by_s"].values()) == pytest.approx(out["held_back_s"], abs=0.5)
     # One team's over-quota waiting: part of the time work waits.
     busy = causes.watch(nodes(n=2), synthetic(200, seed=4), scn, team="busy")
     assert busy["team"] == "busy" and 0 < busy["waiting_s"] <= out["waiting_s"]
