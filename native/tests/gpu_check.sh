@@ -3,7 +3,8 @@
 # Builds the library, then shows with PyTorch that (1) torch.cuda.mem_get_info() reports
 # the cap, (2) allocating past it raises CUDA out-of-memory, (3) two processes share one
 # cap, (4) nvidia-smi inside the preload shows the cap, (5) a training step is at most 1%
-# slower with the library than without. Exits non-zero on the first failed check.
+# slower with the library than without, (6) the scheduler's quarter of the GPU that the hub
+# discovers through NVML is what PyTorch sees. Exits non-zero on the first failed check.
 #
 #   native/tests/gpu_check.sh            (CAP_MB=2048 by default)
 set -euo pipefail
@@ -95,4 +96,22 @@ slow = hooked / plain - 1
 print(f"step without {plain*1e3:.3f} ms, with {hooked*1e3:.3f} ms: {slow*100:+.2f}%")
 assert slow <= 0.01, "more than 1% slower"
 PYEOF
+echo "== 6. a quarter of the discovered GPU, as the scheduler hands it out, is what PyTorch sees"
+GPUPOOL_SHARED_REGION=$(mktemp -d)/account LIB=$LIB "$PY" - <<'PYEOF'
+import os, subprocess, sys
+sys.path.insert(0, os.getcwd())
+from hub_ext.inventory import discover
+from scheduler.contract import share_env
+nodes, source = discover([])
+assert source == "nvml", source
+gpu = nodes[0].gpus[0]
+env = share_env(gpu.memory_mib, 250)  # 0.25 of the GPU, in milli
+print("discovered", gpu.model, gpu.memory_mib, "MiB; a quarter:", env)
+seen = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.mem_get_info()[1])"],
+                      env={**os.environ, "LD_PRELOAD": os.environ["LIB"], **env},
+                      capture_output=True, text=True, check=True).stdout.strip()
+print("PyTorch sees a total of", seen, "bytes")
+assert int(seen) == int(env["GPUPOOL_MEMORY_LIMIT"]), (seen, env)
+PYEOF
+
 echo "gpu_check: all checks passed"
