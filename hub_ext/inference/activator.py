@@ -46,7 +46,7 @@ from .service import Gone, HoldTimeout, QueueFull, Replica, Service
 
 RETRIES = 5
 DISCARD_MAX = 1 << 30  # larger bodies are refused before they are read
-COOLDOWN_S = 1.0  # a replica that refused a connection is skipped this long
+COOLDOWN_S = 1.0  # a replica that refused a connection, or dropped a request, is skipped this long
 PIPELINE_MAX = 32  # requests queued on one client connection before we stop reading
 NAME = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
 # request headers the replica does not get as sent: hop-by-hop and framing ones (Host and
@@ -496,6 +496,9 @@ class Exchange:
                 return self.fail(502, f"no replica of {self.name!r} could take the request "
                                       f"after {RETRIES} tries")
             return self._route()
+        # The replica may have seen the request, so it is not sent again; until the
+        # controller sees why (a replica killed mid-load), others take the next ones.
+        r.cooldown_until = self.svc.clock() + COOLDOWN_S
         if self.head_sent:  # cut the client's stream short
             self.flush()
             self.keep_alive = False
