@@ -22,34 +22,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LIB = ROOT / "native" / "build" / "libgpupool-cuda.so"
 
-STEP = """
-import sys, time, torch
-torch.manual_seed(0)
-m = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).cuda()
-opt = torch.optim.SGD(m.parameters(), lr=1e-3)
-x = torch.randn(256, 4096, device="cuda")
-def step():
-    opt.zero_grad(set_to_none=True)
-    m(x).square().mean().backward()
-    opt.step()
-    torch.cuda.synchronize()
-for _ in range(20):
-    step()
-best = float("inf")
-for _ in range(3):
-    t = time.perf_counter()
-    for _ in range({steps}):
-        step()
-    best = min(best, (time.perf_counter() - t) / {steps})
-print(best)
-"""
+STEP = ROOT / "native" / "tests" / "train_step.py"  # the step gpu_check.sh times too
 
 
 def start(share: int | None, steps: int, region: str) -> subprocess.Popen:
     env = dict(os.environ, GPUPOOL_SHARED_REGION=region)
     if share is not None:  # a memory limit switches the library on; 40 GiB leaves the step room
         env.update(LD_PRELOAD=str(LIB), GPUPOOL_MEMORY_LIMIT=str(40 << 30), GPUPOOL_COMPUTE_SHARE=str(share))
-    return subprocess.Popen([sys.executable, "-c", STEP.format(steps=steps)], env=env, stdout=subprocess.PIPE, text=True)
+    cmd = [sys.executable, str(STEP), "--sync", "--steps", str(steps), "--repeats", "3"]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
 
 
 def step_s(*procs: subprocess.Popen) -> list[float]:

@@ -66,30 +66,8 @@ TOTAL_MIB=$(echo "$OUT" | head -1 | cut -d, -f1 | tr -d ' ')
 [ "$TOTAL_MIB" -eq "$CAP_MB" ] || { echo "nvidia-smi total $TOTAL_MIB != $CAP_MB"; exit 1; }
 
 echo "== 5. a training step is at most 1% slower"
-cat > "$REGION.train.py" <<'PYEOF'
-import sys, time, torch
-torch.manual_seed(0)
-m = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).cuda()
-opt = torch.optim.SGD(m.parameters(), lr=1e-3)
-x = torch.randn(256, 4096, device="cuda")
-def step():
-    opt.zero_grad(set_to_none=True)
-    m(x).square().mean().backward()
-    opt.step()
-for _ in range(20):
-    step()
-torch.cuda.synchronize()
-best = float("inf")
-for _ in range(5):
-    t = time.perf_counter()
-    for _ in range(50):
-        step()
-    torch.cuda.synchronize()
-    best = min(best, (time.perf_counter() - t) / 50)
-print(best)
-PYEOF
-T_PLAIN=$("$PY" "$REGION.train.py")
-T_HOOK=$(LD_PRELOAD=$LIB GPUPOOL_MEMORY_LIMIT=$((40 * 1024 * 1024 * 1024)) "$PY" "$REGION.train.py")
+T_PLAIN=$("$PY" native/tests/train_step.py)
+T_HOOK=$(LD_PRELOAD=$LIB GPUPOOL_MEMORY_LIMIT=$((40 * 1024 * 1024 * 1024)) "$PY" native/tests/train_step.py)
 "$PY" - <<PYEOF
 plain, hooked = $T_PLAIN, $T_HOOK
 slow = hooked / plain - 1
