@@ -73,13 +73,17 @@ def fits(r, w: Workload, nodes: dict, keeps) -> bool:
                 keep_gpu[p.node][g] += p.gpu_milli
             keep_res[p.node][0] += v.demand.cpu_milli
             keep_res[p.node][1] += v.demand.memory_mib
-    for name, node in nodes.items():
-        if node.cpu_milli - keep_res[name][0] < d.cpu_milli or node.memory_mib - keep_res[name][1] < d.memory_mib:
-            continue
-        room = sum(1 for g in node.gpus if keep_gpu[name][g.index] + d.milli_on(g.memory_mib) <= MILLI)
-        if room >= max(1, d.gpus):
-            return True
-    return False
+    return any(holds(node, d, keep_gpu[name], keep_res[name]) for name, node in nodes.items())
+
+
+def holds(node, d, kept_gpu: dict[int, int] | None = None, kept_res: tuple[int, int] | list[int] = (0, 0)) -> bool:
+    """Could ``node`` hold a pod of demand ``d`` beside what is kept there (milli per GPU
+    index, and CPU and memory)? With nothing kept: is the node big enough for it at all."""
+    if node.cpu_milli - kept_res[0] < d.cpu_milli or node.memory_mib - kept_res[1] < d.memory_mib:
+        return False
+    kept_gpu = kept_gpu or {}
+    room = sum(1 for g in node.gpus if kept_gpu.get(g.index, 0) + d.milli_on(g.memory_mib) <= MILLI)
+    return room >= max(1, d.gpus)
 
 
 def held_back(r, w: Workload, nodes: dict) -> bool:
@@ -100,9 +104,7 @@ def protections(r, w: Workload, nodes: dict) -> set[str]:
     memory in all) that the guarantee keeps there: not preemptible, ``w``'s own project's
     work of its priority or higher, another project's work while it holds no more than its
     quota."""
-    d = w.demand
-    big = {name for name, n in nodes.items()
-           if len(n.gpus) >= max(1, d.gpus) and n.cpu_milli >= d.cpu_milli and n.memory_mib >= d.memory_mib}
+    big = {name for name, n in nodes.items() if holds(n, w.demand)}
     held, quota = r.meter.held, r.quota
     out: set[str] = set()
     for v in r.snap.workloads.values():
