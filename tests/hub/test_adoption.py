@@ -136,8 +136,11 @@ def test_a_hub_sigkill_stops_nothing_and_the_restarted_hub_adopts_everything(hub
     launcher = Launcher(hub.workdir / "state" / "run")
     names = ["adopt-train-w0", "adopt-train-w1", "adopt-cmd"]
     replica = next(n for n in launcher.names() if n.startswith("adopt-serve-"))
-    handles = {n: launcher.adopt(n) for n in [*names, replica]}
-    assert all(handles.values()), (handles, launcher.names())
+    # "Running" is written as the workers start: wait until each has a process to adopt
+    def started():
+        found = {n: launcher.adopt(n) for n in [*names, replica]}
+        return all(found.values()) and found
+    handles = wait_for(started, "every worker started", detail=lambda: str(launcher.names()))
     pids = {n: h.pid for n, h in handles.items()}
     account = Accounts(mode="create", prefix=ACCOUNT_PREFIX).for_user(USER)
     assert {n: proc_uid(p) for n, p in pids.items()} == dict.fromkeys(pids, account.uid)
