@@ -19,6 +19,7 @@ from sqlalchemy import delete, func, select
 from gpupool.errors import GpupoolError
 from scheduler.embedded import EmbeddedScheduler, gpu_env
 from scheduler.model import MILLI, Bind, State, ValidationError, Workload
+from scheduler.snapshot import SchedulerConfig
 
 from . import accounting, attach, credentials, datasources, launch, org, roles
 from .backends import Trainings, kube_client
@@ -97,7 +98,8 @@ class Runtime:
             s.commit()
         self.store.reset_after_restart(running)
         self._startup_log()
-        self.scheduler = EmbeddedScheduler(self.store, self.nodes, cfg.schedule_period_s)
+        self.scheduler = EmbeddedScheduler(self.store, self.nodes, cfg.schedule_period_s,
+                                           SchedulerConfig(consolidate_in_quota=cfg.consolidate_in_quota))
         self.scheduler.launch = self._launch_process
         self.trainings = JobRunner(self.scheduler, self.Session, self.nodes, cfg.state_dir, cfg.preload_library,
                                    delivery=self.delivery, launcher=self.launcher, accounts=self.accounts)

@@ -41,7 +41,7 @@ from .model import (
     Workload,
 )
 from .quota import OverQuotaLedger, waiting_over_quota
-from .snapshot import Snapshot
+from .snapshot import SchedulerConfig, Snapshot
 
 log = logging.getLogger("gpupool.embedded")
 
@@ -100,10 +100,11 @@ def gpu_env(node: Node, pod: PodPlacement, demand_memory_mib: int, preload: str 
 
 
 class EmbeddedScheduler:
-    def __init__(self, store: Store, nodes: list[Node], period_s: float = 2.0):
+    def __init__(self, store: Store, nodes: list[Node], period_s: float = 2.0,
+                 config: SchedulerConfig | None = None):
         self.store = store
         self.period_s = period_s
-        self.snapshot = Snapshot()
+        self.snapshot = Snapshot(config or SchedulerConfig())
         # Over-quota lag per project (fair share over time): what ran, kept here, read by
         # the core from the snapshot.
         self.ledger = OverQuotaLedger(self.snapshot.config.fair_share_half_life_s)

@@ -41,6 +41,10 @@ class SchedulerConfig:
     reclaim: bool = True  # take back over-quota GPUs for projects under quota
     fair_share_reclaim: bool = True  # also for projects under their fair share
     preempt: bool = True  # higher priority displaces lower inside a project
+    # Consolidate may also move another project's work inside its quota (restarted at once
+    # on another node, where room is free for it now) for a waiting pod within its own
+    # project's fair share. Off: work in its quota is never evicted for another project.
+    consolidate_in_quota: bool = False
     # Candidates one workload's eviction plan may look at before it gives up for this cycle;
     # bounds a cycle's cost when little can be evicted.
     max_victim_scan: int = 128
@@ -68,8 +72,9 @@ class SchedulerConfig:
         check_seconds("resume_protection_s", self.resume_protection_s)
         check_seconds("catch_up_s", self.catch_up_s)
         check_seconds("fair_share_half_life_s", self.fair_share_half_life_s, positive=True)
-        if not isinstance(self.fair_share_over_time, bool):
-            raise ValidationError("fair_share_over_time", f"must be true or false, got {self.fair_share_over_time!r}")
+        for name in ("fair_share_over_time", "consolidate_in_quota"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValidationError(name, f"must be true or false, got {getattr(self, name)!r}")
 
 
 @dataclass

@@ -4,7 +4,9 @@ one node can all start again elsewhere in the free room now, it is moved (evicte
 requeued as resumed work that the room elsewhere is held for), and the waiting pod takes
 the node. Nobody loses GPUs: only work its project holds over its quota is moved, each
 move leaves that project at or above its quota, and work that just restarted is never
-moved (no thrash)."""
+moved (no thrash). With ``SchedulerConfig.consolidate_in_quota``, a pod within its
+project's fair share may also move work inside another project's quota (KAI-Scheduler's
+consolidation moves any preemptible work): that work keeps its GPUs, on another node."""
 
 from __future__ import annotations
 
@@ -52,8 +54,9 @@ class Consolidate:
 
     def _movable(self, pool: str) -> dict[int, list[Workload]]:
         """Per node, the single-pod work that may be moved: running, preemptible, not just
-        restarted, not evicted this cycle, of a project over its quota in ``pool``. Read once per cycle (a project
-        that goes under its quota later is filtered per move)."""
+        restarted, not evicted this cycle, of a project over its quota in ``pool`` (of any
+        project with ``consolidate_in_quota``). Read once per cycle (the quota floor is
+        applied per move)."""
         on_node = self.on_node.get(pool)
         if on_node is None:
             c, work = self.cycle, self.work
@@ -61,7 +64,7 @@ class Consolidate:
             on_node = self.on_node[pool] = defaultdict(list)
             evicted = {e.workload for e in c.decisions.evictions}  # by make-room, this cycle
             for p in snap.projects:
-                if work.usage[(p, pool)] <= work.quota.get((p, pool), 0):
+                if not cfg.consolidate_in_quota and work.usage[(p, pool)] <= work.quota.get((p, pool), 0):
                     continue
                 for _, _, name in snap.victims.get(p, ()):
                     v = snap.workloads[name]
@@ -84,6 +87,9 @@ class Consolidate:
             return False  # moving conserves the free GPUs: there are not enough of them
         static = a.could_hold(pool, w.gpu_models, w.demand)  # nodes big enough for it (GPUs, CPU, memory)
         movable = self._movable(pool)
+        # Below the quota floor only for a pod its project's fair share covers: work in
+        # quota then moves for the share it is owed, never for borrowing beyond it.
+        floor = not (c.cfg.consolidate_in_quota and c.fits_fair_share(w, pool))
         # Nodes the pod could have with their over-quota work moved, the fewest GPUs to move first.
         options = []
         for node, there in movable.items():
@@ -94,7 +100,7 @@ class Consolidate:
             chosen: list[Workload] = []
             for v in sorted(there, key=lambda v: (work.milli_of(v), v.name)):
                 milli = work.milli_of(v)
-                if c.work.usage[(v.project, pool)] - gone[v.project] - milli < work.quota.get((v.project, pool), 0):
+                if floor and c.work.usage[(v.project, pool)] - gone[v.project] - milli < work.quota.get((v.project, pool), 0):
                     continue
                 gone[v.project] += milli
                 chosen.append(v)

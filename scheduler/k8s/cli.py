@@ -22,6 +22,12 @@ from .lease import LeaderElector
 __all__ = ["main", "parser"]
 
 
+def core_config(args: argparse.Namespace) -> SchedulerConfig:
+    """The core's switches that the command line sets."""
+    return SchedulerConfig(policy=args.policy, default_topology_key=args.topology_key,
+                           consolidate_in_quota=args.consolidate_in_quota)
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="gpupool-scheduler", description=__doc__)
     ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
@@ -42,6 +48,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--policy", default="gpupool", help="placement policy of the core")
     ap.add_argument("--topology-key", default=None,
                     help="node label gangs prefer to share when they name none (e.g. gpupool.io/rack)")
+    ap.add_argument("--consolidate-in-quota", action="store_true",
+                    help="consolidation may also move work inside another project's quota (default: never)")
     ap.add_argument("--metrics-port", type=int, default=0,
                     help="serve Prometheus metrics at :PORT/metrics (0: off); standbys serve too")
     ap.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics server listens on")
@@ -79,7 +87,7 @@ async def _amain(args: argparse.Namespace) -> int:
         cfg = AdapterConfig(
             scheduler_name=args.scheduler_name, node_pool_label=args.node_pool_label,
             preload_path=args.preload_path, bind_concurrency=args.bind_concurrency,
-            core=SchedulerConfig(policy=args.policy, default_topology_key=args.topology_key),
+            core=core_config(args),
         )  # fmt: skip
         sched = GpupoolScheduler(kc, cfg)
         metrics.SNAPSHOT.watch(lambda: (sched.snap, sched.last))

@@ -401,6 +401,7 @@ class _Replay:
         check: bool,
         skip_quiet: bool,
         fair_share_over_time: bool = True,
+        consolidate_in_quota: bool = False,
     ):
         self.scn = scn
         self.policy = policy
@@ -408,8 +409,8 @@ class _Replay:
         self.capacity = sum(len(n.gpus) for n in nodes) * MILLI
         self.quota = scn.quotas_milli(self.capacity)
         setup = SETUPS[policy](scn, self.capacity, placement)
-        if not fair_share_over_time:
-            setup.config = dataclasses.replace(setup.config, fair_share_over_time=False)
+        setup.config = dataclasses.replace(setup.config, fair_share_over_time=fair_share_over_time,
+                                           consolidate_in_quota=consolidate_in_quota)
         self.to_workload = setup.workload
         self.snap = Snapshot.build(nodes, setup.departments, setup.projects, config=setup.config)
         # Over-quota lag per project (fair share over time), kept only where work may go
@@ -683,14 +684,16 @@ def replay(
     check: bool = False,
     skip_quiet: bool = True,
     fair_share_over_time: bool = True,
+    consolidate_in_quota: bool = False,
 ) -> PolicyResult:
     """Replay the scenario's pods under one policy. ``skip_quiet=False`` calls ``decide``
     even in cycles that provably decide nothing (same results, slower: for checking);
-    ``fair_share_over_time=False`` keeps no over-quota lag (SchedulerConfig's switch)."""
+    ``fair_share_over_time`` and ``consolidate_in_quota`` set SchedulerConfig's switches."""
     if policy not in SETUPS:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(SETUPS)}")
     jobs = make_jobs(pods, scn)
-    return _Replay(nodes, jobs, scn, policy, placement or scn.placement, check, skip_quiet, fair_share_over_time).run()
+    return _Replay(nodes, jobs, scn, policy, placement or scn.placement, check, skip_quiet, fair_share_over_time,
+                   consolidate_in_quota).run()
 
 
 def offered_load(nodes: list[Node], pods: list[TracePod], scn: Scenario) -> dict:
@@ -774,16 +777,19 @@ def replay_all(
     check: bool = False,
     skip_quiet: bool = True,
     fair_share_over_time: bool = True,
+    consolidate_in_quota: bool = False,
 ) -> tuple[dict, list[PolicyResult]]:
     """Every policy on the same pods; the JSON document and the per-policy results.
     ``placement``: None for the scenario's."""
     placement = placement or scn.placement
-    results = [replay(nodes, pods, scn, p, placement, check, skip_quiet, fair_share_over_time) for p in policies]
+    results = [replay(nodes, pods, scn, p, placement, check, skip_quiet, fair_share_over_time, consolidate_in_quota)
+               for p in policies]
     by = {r.policy: r.metrics for r in results}
     doc = {
         "scenario": scn.to_json(),
         "placement": placement,
         "fair_share_over_time": fair_share_over_time,
+        "consolidate_in_quota": consolidate_in_quota,
         "load": offered_load(nodes, pods, scn),
         "policies": by,
         "goals": goals(by, scn),

@@ -78,6 +78,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     doc, results = replay_all(
         nodes, pods, scn, _policies(args.policy), args.placement, args.check,
         fair_share_over_time=args.fair_share_over_time == "on",
+        consolidate_in_quota=args.consolidate_in_quota == "on",
     )
     if args.plot:
         from .replay_plot import plot
@@ -124,6 +125,10 @@ def add_replay(sub) -> None:
     p.add_argument(
         "--fair-share-over-time", default="on", choices=["on", "off"],
         help="keep each project's over-quota lag (default on; off: fair share of the instant only)",
+    )
+    p.add_argument(
+        "--consolidate-in-quota", default="off", choices=["on", "off"],
+        help="consolidate may also move work inside another project's quota (default off)",
     )
     p.add_argument("--check", action="store_true", help="check conservation after every cycle (slower)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

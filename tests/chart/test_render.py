@@ -31,7 +31,7 @@ VALUE_SETS = {
                     "default": {"display": "Python"},
                     "pytorch": {"display": "PyTorch", "image": "nvcr.io/nvidia/pytorch:25.01-py3"}}}},
         "scheduler": {"image": {"repository": "sched", "tag": "1.2.3"}, "replicas": 2,
-                      "topologyKey": "gpupool.io/rack"},
+                      "topologyKey": "gpupool.io/rack", "consolidateInQuota": True},
     },
     "agent-capacity-no-org": {"nodeAgent": {"advertiseCapacity": True, "runtimeClassName": "nvidia",
                                             "nodeSelector": {"nvidia.com/gpu.present": "true"}},
@@ -126,6 +126,7 @@ def check_value_set(name: str, objs: list[dict]) -> None:
         assert hub["image"] == "registry.example.org/ml/hub:1.2.3"
         assert sched["image"] == "registry.example.org/ml/sched:1.2.3"
         assert "--topology-key=gpupool.io/rack" in sched["args"]
+        assert "--consolidate-in-quota" in sched["args"]
         assert by_kind(objs, "Deployment")["gpupool-scheduler"]["spec"]["replicas"] == 2
         for d in by_kind(objs, "Deployment").values():
             assert d["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]

@@ -278,3 +278,15 @@ def test_running_work_of_a_queue_left_out_keeps_its_gpus_and_others_are_placed()
     assert a.bound.done() and not c.bound.done()
     assert sched.snapshot.usage[("q", DEFAULT_POOL)] == 1000  # b still holds its GPU
     assert store.reasons["c"].startswith("project q is left out of scheduling: ")
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_the_hub_s_consolidate_in_quota_option_reaches_the_scheduler(tmp_path, on):
+    from traitlets.config import Config
+
+    from hub_ext.config import Gpupool
+    from hub_ext.runtime import Runtime
+
+    options = {"state_dir": str(tmp_path), **({"consolidate_in_quota": True} if on else {})}
+    cfg = Gpupool(config=Config({"Gpupool": options}))
+    assert Runtime(cfg).scheduler.snapshot.config.consolidate_in_quota is on

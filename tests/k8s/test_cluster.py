@@ -171,3 +171,11 @@ def test_scheduler_names_an_unusable_kubeconfig(tmp_path, capsys, content):
     assert main(["--kubeconfig", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"cannot use --kubeconfig {path}:" in err and "Traceback" not in err
+
+
+def test_the_scheduler_command_line_sets_the_core_s_switches():
+    from scheduler.k8s.cli import core_config, parser
+
+    assert core_config(parser().parse_args([])).consolidate_in_quota is False
+    cfg = core_config(parser().parse_args(["--consolidate-in-quota", "--topology-key", "gpupool.io/rack"]))
+    assert (cfg.consolidate_in_quota, cfg.default_topology_key) == (True, "gpupool.io/rack")

@@ -66,3 +66,32 @@ def test_only_nodes_big_enough_for_the_pod_are_opened():
     assert sorted((e.workload, e.cause) for e in d.evictions) == [
         ("a60", EvictionCause.CONSOLIDATE), ("a61", EvictionCause.CONSOLIDATE)]
     assert "moving 2 workloads to free a whole node" in d.reason("b4")
+
+
+def _spread_in_quota(b_quota: float, *more, **cfg):
+    # As _spread, with all of a's work inside a's quota of 3.
+    snap = _spread(a_quota=3)
+    ds, ps = org(("a", 3), ("b", b_quota))
+    work = [*snap.workloads.values(), *more]
+    return snapshot(list(snap.nodes.values()), ds, ps, work, fair_share_reclaim=False, **cfg)
+
+
+def test_with_consolidate_in_quota_work_in_its_quota_moves_for_a_pod_within_its_fair_share():
+    # b (quota 3) has a fair share of 4 of the 8 GPUs: its 4-GPU pod is owed them. a's
+    # work is all in a's quota; with the switch on, a3 moves to n1 and keeps its GPU.
+    d = decide(_spread_in_quota(b_quota=3, consolidate_in_quota=True))
+    assert [(e.workload, e.cause) for e in d.evictions] == [("a3", EvictionCause.CONSOLIDATE)]
+    assert "moving 1 workload to free a whole node" in d.reason("b4")
+    # Off (the default): work in its project's quota is never evicted for another project.
+    d = decide(_spread_in_quota(b_quota=3))
+    assert d.evictions == []
+    assert "no node in pool default has 4 GPUs free" in d.reason("b4")
+
+
+def test_with_consolidate_in_quota_work_in_its_quota_does_not_move_for_a_pod_past_its_fair_share():
+    # b (quota 0) and a both want 4 GPUs over quota (a5 fits no node): of the 5 GPUs over
+    # the quotas b's fair share is 2.5, and its 4-GPU pod would borrow beyond it.
+    a5 = make_workload("a5").project("a").gpus(4).submitted(5).obj()
+    d = decide(_spread_in_quota(0, a5, consolidate_in_quota=True))
+    assert d.evictions == []
+    assert "no node in pool default has 4 GPUs free" in d.reason("b4")

@@ -12,7 +12,8 @@ and over quota) it checks:
 (b) no thrash: with no new submissions nothing is evicted twice and the state settles;
 (c) in-quota safety: work inside its project's quota is never evicted for another project,
     and what reclaim takes from a project that it leaves below its quota would not fit back
-    inside that quota;
+    inside that quota; with ``consolidate_in_quota`` on, but for a move (consolidate's
+    eviction: the work restarts on another node), and (a), (b), (d), (e) hold all the same;
 (d) no GPU, fraction, CPU or memory is over-committed at any cycle;
 (e) ``decide`` is deterministic, and the bounds make-room puts on a plan before it builds
     it (``OverQuotaRoom`` for reclaim, ``OwnRoom`` for preemption, ``Victims.room_for_gang``
@@ -39,6 +40,7 @@ from scheduler.model import (
     GPU,
     MILLI,
     Department,
+    EvictionCause,
     Kind,
     Node,
     PodDemand,
@@ -125,14 +127,38 @@ def scenarios(draw):
     return nodes, departments, projects, work, arrivals
 
 
+@st.composite
+def fragmented_scenarios(draw):
+    """Where consolidation acts: nodes of 2-8 GPUs filled with 1-GPU trainings of every
+    project, some of which then finish, leaving free GPUs spread over the nodes; then pods
+    that each need several GPUs on one node. Finished: the work's names (``run``)."""
+    nodes, departments, projects = draw(clusters())
+    nodes = [n for n in nodes if len(n.gpus) >= 2] or [Node("n9", [GPU(j, "H100", GPU_MEM_MIB, f"GPU-n9-{j}")
+                                                                  for j in range(4)], cpu_milli=64_000,
+                                                             memory_mib=512 * 1024)]
+    names = [p.name for p in projects]
+    capacity = sum(len(n.gpus) for n in nodes)
+    largest = max(len(n.gpus) for n in nodes)
+    work = [Workload(name=f"w{i}", project=draw(st.sampled_from(names)), kind=Kind.TRAINING,
+                     demand=PodDemand(gpus=1, cpu_milli=1000), submit_time=float(i), grace_period_s=GRACE_S)
+            for i in range(capacity)]
+    finished = [w.name for w in work if draw(st.booleans())]
+    arrivals = [Workload(name=f"x{i}", project=draw(st.sampled_from(names)),
+                         kind=draw(st.sampled_from([Kind.TRAINING, Kind.WORKSPACE])),
+                         demand=PodDemand(gpus=draw(st.integers(2, largest)), cpu_milli=1000),
+                         submit_time=10_000.0 + i, grace_period_s=GRACE_S)
+                for i in range(draw(st.integers(1, 3)))]
+    return nodes, departments, projects, work, arrivals, finished
+
+
 # -- the loop ------------------------------------------------------------------------------
 
 
 class Loop:
     """What the embedded adapter does with decisions, on a simulated clock."""
 
-    def __init__(self, nodes, departments, projects):
-        self.snap = Snapshot.build(nodes, departments, projects, (), SchedulerConfig())
+    def __init__(self, nodes, departments, projects, config: SchedulerConfig | None = None):
+        self.snap = Snapshot.build(nodes, departments, projects, (), config or SchedulerConfig())
         self.snap.now = 0.0
         self.release_at: dict[str, float] = {}
         self.evictions: list[tuple[float, str, str, str]] = []  # (time, victim, reason, for whom)
@@ -188,6 +214,8 @@ class Loop:
         for e in d.evictions:
             if e.reason.startswith("preempted"):
                 continue  # inside its own project
+            if e.cause == EvictionCause.CONSOLIDATE and self.snap.config.consolidate_in_quota:
+                continue  # a move: the work keeps its GPUs on another node
             v = self.snap.workloads[e.workload]
             taken[v.project].append(v.allocated_milli())
         for project, pieces in taken.items():
@@ -288,13 +316,17 @@ def in_quota(snap: Snapshot, w: Workload) -> bool:
 # -- the properties ----------------------------------------------------------------------
 
 
-def run(nodes, departments, projects, work, arrivals) -> Loop:
-    loop = Loop(nodes, departments, projects)
+def run(nodes, departments, projects, work, arrivals, finished=(), config: SchedulerConfig | None = None) -> Loop:
+    loop = Loop(nodes, departments, projects, config)
     for w in work:
         loop.submit(w)
     loop.settle()
     # Past the resume protection: work that restarted after a preemption may be taken again.
     loop.snap.now += loop.snap.config.resume_protection_s + PERIOD_S
+    loop.settle()
+    for name in finished:  # work that ends: its GPUs are free
+        if name in loop.snap.workloads and loop.snap.workloads[name].state == State.RUNNING:
+            loop.snap.remove_workload(name)
     loop.settle()
     for w in arrivals:
         promised = in_quota(loop.snap, w) and fits_without_over_quota_work(loop.snap, w)
@@ -312,7 +344,7 @@ def run(nodes, departments, projects, work, arrivals) -> Loop:
     return loop
 
 
-def describe(nodes, departments, projects, work, arrivals) -> str:
+def describe(nodes, departments, projects, work, arrivals, finished=()) -> str:
     """A counterexample, readable enough to copy into a named test."""
     lines = [f"nodes: {[len(n.gpus) for n in nodes]}",
              "projects: " + ", ".join(f"{p.name}({p.department}) quota {p.quotas['default'].gpus:g}" for p in projects)]
@@ -321,6 +353,8 @@ def describe(nodes, departments, projects, work, arrivals) -> str:
         what = (f"{d.gpus} GPU" if d.gpus else f"{d.gpu_fraction:g} GPU" if d.gpu_fraction else f"{d.gpu_memory_mib} MiB")
         lines.append(f"{w.name}: {w.project} {w.kind.value} {w.pods} x {what} cpu {d.cpu_milli} mem {d.memory_mib}"
                      f"{' over-quota opt-in' if w.allow_over_quota else ''}{' preemptible' if w.preemptible else ''}")
+    if finished:
+        lines.append(f"finished after they start: {', '.join(finished)}")
     return "\n".join(lines)
 
 
@@ -328,6 +362,12 @@ def describe(nodes, departments, projects, work, arrivals) -> str:
 def test_guarantee_no_thrash_safety_capacity_and_determinism(scenario):
     note(describe(*scenario))
     run(*scenario)
+
+
+@given(st.one_of(scenarios(), fragmented_scenarios()))
+def test_the_properties_hold_with_consolidate_in_quota(scenario):
+    note(describe(*scenario))
+    run(*scenario, config=SchedulerConfig(consolidate_in_quota=True))
 
 
 # -- counterexamples found on the way ----------------------------------------------------
