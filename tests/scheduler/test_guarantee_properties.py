@@ -13,7 +13,8 @@ and over quota) it checks:
 (c) in-quota safety: work inside its project's quota is never evicted for another project,
     and what reclaim takes from a project that it leaves below its quota would not fit back
     inside that quota; with ``consolidate_in_quota`` on, but for a move (consolidate's
-    eviction: the work restarts on another node), and (a), (b), (d), (e) hold all the same;
+    eviction), and a moved workload runs again within the grace period + 2 periods (it
+    keeps its GPUs, on another node), while (a), (b), (d), (e) hold all the same;
 (d) no GPU, fraction, CPU or memory is over-committed at any cycle;
 (e) ``decide`` is deterministic, and the bounds make-room puts on a plan before it builds
     it (``OverQuotaRoom`` for reclaim, ``OwnRoom`` for preemption, ``Victims.room_for_gang``
@@ -163,6 +164,7 @@ class Loop:
         self.release_at: dict[str, float] = {}
         self.evictions: list[tuple[float, str, str, str]] = []  # (time, victim, reason, for whom)
         self.bound_at: dict[str, float] = {}
+        self.moved: dict[str, float] = {}  # consolidate's evictions: when, by name
 
     def submit(self, w: Workload) -> None:
         self.snap.upsert_workload(copy.copy(w))
@@ -192,6 +194,9 @@ class Loop:
             snap.upsert_workload(dataclasses.replace(w, state=State.RELEASING))
             self.release_at[w.name] = snap.now + e.grace_period_s
             self.evictions.append((snap.now, e.workload, e.reason, ""))
+            if e.cause == EvictionCause.CONSOLIDATE:
+                self.moved[e.workload] = snap.now
+        self._check_moves()
         self._check_capacity()
         snap.now += PERIOD_S
         for name, at in list(self.release_at.items()):
@@ -224,6 +229,14 @@ class Loop:
             left = used - sum(pieces)
             assert left >= quota or left + min(pieces) > quota, (
                 f"{project} left at {left} of its quota {quota}; a piece of {min(pieces)} could reclaim its way back")
+
+    def _check_moves(self) -> None:
+        """(c): a moved workload runs again within the grace period + 2 periods."""
+        for name, at in list(self.moved.items()):
+            if self.bound_at.get(name, -1.0) > at:
+                del self.moved[name]
+            else:
+                assert self.snap.now <= at + GRACE_S + 2 * PERIOD_S, f"{name}, moved at {at}, waits"
 
     def _check_capacity(self) -> None:
         """(d): nothing over-committed."""
@@ -341,6 +354,7 @@ def run(nodes, departments, projects, work, arrivals, finished=(), config: Sched
                 f"{w.name} of {w.project} was in quota and fits without others' over-quota work, "
                 f"but waits: {loop.snap.workloads[w.name]}")
         loop.settle()
+    assert not loop.moved, f"moved and never placed again: {loop.moved}"
     return loop
 
 
