@@ -6,6 +6,7 @@ arguments, the activator from the chart's activator ConfigMap."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +37,12 @@ class Proc:
 
     def tail(self, n: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
+
+    def notable(self, n: int = 30000) -> str:
+        """The log's last ``n`` characters without successful GET requests: what a failed
+        test polled for would otherwise push the hub's warnings out of the tail."""
+        lines = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+        return "\n".join(line for line in lines if not re.search(r" (200|302) GET ", line))[-n:]
 
     def stop(self) -> int | None:
         if self.proc is None:

@@ -242,7 +242,7 @@ def test_members_workloads_become_pods_and_a_workspace_preempts_the_training(con
     try:
         run(go, chart_cluster)
     except BaseException:
-        print(f"--- hub ---\n{hub.tail(30000)}")
+        print(f"--- hub (without successful GETs) ---\n{hub.notable()}")
         raise
 
 
@@ -367,5 +367,5 @@ def test_the_panel_and_kubectl_share_one_organisation_and_the_widget_submits_pod
     try:
         run(flow, chart_cluster)
     except BaseException:
-        print(f"--- hub ---\n{hub.tail(30000)}")
+        print(f"--- hub (without successful GETs) ---\n{hub.notable()}")
         raise
