@@ -68,8 +68,10 @@ def in_state(hub, name, *states):
 
 def stop(hub, name):
     api(hub, "admin", "DELETE", f"/workloads/{name}", expect=204)
-    wait_for(lambda: call(hub.url, hub.tokens["admin"], "GET", f"/workloads/{name}")[0] == 404
-             or workload(hub, name)["state"] in ("stopped", "failed"), f"{name} stopped")
+    def ended():  # one read: the row may go between two
+        code, w = call(hub.url, hub.tokens["admin"], "GET", f"/workloads/{name}")
+        return code == 404 or (code == 200 and w["state"] in ("stopped", "failed"))
+    wait_for(ended, f"{name} stopped")
 
 
 def cycles_failed(hub) -> int:
