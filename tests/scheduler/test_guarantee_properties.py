@@ -66,11 +66,15 @@ GPU_MEM_MIB = 81920
 # -- the cluster and the work ----------------------------------------------------------
 
 
+def _node(name: str, gpus: int) -> Node:
+    return Node(name, [GPU(j, "H100", GPU_MEM_MIB, f"GPU-{name}-{j}") for j in range(gpus)],
+                cpu_milli=64_000, memory_mib=512 * 1024)
+
+
 @st.composite
 def clusters(draw):
     sizes = draw(st.lists(st.integers(1, 8), min_size=1, max_size=4))
-    nodes = [Node(f"n{i}", [GPU(j, "H100", GPU_MEM_MIB, f"GPU-n{i}-{j}") for j in range(g)],
-                  cpu_milli=64_000, memory_mib=512 * 1024) for i, g in enumerate(sizes)]
+    nodes = [_node(f"n{i}", g) for i, g in enumerate(sizes)]
     capacity = sum(sizes)
     n_projects = draw(st.integers(2, 4))
     n_depts = draw(st.integers(1, 2))
@@ -134,9 +138,7 @@ def fragmented_scenarios(draw):
     project, some of which then finish, leaving free GPUs spread over the nodes; then pods
     that each need several GPUs on one node. Finished: the work's names (``run``)."""
     nodes, departments, projects = draw(clusters())
-    nodes = [n for n in nodes if len(n.gpus) >= 2] or [Node("n9", [GPU(j, "H100", GPU_MEM_MIB, f"GPU-n9-{j}")
-                                                                  for j in range(4)], cpu_milli=64_000,
-                                                             memory_mib=512 * 1024)]
+    nodes = [n for n in nodes if len(n.gpus) >= 2] or [_node("n9", 4)]
     names = [p.name for p in projects]
     capacity = sum(len(n.gpus) for n in nodes)
     largest = max(len(n.gpus) for n in nodes)
@@ -385,11 +387,6 @@ def test_the_properties_hold_with_consolidate_in_quota(scenario):
 
 
 # -- counterexamples found on the way ----------------------------------------------------
-
-
-def _node(name: str, gpus: int) -> Node:
-    return Node(name, [GPU(j, "H100", GPU_MEM_MIB, f"GPU-{name}-{j}") for j in range(gpus)],
-                cpu_milli=64_000, memory_mib=512 * 1024)
 
 
 def test_a_borrowed_gang_gives_way_to_an_in_quota_workspace():
