@@ -90,6 +90,9 @@ class Snapshot:
         self.pending: dict[str, Workload] = {}
         # Workloads holding GPUs (running or releasing), per project.
         self.holding: dict[str, dict[str, Workload]] = defaultdict(dict)
+        # The same workloads per node they have a pod on (node name -> names): what runs on
+        # one node, without a pass over every workload.
+        self.holding_on: dict[str, set[str]] = defaultdict(set)
         self.usage: dict[tuple[str, str], int] = defaultdict(int)  # (project, pool) -> milli
         # Of it, what work that cannot give way holds (Workload.gives_way): the in-quota test of
         # work that may not go over quota counts only this (quota.counted_usage).
@@ -247,6 +250,8 @@ class Snapshot:
         filed = (shape_id, w.pods, project, victim, fixed, held, pods_at, w.demand.cpu_milli, w.demand.memory_mib)
         self._filed[name] = filed
         self.holding[project][name] = w
+        for node, _, _ in pods_at:
+            self.holding_on[node].add(name)
         for pool, milli in held:
             self.usage[(project, pool)] += milli
             if fixed:
@@ -277,6 +282,8 @@ class Snapshot:
         if self.pending.pop(name, None) is not None:
             return
         self.holding[project].pop(name, None)
+        for node, _, _ in filed[6]:
+            self.holding_on[node].discard(name)
         self.releasing.pop(name, None)
         for pool, milli in held:
             self.usage[(project, pool)] -= milli

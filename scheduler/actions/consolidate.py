@@ -30,7 +30,9 @@ class Consolidate:
     def __init__(self, cycle: Cycle):
         self.cycle = cycle
         self.work = cycle.work
-        self.on_node: dict[str, dict[int, list[Workload]]] = {}  # per pool
+        self.movable: dict[int, list[tuple[int, str, Workload]]] = {}  # per node
+        self.bounds: dict[tuple[str, tuple[str, ...]], np.ndarray] = {}
+        self.evicted: set[str] | None = None
 
     def run(self) -> None:
         c = self.cycle
@@ -52,31 +54,50 @@ class Consolidate:
                     moves += 1
                     break
 
-    def _movable(self, pool: str) -> dict[int, list[Workload]]:
-        """Per node, the single-pod work that may be moved: running, preemptible, not just
-        restarted, not evicted this cycle, of a project over its quota in ``pool`` (of any
-        project with ``consolidate_in_quota``). Read once per cycle (the quota floor is
-        applied per move)."""
-        on_node = self.on_node.get(pool)
-        if on_node is None:
+    def _bound(self, pool: str, projects: tuple[str, ...]) -> np.ndarray:
+        """Per GPU slot, the milli-GPUs that ``projects``' running preemptible work holds
+        (``Snapshot.victims_hold``): at most what moving their work could free."""
+        key = (pool, projects)
+        bound = self.bounds.get(key)
+        if bound is None:
+            bound = np.zeros(self.work.arrays.gpu_free.shape, dtype=np.int64)
+            for p in projects:
+                held = self.cycle.snap.victims_hold(p)
+                if held is not None:
+                    bound += held
+            self.bounds[key] = bound
+        return bound
+
+    def _movable_on(self, node: int) -> list[tuple[int, str, Workload]]:
+        """The single-pod work on ``node`` that may be moved, as (milli-GPUs, name,
+        workload) by milli then name: running, preemptible, not just restarted, not evicted
+        this cycle, of a project over its quota in the node's pool (of any project with
+        ``consolidate_in_quota``). Read once per node and cycle (the quota floor is applied
+        per move)."""
+        there = self.movable.get(node)
+        if there is None:
             c, work = self.cycle, self.work
             snap, cfg = c.snap, c.cfg
-            on_node = self.on_node[pool] = defaultdict(list)
-            evicted = {e.workload for e in c.decisions.evictions}  # by make-room, this cycle
-            for p in snap.projects:
-                if not cfg.consolidate_in_quota and work.usage[(p, pool)] <= work.quota.get((p, pool), 0):
+            pool, name_of = work.pool_of(node), work.arrays.names[node]
+            if self.evicted is None:
+                self.evicted = {e.workload for e in c.decisions.evictions}  # by make-room, this cycle
+            there = self.movable[node] = []
+            for name in snap.holding_on.get(name_of, ()):
+                v = snap.workloads[name]
+                if v.state != State.RUNNING or not v.is_preemptible or v.pods != 1 or name in self.evicted \
+                        or v.project not in snap.projects:
                     continue
-                for _, _, name in snap.victims.get(p, ()):
-                    v = snap.workloads[name]
-                    if v.state != State.RUNNING or v.pods != 1 or not v.placement or name in evicted:
-                        continue
-                    if v.resumed and snap.now is not None and v.started_at is not None \
-                            and snap.now - v.started_at < cfg.resume_protection_s:
-                        continue
-                    for ch in work.choices_of(v):
-                        if work.pool_of(ch.node) == pool:
-                            on_node[ch.node].append(v)
-        return on_node
+                if not cfg.consolidate_in_quota \
+                        and work.usage[(v.project, pool)] <= work.quota.get((v.project, pool), 0):
+                    continue
+                if v.resumed and snap.now is not None and v.started_at is not None \
+                        and snap.now - v.started_at < cfg.resume_protection_s:
+                    continue
+                for pl in v.placement:
+                    if pl.node == name_of:
+                        there.append((pl.gpu_milli * len(pl.gpu_indices), name, v))
+            there.sort(key=lambda e: (e[0], e[1]))
+        return there
 
     def _move_for(self, w: Workload, pool: str) -> bool:
         c, work = self.cycle, self.work
@@ -85,28 +106,33 @@ class Consolidate:
         free_total = int(np.clip(a.gpu_free[a.pool_id == c.pools.index(pool)], 0, None).sum())
         if free_total < d.gpus * MILLI:
             return False  # moving conserves the free GPUs: there are not enough of them
-        static = a.could_hold(pool, w.gpu_models, w.demand)  # nodes big enough for it (GPUs, CPU, memory)
-        movable = self._movable(pool)
         # Below the quota floor only for a pod its project's fair share covers: work in
         # quota then moves for the share it is owed, never for borrowing beyond it.
         floor = not (c.cfg.consolidate_in_quota and c.fits_fair_share(w, pool))
-        # Nodes the pod could have with their over-quota work moved, the fewest GPUs to move first.
+        # Whose work could go at all: above the floor, only that of projects over their quota.
+        projects = tuple(p for p in c.snap.projects
+                         if not floor or work.usage[(p, pool)] > work.quota.get((p, pool), 0))
+        # Nodes big enough for the pod (GPUs, CPU, memory), not already free for it, where
+        # all that work gone would leave enough whole GPUs (moving part of it frees no more).
+        bound = a.gpu_free + self._bound(pool, projects)
+        nodes = np.flatnonzero(a.could_hold(pool, w.gpu_models, w.demand) & (a.full_free < d.gpus)
+                               & ((bound >= MILLI).sum(axis=1) >= d.gpus))
+        # Nodes the pod could have with their movable work moved, the fewest GPUs to move first.
         options = []
-        for node, there in movable.items():
-            if not static[node] or a.full_free[node] >= d.gpus:
-                continue
+        for node in nodes.tolist():
             room = a.gpu_free[node].copy()
             gone: dict[str, int] = defaultdict(int)
             chosen: list[Workload] = []
-            for v in sorted(there, key=lambda v: (work.milli_of(v), v.name)):
-                milli = work.milli_of(v)
-                if floor and c.work.usage[(v.project, pool)] - gone[v.project] - milli < work.quota.get((v.project, pool), 0):
+            cost = 0
+            for milli, _, v in self._movable_on(node):
+                if floor and work.usage[(v.project, pool)] - gone[v.project] - milli < work.quota.get((v.project, pool), 0):
                     continue
                 gone[v.project] += milli
+                cost += milli
                 chosen.append(v)
                 give_back(room, node, work.choices_of(v))
-            if int((room == MILLI).sum()) >= d.gpus:
-                options.append((sum(work.milli_of(v) for v in chosen), node, chosen))
+            if chosen and int((room == MILLI).sum()) >= d.gpus:
+                options.append((cost, node, chosen))
         options.sort(key=lambda o: (o[0], o[1]))
         for _, node, chosen in options[:MAX_NODES]:
             if self._try(w, pool, node, chosen):

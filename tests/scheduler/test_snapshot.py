@@ -65,10 +65,25 @@ def test_removing_everything_filed_restores_the_empty_snapshot():
         snap.remove_workload(w.name)
     assert not any(snap.usage.values()) and not any(snap.fixed_usage.values())
     assert not snap.shape_counts and not any(snap.victims.values()) and not snap.releasing
+    assert not any(snap.holding_on.values())
     assert (snap.arrays.gpu_free == free).all()
     # shapes seen again are counted from zero
     snap.upsert_workload(work[1])
     assert sum(snap.shape_counts.values()) == work[1].pods
+
+
+def test_work_is_found_on_each_node_it_holds_room_on_until_it_moves_or_goes():
+    ds, ps = org(("a", 8))
+    snap = snapshot([make_node(f"n{i}") for i in range(3)], ds, ps)
+    gang = make_workload("g").project("a").gpus(1).pods(2).running(("n0", (0,), 1000), ("n1", (0,), 1000)).obj()
+    ws = make_workload("ws").project("a").kind(Kind.WORKSPACE).gpus(0.5).running(("n1", (1,), 500)).obj()
+    for w in (gang, ws, make_workload("p").project("a").gpus(1).obj()):
+        snap.upsert_workload(w)
+    assert {n: set(v) for n, v in snap.holding_on.items() if v} == {"n0": {"g"}, "n1": {"g", "ws"}}
+    snap.upsert_workload(make_workload("ws").project("a").gpus(0.5).running(("n2", (0,), 500)).obj())
+    assert snap.holding_on["n1"] == {"g"} and snap.holding_on["n2"] == {"ws"}
+    snap.remove_workload("g")
+    assert {n: set(v) for n, v in snap.holding_on.items() if v} == {"n2": {"ws"}}
 
 
 def test_running_work_on_an_unknown_node_is_refused_and_changes_nothing():
