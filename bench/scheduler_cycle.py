@@ -26,8 +26,13 @@ then holds ``baseline`` (the same figures), ``ratio`` (baseline / this tree, per
 and scale) and ``same_decisions`` (every scale's digests equal). REV's ``scheduler`` must
 take the model this script builds and report ``timings["snapshot_s"]`` (any since 5438b4e).
 
+``--consolidate-in-quota`` times this tree with ``SchedulerConfig.consolidate_in_quota`` on;
+the baseline always runs with its tree's defaults, so ``--consolidate-in-quota --baseline
+HEAD`` measures what the switch costs, in the same run.
+
     python bench/scheduler_cycle.py [--json] [--scale 1.0] [--policy gpupool] [--repeat 1]
     python bench/scheduler_cycle.py --json --repeat 3 --baseline main
+    python bench/scheduler_cycle.py --json --repeat 3 --consolidate-in-quota --baseline HEAD
 """
 
 from __future__ import annotations
@@ -157,10 +162,12 @@ class _CollectorClock:
             self.seconds += time.perf_counter() - self._t0
 
 
-def measure(scale: float, policy: str = "gpupool") -> dict:
+def measure(scale: float, policy: str = "gpupool", consolidate_in_quota: bool = False) -> dict:
     cpu0 = time.process_time()
     nodes, depts, projects, running, pending = build(scale)
-    snap = Snapshot.build(nodes, depts, projects, running[: len(running) * 99 // 100], SchedulerConfig(policy=policy))
+    # The switch is named only when on: a baseline tree older than it takes the defaults.
+    cfg = SchedulerConfig(policy=policy, **({"consolidate_in_quota": True} if consolidate_in_quota else {}))
+    snap = Snapshot.build(nodes, depts, projects, running[: len(running) * 99 // 100], cfg)
     _ = snap.arrays  # the persistent capacity view exists before the measured cycle
     clock = _CollectorClock()
     gc.callbacks.append(clock)
@@ -212,10 +219,12 @@ def _fail(msg: str) -> SystemExit:
     return SystemExit(f"scheduler_cycle: {msg}")
 
 
-def run_worker(tree: Path, scale: float, policy: str) -> dict:
+def run_worker(tree: Path, scale: float, policy: str, consolidate_in_quota: bool = False) -> dict:
     """``measure`` in a fresh process that imports ``tree``'s scheduler."""
     env = {**os.environ, TREE_ENV: str(tree)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--scale", repr(scale), "--policy", policy]
+    if consolidate_in_quota:
+        cmd.append("--consolidate-in-quota")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -293,6 +302,8 @@ def main() -> None:
     ap.add_argument("--policy", default="gpupool", help="placement policy (gpupool, tightpack, fgd, bestfit)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per scale (and tree); the best is kept")
     ap.add_argument("--baseline", default="", help="git revision to time in the same run, alternately")
+    ap.add_argument("--consolidate-in-quota", action="store_true",
+                    help="this tree's runs with SchedulerConfig.consolidate_in_quota on (the baseline's keep the defaults)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not (args.scale > 0 and args.scale <= 4):
@@ -300,7 +311,7 @@ def main() -> None:
     if args.repeat < 1:
         raise _fail(f"--repeat must be an integer >= 1, got {args.repeat!r}")
     if args.worker:
-        print(json.dumps(measure(args.scale, args.policy)))
+        print(json.dumps(measure(args.scale, args.policy, args.consolidate_in_quota)))
         return
     trees = {"this": REPO}
     if args.baseline:
@@ -311,12 +322,14 @@ def main() -> None:
             for name, frac in SCALES:
                 # alternately, so both see the same machine; who goes first alternates too
                 for t, tree in sorted(trees.items(), reverse=bool(i % 2)):
-                    runs[t][name].append(run_worker(tree, args.scale * frac, args.policy))
+                    runs[t][name].append(run_worker(tree, args.scale * frac, args.policy,
+                                                    args.consolidate_in_quota and t == "this"))
     finally:
         if args.baseline:
             remove_checkout(trees["baseline"])
     out = summary({name: best(r) for name, r in runs["this"].items()}, args.policy)
     out["repeat"] = args.repeat
+    out["consolidate_in_quota"] = args.consolidate_in_quota
     if args.baseline:
         base = summary({name: best(r) for name, r in runs["baseline"].items()}, args.policy)
         base["rev"] = args.baseline

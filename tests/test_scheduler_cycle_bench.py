@@ -49,10 +49,18 @@ def test_repeated_runs_keep_each_figures_least():
     proc = _run("--json", "--scale", "0.01", "--repeat", "2")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["repeat"] == 2 and "baseline" not in out
+    assert out["repeat"] == 2 and "baseline" not in out and out["consolidate_in_quota"] is False
     for suffix in ("_quarter", "_half", ""):
         runs = out[f"cycle_s_runs{suffix}"]
         assert len(runs) == 2 and out[f"cycle_s{suffix}"] == min(runs)
+
+
+def test_consolidate_in_quota_times_this_tree_with_the_switch_and_the_baseline_without():
+    proc = _run("--json", "--scale", "0.01", "--consolidate-in-quota", "--baseline", "HEAD")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["consolidate_in_quota"] is True and "consolidate_in_quota" not in out["baseline"]
+    assert out["ratio"]["cycle_s"] > 0
 
 
 @pytest.mark.parametrize(
