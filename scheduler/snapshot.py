@@ -93,6 +93,10 @@ class Snapshot:
         # The same workloads per node they have a pod on (node name -> names): what runs on
         # one node, without a pass over every workload.
         self.holding_on: dict[str, set[str]] = defaultdict(set)
+        # Of them, those with more than one pod, and those that resumed after an eviction:
+        # the few a move leaves where they are (actions.consolidate), without a pass over all.
+        self.holding_gangs: set[str] = set()
+        self.holding_resumed: set[str] = set()
         self.usage: dict[tuple[str, str], int] = defaultdict(int)  # (project, pool) -> milli
         # Of it, what work that cannot give way holds (Workload.gives_way): the in-quota test of
         # work that may not go over quota counts only this (quota.counted_usage).
@@ -174,6 +178,12 @@ class Snapshot:
             self._arrays = arrays
         return self._arrays
 
+    def victim_pods(self, name: str) -> tuple[tuple[str, tuple[int, ...], int], ...]:
+        """Where a running preemptible workload's pods are, as filed (node name, GPU
+        indices, milli-GPUs on each): what ``victims_hold`` counts for it; () for any other."""
+        filed = self._filed.get(name)
+        return filed[6] if filed is not None and filed[3] is not None else ()
+
     def victims_hold(self, project: str) -> np.ndarray | None:
         """Milli-GPUs per GPU slot (rows and slots of ``arrays``) held by ``project``'s
         running preemptible work (its ``victims``); None where it holds none. Read-only."""
@@ -252,6 +262,10 @@ class Snapshot:
         self.holding[project][name] = w
         for node, _, _ in pods_at:
             self.holding_on[node].add(name)
+        if w.pods > 1:
+            self.holding_gangs.add(name)
+        if w.resumed:
+            self.holding_resumed.add(name)
         for pool, milli in held:
             self.usage[(project, pool)] += milli
             if fixed:
@@ -284,6 +298,8 @@ class Snapshot:
         self.holding[project].pop(name, None)
         for node, _, _ in filed[6]:
             self.holding_on[node].discard(name)
+        self.holding_gangs.discard(name)
+        self.holding_resumed.discard(name)
         self.releasing.pop(name, None)
         for pool, milli in held:
             self.usage[(project, pool)] -= milli

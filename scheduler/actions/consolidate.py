@@ -15,7 +15,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..cycle import Cycle
-from ..model import MILLI, Evict, EvictionCause, State, Workload
+from ..model import MILLI, Evict, EvictionCause, Workload
 from ..placement import Choice
 from .room import give_back
 
@@ -31,8 +31,8 @@ class Consolidate:
         self.cycle = cycle
         self.work = cycle.work
         self.movable: dict[int, list[tuple[int, str, Workload]]] = {}  # per node
-        self.bounds: dict[tuple[str, tuple[str, ...]], np.ndarray] = {}
-        self.evicted: set[str] | None = None
+        self.hold: dict[str, np.ndarray | None] = {}  # per project
+        self.kept: dict[str, set[str]] | None = None
 
     def run(self) -> None:
         c = self.cycle
@@ -54,19 +54,41 @@ class Consolidate:
                     moves += 1
                     break
 
-    def _bound(self, pool: str, projects: tuple[str, ...]) -> np.ndarray:
-        """Per GPU slot, the milli-GPUs that ``projects``' running preemptible work holds
-        (``Snapshot.victims_hold``): at most what moving their work could free."""
-        key = (pool, projects)
-        bound = self.bounds.get(key)
-        if bound is None:
-            bound = np.zeros(self.work.arrays.gpu_free.shape, dtype=np.int64)
-            for p in projects:
-                held = self.cycle.snap.victims_hold(p)
+    def _kept(self) -> dict[str, set[str]]:
+        """Per project, its running preemptible work that a move leaves where it is:
+        evicted this cycle (by make-room), a gang, or restarted within ``resume_protection_s``."""
+        if self.kept is None:
+            c, snap = self.cycle, self.cycle.snap
+            now, protection = snap.now, c.cfg.resume_protection_s
+            names = {e.workload for e in c.decisions.evictions} | snap.holding_gangs
+            for name in snap.holding_resumed:
+                v = snap.workloads[name]
+                if now is not None and v.started_at is not None and now - v.started_at < protection:
+                    names.add(name)
+            self.kept = defaultdict(set)
+            for name in names:
+                held = snap.workloads.get(name)
                 if held is not None:
-                    bound += held
-            self.bounds[key] = bound
-        return bound
+                    self.kept[held.project].add(name)
+        return self.kept
+
+    def _movable_hold(self, project: str) -> np.ndarray | None:
+        """Per GPU slot, the milli-GPUs of ``project``'s work that may be moved:
+        ``Snapshot.victims_hold`` less what its kept work holds. Once per project and cycle."""
+        if project not in self.hold:
+            snap, a = self.cycle.snap, self.work.arrays
+            held = snap.victims_hold(project)
+            kept = [pods for name in self._kept().get(project, ()) if (pods := snap.victim_pods(name))]
+            if held is not None and kept:
+                held = held.copy()
+                for pods in kept:
+                    for node, gpus, milli in pods:
+                        i = a.index.get(node)
+                        if i is not None:
+                            for g in gpus:
+                                held[i, g] -= milli
+            self.hold[project] = held
+        return self.hold[project]
 
     def _movable_on(self, node: int) -> list[tuple[int, str, Workload]]:
         """The single-pod work on ``node`` that may be moved, as (milli-GPUs, name,
@@ -79,19 +101,14 @@ class Consolidate:
             c, work = self.cycle, self.work
             snap, cfg = c.snap, c.cfg
             pool, name_of = work.pool_of(node), work.arrays.names[node]
-            if self.evicted is None:
-                self.evicted = {e.workload for e in c.decisions.evictions}  # by make-room, this cycle
+            kept = self._kept()
             there = self.movable[node] = []
             for name in snap.holding_on.get(name_of, ()):
                 v = snap.workloads[name]
-                if v.state != State.RUNNING or not v.is_preemptible or v.pods != 1 or name in self.evicted \
-                        or v.project not in snap.projects:
+                if not snap.victim_pods(name) or name in kept.get(v.project, ()) or v.project not in snap.projects:
                     continue
                 if not cfg.consolidate_in_quota \
                         and work.usage[(v.project, pool)] <= work.quota.get((v.project, pool), 0):
-                    continue
-                if v.resumed and snap.now is not None and v.started_at is not None \
-                        and snap.now - v.started_at < cfg.resume_protection_s:
                     continue
                 for pl in v.placement:
                     if pl.node == name_of:
@@ -109,35 +126,59 @@ class Consolidate:
         # Below the quota floor only for a pod its project's fair share covers: work in
         # quota then moves for the share it is owed, never for borrowing beyond it.
         floor = not (c.cfg.consolidate_in_quota and c.fits_fair_share(w, pool))
-        # Whose work could go at all: above the floor, only that of projects over their quota.
-        projects = tuple(p for p in c.snap.projects
-                         if not floor or work.usage[(p, pool)] > work.quota.get((p, pool), 0))
-        # Nodes big enough for the pod (GPUs, CPU, memory), not already free for it, where
-        # all that work gone would leave enough whole GPUs (moving part of it frees no more).
-        bound = a.gpu_free + self._bound(pool, projects)
-        nodes = np.flatnonzero(a.could_hold(pool, w.gpu_models, w.demand) & (a.full_free < d.gpus)
-                               & ((bound >= MILLI).sum(axis=1) >= d.gpus))
+        # Whose work could go: above the floor, only that of projects over their quota.
+        projects = [p for p in c.snap.projects
+                    if not floor or work.usage[(p, pool)] > work.quota.get((p, pool), 0)]
+        holds = [(p, h) for p in projects if (h := self._movable_hold(p)) is not None]
+        if not holds:
+            return False
+        movable = np.zeros_like(holds[0][1])
+        for _, h in holds:
+            movable += h
+        # Where the floor stops no move (no project has more work there than it holds over
+        # its quota), all of it goes: the node's room and its cost are sums. Elsewhere the
+        # node's work is read one workload at a time, as the floor takes it.
+        read = np.zeros(len(a.names), dtype=bool)
+        if floor:
+            for p, h in holds:
+                read |= h.sum(axis=1) > work.usage[(p, pool)] - work.quota.get((p, pool), 0)
+        room = a.gpu_free + movable
+        ok = a.could_hold(pool, w.gpu_models, w.demand) & (a.full_free < d.gpus)
+        summed = np.flatnonzero(ok & ~read & ((room == MILLI).sum(axis=1) >= d.gpus))
         # Nodes the pod could have with their movable work moved, the fewest GPUs to move first.
-        options = []
-        for node in nodes.tolist():
-            room = a.gpu_free[node].copy()
-            gone: dict[str, int] = defaultdict(int)
-            chosen: list[Workload] = []
-            cost = 0
-            for milli, _, v in self._movable_on(node):
-                if floor and work.usage[(v.project, pool)] - gone[v.project] - milli < work.quota.get((v.project, pool), 0):
-                    continue
-                gone[v.project] += milli
-                cost += milli
-                chosen.append(v)
-                give_back(room, node, work.choices_of(v))
-            if chosen and int((room == MILLI).sum()) >= d.gpus:
-                options.append((cost, node, chosen))
-        options.sort(key=lambda o: (o[0], o[1]))
-        for _, node, chosen in options[:MAX_NODES]:
-            if self._try(w, pool, node, chosen):
+        cost = movable.sum(axis=1)
+        options = [(int(cost[node]), node) for node in summed[np.lexsort((summed, cost[summed]))][:MAX_NODES].tolist()]
+        for node in np.flatnonzero(ok & read & ((room >= MILLI).sum(axis=1) >= d.gpus)).tolist():
+            cost_there, chosen = self._chosen(node, pool, floor)
+            if int((a.gpu_free[node] + self._freed(node, chosen) == MILLI).sum()) >= d.gpus:
+                options.append((cost_there, node))
+        options.sort()
+        for _, node in options[:MAX_NODES]:
+            if self._try(w, pool, node, self._chosen(node, pool, floor)[1]):
                 return True
         return False
+
+    def _chosen(self, node: int, pool: str, floor: bool) -> tuple[int, list[Workload]]:
+        """The work on ``node`` a move takes, with the milli-GPUs it holds: all that may be
+        moved, less (where ``floor``) what would take its project below its quota."""
+        work = self.work
+        gone: dict[str, int] = defaultdict(int)
+        chosen: list[Workload] = []
+        cost = 0
+        for milli, _, v in self._movable_on(node):
+            if floor and work.usage[(v.project, pool)] - gone[v.project] - milli < work.quota.get((v.project, pool), 0):
+                continue
+            gone[v.project] += milli
+            cost += milli
+            chosen.append(v)
+        return cost, chosen
+
+    def _freed(self, node: int, chosen: list[Workload]) -> np.ndarray:
+        """Per GPU slot of ``node``, the milli-GPUs ``chosen`` hold there."""
+        freed = np.zeros(self.work.arrays.gpu_free.shape[1], dtype=np.int64)
+        for v in chosen:
+            give_back(freed, node, self.work.choices_of(v))
+        return freed
 
     def _try(self, w: Workload, pool: str, node: int, chosen: list[Workload]) -> bool:
         c, work = self.cycle, self.work

@@ -70,7 +70,7 @@ class RoomWithout:
         return list(dict.fromkeys(self.pod_of[self.pod_node == node].tolist()))
 
 
-def give_back(gpus: list[int], node: int, choices: list[Choice]) -> int:
+def give_back(gpus: np.ndarray | list[int], node: int, choices: list[Choice]) -> int:
     """Add to ``gpus`` (milli free per GPU slot of ``node``) what ``choices`` hold there, as
     if that work were gone; the number of its pods there (for their CPU and memory)."""
     pods = 0

@@ -39,6 +39,20 @@ def test_work_inside_its_project_s_quota_is_not_moved():
     assert "no node in pool default has 4 GPUs free" in d.reason("b4")
 
 
+def test_a_node_is_opened_with_only_the_work_its_project_holds_over_its_quota():
+    # a (quota 4) holds 5 GPUs, 1 over its quota. n1 holds two of a's GPUs, n2 three: on
+    # either node a move may take one of them. b asks for 3 whole GPUs: n1, with a1 moved,
+    # has 3 (a2 stays), n2 would have 2. a1 restarts on n2's free GPU.
+    ds, ps = org(("a", 4), ("b", 0))
+    running = [make_workload(f"a{i}").project("a").gpus(1).submitted(i).running((node, (g,), 1000)).obj()
+               for i, (node, g) in enumerate([("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1), ("n2", 2)], start=1)]
+    ask = make_workload("b3").project("b").gpus(3).submitted(10).obj()
+    nodes = [make_node("n1", gpus=4), make_node("n2", gpus=4)]
+    d = decide(snapshot(nodes, ds, ps, [*running, ask], fair_share_reclaim=False))
+    assert [(e.workload, e.cause) for e in d.evictions] == [("a1", EvictionCause.CONSOLIDATE)]
+    assert "moving 1 workload to free a whole node" in d.reason("b3")
+
+
 def test_work_that_just_restarted_is_not_moved_again():
     # a3 restarted 100 s ago (inside resume_protection_s): n1's two pods move instead.
     snap = _spread(a_quota=1)

@@ -80,10 +80,16 @@ def test_work_is_found_on_each_node_it_holds_room_on_until_it_moves_or_goes():
     for w in (gang, ws, make_workload("p").project("a").gpus(1).obj()):
         snap.upsert_workload(w)
     assert {n: set(v) for n, v in snap.holding_on.items() if v} == {"n0": {"g"}, "n1": {"g", "ws"}}
-    snap.upsert_workload(make_workload("ws").project("a").gpus(0.5).running(("n2", (0,), 500)).obj())
-    assert snap.holding_on["n1"] == {"g"} and snap.holding_on["n2"] == {"ws"}
+    assert snap.holding_gangs == {"g"} and not snap.holding_resumed
+    assert snap.victim_pods("g") == (("n0", (0,), 1000), ("n1", (0,), 1000)) and snap.victim_pods("ws") == ()
+    resumed = make_workload("ws").project("a").gpus(0.5).running(("n2", (0,), 500)).obj()
+    resumed.resumed = True
+    snap.upsert_workload(resumed)
+    assert snap.holding_on["n1"] == {"g"} and snap.holding_on["n2"] == {"ws"} and snap.holding_resumed == {"ws"}
+    assert snap.victim_pods("ws") == (("n2", (0,), 500),)  # a training now: preemptible
     snap.remove_workload("g")
-    assert {n: set(v) for n, v in snap.holding_on.items() if v} == {"n2": {"ws"}}
+    snap.upsert_workload(make_workload("ws").project("a").gpus(0.5).obj())  # pending again
+    assert not any(snap.holding_on.values()) and not snap.holding_gangs and not snap.holding_resumed
 
 
 def test_running_work_on_an_unknown_node_is_refused_and_changes_nothing():
