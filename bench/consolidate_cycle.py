@@ -4,9 +4,9 @@ The cluster and running work are ``scheduler_cycle.build``'s (4,000 nodes x 8 GP
 running pods), less every tenth running pod, so that free GPUs lie scattered over the nodes,
 and with two thirds of each odd-numbered project's pods given to the project before it, so
 that half the projects hold more than their quota. The pending work is 50 single-pod 8-GPU
-trainings, one per project, which no node has room for. The cycle's consolidate action then looks for a node to open for them: the cost of
-the action where it runs. ``scheduler_cycle.py`` never reaches it (its binds take every
-free GPU first).
+trainings, one per project, which no node has room for. The cycle's consolidate action then
+looks for a node to open for them: the cost of the action where it runs.
+``scheduler_cycle.py`` never reaches it (its binds take every free GPU first).
 
 Per setting of ``SchedulerConfig.consolidate_in_quota`` (``off``, the default, moves only
 work over its project's quota; ``on`` may move any preemptible work, 140,000 pods here):

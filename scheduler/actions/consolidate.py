@@ -104,15 +104,14 @@ class Consolidate:
             kept = self._kept()
             there = self.movable[node] = []
             for name in snap.holding_on.get(name_of, ()):
-                v = snap.workloads[name]
-                if not snap.victim_pods(name) or name in kept.get(v.project, ()) or v.project not in snap.projects:
+                v, pods = snap.workloads[name], snap.victim_pods(name)
+                if not pods or name in kept.get(v.project, ()) or v.project not in snap.projects:
                     continue
                 if not cfg.consolidate_in_quota \
                         and work.usage[(v.project, pool)] <= work.quota.get((v.project, pool), 0):
                     continue
-                for pl in v.placement:
-                    if pl.node == name_of:
-                        there.append((pl.gpu_milli * len(pl.gpu_indices), name, v))
+                # as filed: the same pods Snapshot.victims_hold counts
+                there.extend((milli * len(gpus), name, v) for at, gpus, milli in pods if at == name_of)
             there.sort(key=lambda e: (e[0], e[1]))
         return there
 
