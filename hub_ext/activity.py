@@ -9,9 +9,11 @@ are read here from the file without joining the account's lock.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from scheduler.embedded import region_path
+from .host import regions
 
 MAGIC = 0x67707032  # "gpp2", native/src/account.c GP_REGION_MAGIC
 _HEAD = struct.Struct("<IIQQQ")  # magic, layout, launches, allocs, last_active_ms
@@ -31,16 +33,19 @@ class Activity:
 NONE = Activity(0, 0, 0.0)
 
 
-def read_region(path: str) -> Activity | None:
+def read_region(path: str | Path) -> Activity | None:
     """The counters in a region file; ``NONE`` when the workload never touched the GPU
-    (no file yet), None when the file is not a region this library version wrote."""
+    (no file, or the empty one its launcher made), None when the file is not a region this
+    library version wrote."""
     try:
-        with open(path, "rb") as f:
+        with open(regions.open_for_reading(path), "rb") as f:
             head = f.read(_HEAD.size)
     except FileNotFoundError:
         return NONE
     except OSError:
         return None
+    if not head.strip(b"\0"):
+        return NONE
     if len(head) < _HEAD.size:
         return None
     magic, _layout, launches, allocs, last_ms = _HEAD.unpack(head)
@@ -49,8 +54,15 @@ def read_region(path: str) -> Activity | None:
     return Activity(launches, allocs, last_ms / 1000.0)
 
 
-def workload_activity(workload: str) -> Activity | None:
-    return read_region(region_path(workload))
+def reader(state_dir: str | Path) -> Callable[[str], Activity | None]:
+    """``workload -> Activity | None`` for the workloads of the hub whose state is in
+    ``state_dir`` (its launcher's regions)."""
+    folder = regions.of_state(state_dir)
+
+    def workload_activity(workload: str) -> Activity | None:
+        return read_region(folder / workload)
+
+    return workload_activity
 
 
 def is_fraction(placement: list[dict] | None) -> bool:

@@ -30,6 +30,7 @@ from .host.accounts import Account, Accounts
 from .host.cgroups import Limits as HostLimits
 from .host.cgroups import detect as detect_cgroups
 from .host.process import Handle, Launcher, Spec
+from .host.state import RUN_DIR
 from .inference.db import replica_rows
 from .inventory import discover, gpu_utilization
 from .limits import limits_for
@@ -91,7 +92,7 @@ class Runtime:
         self.accounts = Accounts(cfg.accounts, prefix=cfg.account_prefix, home_root=cfg.home_root,
                                  template=cfg.account_template or None)
         self.cgroups = detect_cgroups()
-        self.launcher = Launcher(state / "run", self.cgroups)
+        self.launcher = Launcher(state / RUN_DIR, self.cgroups)
         running = self.surviving_workloads()
         with self.Session() as s:
             accounting.close_open_allocations(s, running=running)
@@ -203,7 +204,8 @@ class Runtime:
     def env_for(self, w: Workload, b: Bind) -> dict:
         pod = b.pods[0]
         node = next(n for n in self.nodes if n.name == pod.node)
-        return gpu_env(node, pod, w.demand.gpu_memory_mib, self.cfg.preload_library, w.name)
+        return gpu_env(node, pod, w.demand.gpu_memory_mib, self.cfg.preload_library,
+                       self.launcher.region(w.name))
 
     # -- trainings and inferences submitted through the API ------------------------------
     async def _launch_process(self, w: Workload, b: Bind):

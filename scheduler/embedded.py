@@ -69,16 +69,11 @@ class Waiter:
     updates: asyncio.Queue = field(default_factory=asyncio.Queue)
 
 
-def region_path(workload: str) -> str:
-    """The interception library's shared account of one workload (GPUPOOL_SHARED_REGION):
-    its memory account and its launch and allocation counters (hub_ext/activity.py)."""
-    return f"/dev/shm/gpupool-{workload}"
-
-
-def gpu_env(node: Node, pod: PodPlacement, demand_memory_mib: int, preload: str = "",
-            workload: str = "") -> dict:
+def gpu_env(node: Node, pod: PodPlacement, demand_memory_mib: int, preload: str, region: str) -> dict:
     """Environment of a process placed on ``pod``: visible GPUs, the memory cap for the
-    interception library, and LD_PRELOAD when the library is built."""
+    interception library, its shared account ``region`` (the launcher's, which creates it
+    owned by the workload's account: hub_ext/host/regions.py), and LD_PRELOAD when the
+    library is built."""
     gpus = [node.gpus[i] for i in pod.gpu_indices]
     ids = [g.uuid if g.uuid and not g.uuid.startswith("GPU-declared") else str(g.index) for g in gpus]
     env = {
@@ -93,7 +88,7 @@ def gpu_env(node: Node, pod: PodPlacement, demand_memory_mib: int, preload: str 
         # The interception library's interface (native/README.md): memory cap per device,
         # share of SM time, and a shared account file per workload.
         env.update(share_env(gpus[0].memory_mib, pod.gpu_milli, demand_memory_mib))
-        env["GPUPOOL_SHARED_REGION"] = region_path(workload or node.name)
+        env["GPUPOOL_SHARED_REGION"] = region
         if preload and os.path.exists(preload):
             env["LD_PRELOAD"] = preload
     return env

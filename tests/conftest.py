@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import secrets
 import shutil
 import signal
 from pathlib import Path
@@ -31,6 +32,15 @@ from scheduler.k8s.testcluster import (
 
 NODES = 4
 GPUS_PER_NODE = 8
+
+# The OS accounts this run's hubs make carry a prefix of the run's own (tests/hub/hubproc.py
+# reads it), drawn once here so that every module and every child process of the run agrees.
+PRODUCT_ACCOUNT_PREFIX = "gpupool-"  # hub_ext/config.py's default: a serving hub's accounts
+os.environ.setdefault("GPUPOOL_TEST_ACCOUNT_PREFIX", f"gpt{secrets.token_hex(3)}-")
+if os.environ["GPUPOOL_TEST_ACCOUNT_PREFIX"].startswith(PRODUCT_ACCOUNT_PREFIX):
+    raise pytest.UsageError("GPUPOOL_TEST_ACCOUNT_PREFIX must not start with the product's own "
+                            f"account prefix {PRODUCT_ACCOUNT_PREFIX!r}: a test run would take over "
+                            "the accounts of a gpupool serving users on this machine")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -111,14 +121,16 @@ def shots(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def _remove_workload_accounts():
-    """OS accounts that embedded mode made for test users (their prefix) go at the end."""
+    """OS accounts that this run's hubs made (the run's own prefix, made during the run) go
+    at the end: those a hub's own stop could not remove (a hub that never stopped)."""
     def accounts() -> set[str]:
         return {line.split(":", 1)[0] for line in Path("/etc/passwd").read_text().splitlines() if line}
 
     before = accounts()
     yield
-    from tests.hub.hubproc import ACCOUNT_PREFIX, remove_account
+    from tests.hub.hubproc import remove_account
 
+    prefix = os.environ["GPUPOOL_TEST_ACCOUNT_PREFIX"]
     for name in sorted(accounts() - before):
-        if name.startswith(ACCOUNT_PREFIX):
+        if name.startswith(prefix):
             remove_account(name)

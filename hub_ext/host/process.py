@@ -12,7 +12,6 @@ A workload's environment is exactly ``Spec.env``: nothing of the hub's is inheri
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import re
 import shutil
@@ -24,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import regions
 from .accounts import Account
 from .cgroups import Cgroups, Limits, detect, group_from_json
 from .errors import LaunchError, SpecError
@@ -41,6 +41,8 @@ from .state import (
 )
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+REGION_ENV = "GPUPOOL_SHARED_REGION"
+REGION_FILE = "region"  # run/NAME/region: the region file created for the workload
 _ROOT = Path(__file__).resolve().parents[2]  # where hub_ext and gpupool are importable
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -200,6 +202,7 @@ class Launcher:
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.run_dir, 0o700)
         self.cgroups = cgroups if cgroups is not None else detect()
+        self.regions = regions.region_dir(self.run_dir)
         self._starting: set[str] = set()
 
     def _dir(self, name: str) -> Path:
@@ -210,8 +213,24 @@ class Launcher:
     def group_name(self, name: str) -> str:
         """The cgroup (or systemd scope) of workload ``name``: its name and a digest of
         ``run_dir``, so that two hubs on one host (or two test runs) never share one."""
-        digest = hashlib.sha256(str(self.run_dir.resolve()).encode()).hexdigest()[:8]
-        return f"{name}.{digest}"
+        return f"{name}.{regions.run_digest(self.run_dir)}"
+
+    def region(self, name: str) -> str:
+        """The interception library's account of ``name`` (GPUPOOL_SHARED_REGION), in this
+        launcher's own folder of regions (hub_ext/host/regions.py). A workload whose
+        environment names one gets it created, owned by its account, when it starts."""
+        self._dir(name)  # the same names as workloads
+        return str(self.regions / name)
+
+    def _region_of(self, spec: Spec) -> Path | None:
+        value = spec.env.get(REGION_ENV)
+        if value is None:
+            return None
+        path = Path(value)
+        if path.parent != self.regions or not NAME.match(path.name):
+            raise SpecError(f"{REGION_ENV} of {spec.name!r}: {value!r} is not a region of this "
+                            f"launcher (Launcher.region gives {self.regions}/NAME)")
+        return path
 
     async def start(self, spec: Spec, timeout_s: float = 30.0) -> Handle:
         """Start ``spec`` and return once its process runs (exec'd, in its cgroup, as its
@@ -232,6 +251,9 @@ class Launcher:
             if old is not None and old.exit() is None:
                 raise LaunchError(f"workload {spec.name!r} is already running (pid {old.pid})")
             shutil.rmtree(run)
+        region = self._region_of(spec)
+        if region is not None:
+            regions.create(region, spec.account.uid, spec.account.gid)
         run.mkdir(mode=0o700)
         write_json(run / SPEC, {
             "name": spec.name, "argv": list(spec.argv), "env": dict(spec.env),
@@ -240,6 +262,8 @@ class Launcher:
             "log_path": str(spec.log_path if spec.log_path is not None else run / "output.log"),
             "cgroups": self.cgroups.to_json(), "group_name": self.group_name(spec.name),
         })
+        if region is not None:  # spec.json is the monitor's to delete: forget() reads this
+            (run / REGION_FILE).write_text(str(region))
         argv = self.cgroups.wrap(self.group_name(spec.name), spec.limits,
                                  [sys.executable, "-S", "-u", "-m", "hub_ext.host.monitor", str(run)])
         # The monitor gets no environment of the hub's either: only where to find itself.
@@ -297,6 +321,12 @@ class Launcher:
                 raise LaunchError(f"workload {name!r} is still running (pid {handle.pid}); terminate it first")
             if not handle.monitor_alive() and handle.group.exists():
                 handle.group.remove()  # its monitor was killed before it could
+        try:
+            region = Path((run / REGION_FILE).read_text())
+        except FileNotFoundError:
+            region = None
+        if region is not None and region.parent == self.regions:
+            regions.remove(region)
         shutil.rmtree(run, ignore_errors=True)
 
 

@@ -21,6 +21,7 @@ import signal as _signal
 from dataclasses import dataclass
 from pathlib import Path
 
+RUN_DIR = "run"  # STATE_DIR/run: the launcher's folder of workload run directories
 SPEC = "spec.json"
 CHILD = "child.pid"
 EXIT = "exit.json"

@@ -26,6 +26,7 @@ from pathlib import Path
 from hub_ext.host.accounts import Accounts, default_mode
 from hub_ext.host.cgroups import detect
 from hub_ext.host.process import Launcher
+from hub_ext.host.state import RUN_DIR
 from scheduler.embedded import EmbeddedScheduler
 from scheduler.model import DEFAULT_POOL, GPU, Department, Node, Project, Quota
 
@@ -73,7 +74,7 @@ async def serve(args) -> None:
     sched.start()
     await sched.cycle()
     state = Path(tempfile.mkdtemp(prefix="gpupool-inference-"))  # the hub's state dir's part
-    backend = EmbeddedBackend(sched, launcher=Launcher(state / "run", detect()),
+    backend = EmbeddedBackend(sched, launcher=Launcher(state / RUN_DIR, detect()),
                               accounts=Accounts(mode=default_mode()), state_dir=state)
     controller = Controller(backend, tick_s=args.tick)
     controller.start()

@@ -25,7 +25,7 @@ from datetime import datetime
 from sqlalchemy import select
 
 from .. import policy
-from ..activity import Activity, is_fraction, workload_activity
+from ..activity import Activity, is_fraction, reader
 from ..db import WorkloadRow, bump_version
 from ..events import add_event
 from ..inventory import gpu_utilization
@@ -41,9 +41,13 @@ def _ts(iso: str | None) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
+def _unseen(region: str) -> Activity | None:
+    return None
+
+
 def last_busy(key: str, region: str, pods: list[dict], util: dict[int, float] | None,
               busy_since: dict[str, float], counts: dict[str, int], now: float, util_pct: float,
-              activity: Callable[[str], Activity | None] = workload_activity) -> float | None:
+              activity: Callable[[str], Activity | None] = _unseen) -> float | None:
     """When the GPUs of one process (``pods``: its placement) were last seen busy, or None
     where that cannot be told. ``key`` names it in ``busy_since`` and ``counts`` (both
     updated here), ``region`` is its interception library account. First sight counts as
@@ -72,7 +76,7 @@ def _forget_all_but(keys: set[str], busy_since: dict[str, float], counts: dict[s
 
 def idle_servers(users: list[dict], rows: dict[str, WorkloadRow], util: dict[int, float] | None,
                  busy_since: dict[str, float], now: float, idle_s: float, util_pct: float,
-                 activity: Callable[[str], Activity | None] = workload_activity,
+                 activity: Callable[[str], Activity | None] = _unseen,
                  counts: dict[str, int] | None = None, idle_for: dict[str, float] | None = None) -> list:
     """(user, server) pairs to stop. ``busy_since`` and ``counts``: ``last_busy``'s memory
     of the workspaces; ``idle_for``: per project, its policy's idle timeout."""
@@ -98,7 +102,7 @@ def idle_servers(users: list[dict], rows: dict[str, WorkloadRow], util: dict[int
 def idle_trainings(rows: list[WorkloadRow], util: dict[int, float] | None,
                    busy_since: dict[str, float], counts: dict[str, int], now: float,
                    util_pct: float, idle_for: dict[str, float],
-                   activity: Callable[[str], Activity | None] = workload_activity) -> list[WorkloadRow]:
+                   activity: Callable[[str], Activity | None] = _unseen) -> list[WorkloadRow]:
     """Running trainings idle longer than their project's training idle timeout
     (``idle_for``): every worker's GPUs idle (``last_busy``, per worker) that long."""
     watched: set[str] = set()
@@ -181,12 +185,8 @@ def idle_timeouts(s, projects) -> dict[str, float]:
     return {p: t for p, e in pols.items() if (t := e.idle_s("workspace")) is not None}
 
 
-def _unseen(region: str) -> Activity | None:
-    return None
-
-
 def end_idle_trainings(ctx, util, busy_since: dict[str, float], counts: dict[str, int],
-                       now: float, ended: set[str], activity=workload_activity) -> None:
+                       now: float, ended: set[str], activity=_unseen) -> None:
     with ctx.Session() as s:
         rows = s.scalars(select(WorkloadRow).where(WorkloadRow.kind == "training",
                                                    WorkloadRow.state == "running")).all()
@@ -210,7 +210,7 @@ async def run(ctx) -> None:
     workers_counts: dict[str, int] = {}
     ended: set[str] = set()
     # on Kubernetes the interception accounts are on the nodes, not beside this process
-    activity = _unseen if ctx.cfg.backend == "kubernetes" else workload_activity
+    activity = _unseen if ctx.cfg.backend == "kubernetes" else reader(ctx.cfg.state_dir)
     while True:
         await asyncio.sleep(ctx.cfg.cull_every_s)
         try:

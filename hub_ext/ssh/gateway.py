@@ -258,9 +258,10 @@ async def run(cfg, Session, hub_api: str, hub_url: str = "") -> asyncssh.SSHAcce
 
         backend: Backend = await KubeBackend.from_environment(cfg.namespace)
     else:
+        from ..host.state import RUN_DIR
         from .embedded import HostBackend
 
-        backend = HostBackend(Path(cfg.state_dir) / "run", Session)
+        backend = HostBackend(Path(cfg.state_dir) / RUN_DIR, Session)
     gw = Gateway(Session, backend, hub_api, Throttle(cfg.ssh_max_failures, cfg.ssh_lockout_s), hub_url)
     acceptor = await gw.start(cfg.ssh_ip, cfg.ssh_port, cfg.state_dir)
     log.info("ssh gateway listening on %s:%d", cfg.ssh_ip, cfg.ssh_port)

@@ -339,7 +339,7 @@ class Job:
             env = {
                 **launch.account_env(account), **spec.env, **dist[rank],
                 **gpu_env(node, pod, demand.gpu_memory_mib, self.runner.preload,
-                          worker_region(self.name, rank)),
+                          self.runner.launcher.region(worker_region(self.name, rank))),
                 "GPUPOOL_WORKLOAD": self.name, "GPUPOOL_PROJECT": spec.project,
                 "GPUPOOL_CHECKPOINT_DIR": str(ckpt_dir), "GPUPOOL_ATTEMPT": str(attempt),
                 "GPUPOOL_RESUMED": "1" if resumed else "0", **attached,

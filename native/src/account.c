@@ -178,12 +178,35 @@ static int init_region(struct gp_region *r)
     return 0;
 }
 
+/* The account file: opened, never through a link, or else created by this process, mode
+ * 0600. An account another local user could write would let that user lift this workload's
+ * cap or fail its allocations, so an existing file is used only when region_trusted(). In
+ * embedded mode the launcher creates the file beforehand, owned by the workload's account,
+ * in a folder only the hub may write (hub_ext/host/regions.py). */
+static int open_region(const char *path)
+{
+    for (int tries = 0; tries < 2; tries++) {
+        int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        if (fd >= 0 || errno != ENOENT)
+            return fd;
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd >= 0 || errno != EEXIST)
+            return fd; /* else another process made it first: open that one */
+    }
+    return -1;
+}
+
+/* a regular file owned by this process's account (root may use any), writable by no one else */
+static int region_trusted(const struct stat *st)
+{
+    uid_t me = geteuid();
+    return S_ISREG(st->st_mode) && (st->st_uid == me || me == 0) && !(st->st_mode & 077);
+}
+
 static int do_attach(void)
 {
     const char *path = gp_config()->region_path;
-    mode_t old = umask(0);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
-    umask(old);
+    int fd = open_region(path);
     if (fd < 0) {
         gp_log(GP_LOG_ERROR, "cannot open the shared account %s: %s; refusing allocations",
                path, strerror(errno));
@@ -191,6 +214,13 @@ static int do_attach(void)
     }
     struct gp_region *r = MAP_FAILED;
     struct stat st;
+    if (fstat(fd, &st) != 0 || !region_trusted(&st)) {
+        gp_log(GP_LOG_ERROR, "the shared account %s is not a file of this account's that only it "
+               "may write (owner uid %u, mode %03o); refusing allocations", path,
+               (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777));
+        close(fd);
+        return -1;
+    }
     /* the first process sizes and initialises the region under flock; flock goes away with
      * a process that dies half-way, and the next one starts over */
     if (flock(fd, LOCK_EX) == 0 && fstat(fd, &st) == 0) {

@@ -175,7 +175,8 @@ static void load(void)
     /* env GPUPOOL_SHARED_REGION: absolute path of the container's shared account, default
      * `/dev/shm/gpupool-account`. All processes of one container must see the same file (one
      * per container: `/dev/shm` is per container on Kubernetes; the embedded launcher passes a
-     * per-workload path). Created mode 0666 so that any user in the container can use it. */
+     * per-workload path, created beforehand and owned by the workload's account). Made mode 0600
+     * when missing; a file another account owns, or that others may write, is refused. */
     if ((v = getenv("GPUPOOL_SHARED_REGION")) && *v) {
         if (v[0] != '/' || strlen(v) >= sizeof c->region_path)
             bad("GPUPOOL_SHARED_REGION", v);

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,6 +14,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from hub_ext.host import regions
 
 ROOT = Path(__file__).resolve().parents[2]
 USER_PW = "gpupool-user"
@@ -25,9 +28,10 @@ c.Gpupool.declared_gpus = [
     {"node": "b", "model": "NVIDIA B200", "memory_mib": 183359, "count": 2, "pool": "fast"},
 ]
 """
-# The prefix of the OS accounts test hubs make: set GPUPOOL_ACCOUNT_PREFIX to keep two test
-# runs on one host out of each other's accounts.
-ACCOUNT_PREFIX = os.environ.get("GPUPOOL_ACCOUNT_PREFIX", "gpupool-")
+# The prefix of the OS accounts test hubs make: one of this test run's own (tests/conftest.py
+# draws it), never the product's "gpupool-", so that a run never touches the accounts of a
+# gpupool that serves users on the same machine, nor those of another run.
+ACCOUNT_PREFIX = os.environ.get("GPUPOOL_TEST_ACCOUNT_PREFIX") or f"gpt{os.getpid() % 10**6:06d}-"
 
 
 def account(user: str) -> str:
@@ -72,7 +76,8 @@ class Hub:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port, hub_port, svc_port, api_port = free_ports(4)
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "GPUPOOL_STATE_DIR": str(self.workdir / "state"),
+        self.env = {**os.environ, "GPUPOOL_ACCOUNT_PREFIX": ACCOUNT_PREFIX,
+                    "GPUPOOL_STATE_DIR": str(self.workdir / "state"),
                     "GPUPOOL_PORT": str(self.port), "GPUPOOL_HUB_PORT": str(hub_port),
                     "GPUPOOL_SERVICE_PORT": str(svc_port), "GPUPOOL_PROXY_API_PORT": str(api_port),
                     **(extra_env or {})}
@@ -118,8 +123,10 @@ class Hub:
             self._stop_hub()
         finally:
             _end_workloads(self.workdir / "state" / "run")
+            shutil.rmtree(regions.of_state(self.workdir / "state"), ignore_errors=True)
+            prefix = self.env["GPUPOOL_ACCOUNT_PREFIX"]
             for name in _accounts() - self.accounts_before:
-                if name.startswith(ACCOUNT_PREFIX):
+                if name.startswith(prefix):
                     remove_account(name)
 
     def _stop_hub(self) -> None:
@@ -152,7 +159,6 @@ def remove_account(name: str) -> None:
     """Remove a test account, its processes and its home (a later account of the same name
     must not find the old one's files)."""
     import pwd
-    import shutil
 
     try:
         entry = pwd.getpwnam(name)

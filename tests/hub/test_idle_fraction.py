@@ -15,7 +15,7 @@ from hubkernel import run_code
 from hubproc import ADMIN_PW, USER_PW, Hub
 from test_workspaces import wait_ready
 
-from hub_ext.activity import workload_activity
+from hub_ext.activity import reader
 from hub_ext.training.db import worker_region
 from tests.native.conftest import NATIVE
 from tests.waits import wait_for
@@ -38,11 +38,11 @@ while True:
     time.sleep(0.5)
 '''
 START = f'''
-import subprocess, sys, time
+import os, subprocess, sys, time
 subprocess.Popen([sys.executable, "-c", {LAUNCHER!r}], start_new_session=True,
                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 time.sleep(2)
-print(open("/dev/shm/gpupool-ws-alice", "rb").read(16)[8:16] != bytes(8))
+print(open(os.environ["GPUPOOL_SHARED_REGION"], "rb").read(16)[8:16] != bytes(8))
 '''
 
 
@@ -56,6 +56,7 @@ def ihub(tmp_path_factory):
         "c.Gpupool.cull_every_s = 2\n")).start()
     h.tokens = {u: HubClient(h.url).login(u, USER_PW).token(u) for u in ("alice", "bob")}
     h.tokens["admin"] = HubClient(h.url).login("admin", ADMIN_PW).token("admin")
+    h.activity = reader(h.env["GPUPOOL_STATE_DIR"])
     yield h
     h.stop()
 
@@ -80,9 +81,9 @@ def test_only_the_fraction_that_launches_nothing_is_culled(ihub):
         time.sleep(1)
     assert not _ready(ihub, "bob"), "bob's idle quarter was not culled"
     assert _ready(ihub, "alice"), "alice's busy quarter was culled"
-    before = workload_activity("ws-alice").launches
+    before = ihub.activity("ws-alice").launches
     time.sleep(3)
-    assert workload_activity("ws-alice").launches > before  # still launching, still there
+    assert ihub.activity("ws-alice").launches > before  # still launching, still there
     assert "culling idle workspace bob/" in ihub.log.read_text()
     assert "culling idle workspace alice/" not in ihub.log.read_text()
 
@@ -116,7 +117,7 @@ def test_a_training_whose_workers_launch_nothing_is_suspended_by_the_policy(ihub
             assert code == 201, t
         for user in commands:
             wait_for(lambda user=user: _training(ihub, user)["status"] == "Running", f"{user}'s training runs")
-        wait_for(lambda: workload_activity(worker_region("alice-train", 0)).launches > 0,
+        wait_for(lambda: ihub.activity(worker_region("alice-train", 0)).launches > 0,
                  "alice's worker launches kernels")
         bob = wait_for(lambda: (t := _training(ihub, "bob"))["status"] == "Suspended" and t,
                        "bob's idle training is suspended", timeout=TRAINING_IDLE_S * 8)
@@ -127,10 +128,10 @@ def test_a_training_whose_workers_launch_nothing_is_suspended_by_the_policy(ihub
             f"bob-train: no GPU activity on any of its workers for longer than {limit}; suspended"]
         alice = _training(ihub, "alice")
         assert alice["status"] == "Running", alice  # one busy worker keeps the training
-        assert workload_activity(worker_region("alice-train", 1)).count == 0
+        assert ihub.activity(worker_region("alice-train", 1)).count == 0
         assert not [e for e in alice["events"] if e["kind"] == "stopped"], alice["events"]
-        before = workload_activity(worker_region("alice-train", 0)).launches
-        wait_for(lambda: workload_activity(worker_region("alice-train", 0)).launches > before,
+        before = ihub.activity(worker_region("alice-train", 0)).launches
+        wait_for(lambda: ihub.activity(worker_region("alice-train", 0)).launches > before,
                  "alice's worker still launching")
         assert _training(ihub, "alice")["status"] == "Running"
         # suspended, not ended: it may be resumed

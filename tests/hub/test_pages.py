@@ -16,10 +16,10 @@ from hub_ext import org
 from hub_ext.activity import MAGIC
 from hub_ext.config import Gpupool
 from hub_ext.db import WorkloadRow
+from hub_ext.host import regions
 from hub_ext.roles import ADMIN_SCOPE, USE_SCOPE
 from hub_ext.schema import make_sessionmaker
 from hub_ext.service.app import make_app
-from scheduler.embedded import region_path
 from tests.served import served
 
 PREFIX = "/services/gpupool/"
@@ -68,13 +68,15 @@ def test_queue_keeps_placements_apart_and_finished_work_out_of_running(tmp_path)
 
 def test_usage_shows_each_fractions_own_activity(tmp_path):
     cfg, Session = _setup(tmp_path)
-    busy = region_path(f"busy-{TAG}")
+    busy = regions.of_state(cfg.state_dir) / f"busy-{TAG}"
+    regions.create(busy, os.geteuid(), os.getegid())
     with open(busy, "wb") as f:  # what the library writes: 40 launches, 3 allocations, just now
         f.write(struct.pack("<IIQQQ", MAGIC, 0, 40, 3, int(time.time() * 1000)))
     try:
         (r,) = _get(cfg, Session, {"name": "admin", "scopes": [ADMIN_SCOPE]}, "usage")
     finally:
         os.unlink(busy)
+        busy.parent.rmdir()
     table = _table(r.body.decode(), "fraction-activity")
     rows = {row.split("<td>")[1].split("</td>")[0]: row for row in table.split("<tr")[2:]}
     assert set(rows) == {f"busy-{TAG}", f"idle-{TAG}"}  # the whole-GPU training is not listed

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import sys
 import tempfile
@@ -25,7 +26,8 @@ from scheduler.model import DEFAULT_POOL, GPU, Department, Node, Project, Quota
 
 MODEL_SERVER = str(Path(__file__).with_name("model_server.py"))
 NODE = Node("n", [GPU(i, "H100", 81920) for i in range(2)])
-PREFIX = "gpat-"  # the test accounts' prefix: apart from the hub's own accounts
+# the test accounts' prefix: this run's own (tests/conftest.py), apart from its hubs' accounts
+PREFIX = os.environ.get("GPUPOOL_TEST_ACCOUNT_PREFIX", "gpt-") + "i-"
 OWNER = "alice"
 
 
@@ -113,6 +115,7 @@ async def stack(quota: float = 2.0, tick_s: float = 0.1, auth=None, state: Path 
             await sched.stop()
             if accounts.mode == "create":
                 accounts.remove(OWNER)
+            shutil.rmtree(backend.launcher.regions, ignore_errors=True)
             shutil.rmtree(state, ignore_errors=True)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 
 import pytest
 
@@ -92,20 +93,53 @@ def test_fork_and_later_processes_see_the_usage(native, region_dir, tmp_path):
     assert after.values("info", "free") == [G]  # and the killed parent is reclaimed
 
 
+def test_a_missing_account_is_created_private(native, region_dir):
+    env = base_env(native, region_dir, GPUPOOL_MEMORY_LIMIT="1G")
+    r = run_probe(native, env, "dlsym", "init", "ctx:0", "alloc:300M")
+    assert r.rcs("alloc") == [0], r.stderr
+    st = os.lstat(region_dir / "account")
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o620, 0o602])
+def test_an_account_others_may_write_is_refused(native, region_dir, mode):
+    """Whoever may write the account may lift the cap or fail the allocations it counts."""
+    account = region_dir / "account"
+    account.touch()
+    account.chmod(mode)
+    env = base_env(native, region_dir, GPUPOOL_MEMORY_LIMIT="1G")
+    r = run_probe(native, env, "dlsym", "init", "ctx:0", "alloc:1M", "alloc:1M")
+    assert r.rcs("alloc") == [CUDA_OOM, CUDA_OOM]
+    assert r.stderr.count("is not a file of this account's") == 1, r.stderr
+    assert account.stat().st_size == 0  # nothing was written to it
+
+
+def test_a_link_in_place_of_the_account_is_not_followed(native, region_dir, tmp_path):
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"")
+    target.chmod(0o600)
+    (region_dir / "account").symlink_to(target)
+    env = base_env(native, region_dir, GPUPOOL_MEMORY_LIMIT="1G")
+    r = run_probe(native, env, "dlsym", "init", "ctx:0", "alloc:1M")
+    assert r.rcs("alloc") == [CUDA_OOM]
+    assert r.stderr.count("cannot open the shared account") == 1, r.stderr
+    assert target.read_bytes() == b""
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
                     reason="needs root to switch to an unprivileged user")
-def test_non_root_user_shares_the_account(native, region_dir, tmp_path):
-    ready = region_dir / "ready"
+@pytest.mark.parametrize("mode", [0o600, 0o666])
+def test_an_account_of_another_user_is_refused(native, region_dir, mode):
+    """An unprivileged account neither uses nor writes the account another account made,
+    even one the owner left writable."""
     env = base_env(native, region_dir, GPUPOOL_MEMORY_LIMIT="1G")
-    holder = start_probe(native, env, "dlsym", "init", "ctx:0", "alloc:300M", f"touch:{ready}",
-                         "hold")
-    try:
-        wait_for(ready, holder)
-        r = run_probe(native, env, "dlsym", "init", "ctx:0", "info", "alloc:600M", "alloc:200M",
-                      user="65534")
-        assert r.rc == 0, r.stderr
-        assert r.values("info", "free") == [G - 300 * M]
-        assert r.rcs("alloc") == [0, CUDA_OOM]
-    finally:
-        holder.kill()
-        holder.wait()
+    owner = run_probe(native, env, "dlsym", "init", "ctx:0", "alloc:300M")
+    assert owner.rcs("alloc") == [0], owner.stderr
+    account = region_dir / "account"
+    account.chmod(mode)
+    before = account.read_bytes()
+    r = run_probe(native, env, "dlsym", "init", "ctx:0", "info", "alloc:1M", user="65534")
+    assert r.rcs("alloc") == [CUDA_OOM]
+    why = "cannot open the shared account" if mode == 0o600 else "is not a file of this account's"
+    assert r.stderr.count(why) == 1, r.stderr
+    assert account.read_bytes() == before

@@ -358,6 +358,45 @@ def test_replica_runs_as_its_owner_without_hub_secrets(site):
         assert not _leaks({f"replica {replica.pid}": replica.environ()}, hub_secrets(site))
 
 
+# -- GPU accounting: the interception library's account files ----------------------------------
+def _bobs_region(site) -> Path:
+    """The account file of bob's replica (a 0.25 GPU): its environment names it."""
+    region = Path(site.replicas()[0].environ()["GPUPOOL_SHARED_REGION"])
+    existing(region)
+    return region
+
+
+def test_gpu_account_belongs_to_its_workload_in_a_folder_of_the_hubs(site):
+    region, bob = _bobs_region(site), account("bob")
+    st, folder = os.lstat(region), os.lstat(region.parent)
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600, oct(st.st_mode)
+    assert bob is not None and st.st_uid == bob.pw_uid, (st.st_uid, ACCOUNTS["bob"])
+    assert stat.S_ISDIR(folder.st_mode) and folder.st_uid == 0 and stat.S_IMODE(folder.st_mode) == 0o711
+    assert region.parent.parent == Path("/dev/shm")
+
+
+def test_workload_cannot_write_read_or_replace_another_workloads_gpu_account(site):
+    region = _bobs_region(site)
+    before = region.read_bytes()
+    got = site.attack("""
+        region, folder = ARGS["region"], os.path.dirname(ARGS["region"])
+        def create(path):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            os.unlink(path)  # the attack worked: leave nothing behind
+            return "created"
+        def rename(old, new):
+            os.rename(old, new)
+            return "renamed"
+        answer({"write": attempt(open_for_writing, region), "read": attempt(read, region),
+                "unlink": attempt(os.unlink, region), "list": attempt(os.listdir, folder),
+                "precreate": attempt(create, os.path.join(folder, "ws-bob-next")),
+                "swap_folder": attempt(rename, folder, folder + ".mine")})
+    """, {"region": str(region)})
+    assert got == {"write": EACCES, "read": EACCES, "unlink": EACCES, "list": EACCES,
+                   "precreate": EACCES, "swap_folder": EPERM}, got
+    assert region.read_bytes() == before
+
+
 GPU_DEVICES = sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
 
 

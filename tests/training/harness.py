@@ -1,11 +1,12 @@
 """An embedded gpupool without JupyterHub for the training tests and the benchmark: a
 SQLite database with an organisation, the embedded scheduler loop on the hub's DbStore,
 and the training-job runner, whose workers run through the host launcher as the owner's
-account (made for the test as root, ``gpat-alice``, and removed afterwards)."""
+account (made for the test as root, the run's prefix then ``t-alice``, and removed afterwards)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from scheduler.embedded import EmbeddedScheduler
 from scheduler.model import GPU, Node
 
 SCRIPT = Path(__file__).with_name("train_linear.py")
-PREFIX = "gpat-"  # the test accounts' prefix: apart from the hub's own accounts
+# the test accounts' prefix: this run's own (tests/conftest.py), apart from its hubs' accounts
+PREFIX = os.environ.get("GPUPOOL_TEST_ACCOUNT_PREFIX", "gpt-") + "t-"
 
 
 class Cluster:

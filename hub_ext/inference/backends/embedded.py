@@ -201,7 +201,7 @@ class EmbeddedBackend:
         if self.delivery is not None and (spec.credentials or spec.datasources):
             attached = self.delivery.env(r.name, spec.owner, spec.project, spec.credentials,
                                          spec.datasources, account=account)
-        env = {**launch.account_env(account), **spec.env, **gpu_env(node, pod, 0, self.preload, r.name),
+        env = {**launch.account_env(account), **spec.env, **gpu_env(node, pod, 0, self.preload, self.launcher.region(r.name)),
                "GPUPOOL_WORKLOAD": r.name, "GPUPOOL_PROJECT": spec.project,
                "GPUPOOL_INFERENCE_SERVICE": spec.name, **attached}
         port, unix = 0, ""

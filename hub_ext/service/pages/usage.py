@@ -9,7 +9,7 @@ from sqlalchemy import select
 from tornado import web
 
 from ... import accounting
-from ...activity import is_fraction, workload_activity
+from ...activity import is_fraction, reader
 from ...db import WorkloadRow
 from ...requests import FieldError
 from .base import PageHandler
@@ -27,10 +27,11 @@ def bars(items: list[dict]) -> list[dict]:
             for r in items]
 
 
-def fraction_activity(rows: list[WorkloadRow], idle_s: float, now: float) -> list[dict]:
+def fraction_activity(rows: list[WorkloadRow], idle_s: float, now: float, state_dir: str) -> list[dict]:
     """Running fractions with the interception library's count of their launches and
     allocations, idle when nothing was counted for ``idle_s`` (the culler's timeout)."""
     out = []
+    workload_activity = reader(state_dir)
     for w in rows:
         if not is_fraction(w.placement):
             continue
@@ -54,7 +55,8 @@ class UsagePage(PageHandler):
             with self.Session() as s:
                 rep = accounting.report(s, start, end, by)
                 running = s.scalars(select(WorkloadRow).where(WorkloadRow.state == "running")).all()
-                activity = fraction_activity(running, self.ctx.cfg.cull_idle_s or 3600, time.time())
+                activity = fraction_activity(running, self.ctx.cfg.cull_idle_s or 3600, time.time(),
+                                             self.ctx.cfg.state_dir)
         except FieldError as e:
             self.set_status(400)
             error = f"{e.field}: {e.message}"
