@@ -38,7 +38,7 @@ def test_usage_writes_its_range_as_readable_times(hub, admin):
 def test_the_overview_charts_labels_lie_inside_it(hub, admin, shots):
     def times_shown():
         admin.goto(hub.url + "/services/gpupool/")
-        return admin.inner_text("#chart").count("UTC") == 2
+        return admin.text_content("#chart").count("UTC") == 2
     wait_for(times_shown, "the overview chart to show its first and last time")
     admin.screenshot(path=str(shots / "overview-chart.png"))
     svg, labels = admin.evaluate("""() => {
