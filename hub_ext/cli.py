@@ -161,10 +161,11 @@ def _print_workspace(args, w: dict) -> None:
 
 
 def cmd_workspace(args) -> int:
-    if args.action == "list":
+    if args.action == "list":  # every workspace the caller may see: its own, its projects', all for admins
+        print(f"{'NAME':<24} {'OWNER':<16} {'PROJECT':<12} {'STATE':<9} GPU")
         for w in _api(args, "GET", "/workloads?kind=workspace")["items"]:
             why = f"  {humanize.row_waiting(w)}" if w["state"] == "pending" else ""
-            print(f"{w['name']:<24} {w['project']:<12} {w['state']:<9} {w['gpu_allocated']:g} GPU{why}")
+            print(f"{w['name']:<24} {w['owner']:<16} {w['project']:<12} {w['state']:<9} {w['gpu_allocated']:g} GPU{why}")
     elif args.action == "start":
         # One server per name: the same start again reports the running one (and its URL)
         # rather than failing; a NAME starts another server beside it.

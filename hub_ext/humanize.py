@@ -50,6 +50,18 @@ def when(ts: float | None, now: float | None = None) -> str:
     return f"{t.day} {t:%b} {t.year} {hm} UTC"
 
 
+def moment(value: float | str | None) -> str:
+    """A moment in UTC written in full, for the ends of a range: "2026-11-28 23:17 UTC",
+    from a timestamp or an ISO 8601 string (the REST API's form)."""
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, str):
+        t = datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+    else:
+        t = datetime.fromtimestamp(value, UTC)
+    return f"{t:%Y-%m-%d %H:%M} UTC"
+
+
 def duration(seconds: float | None) -> str:
     """"45 s", "12 min", "3 h 5 min", "2 d 4 h"."""
     if seconds is None:
@@ -80,6 +92,23 @@ def gpus(milli: int | float | None) -> str:
     return f"{n:g} GPU" + ("s" if n > 1 else "")
 
 
+def gpu_share(env: dict[str, str]) -> str:
+    """A workload's GPU share from its environment (scheduler/embedded.py gpu_env), as its
+    own tools show it: "no GPU", "1 GPU (local GPU 0)", "0.25 GPU of local GPU 0: 19.9 GiB
+    GPU memory, 25% compute"."""
+    indices = [i for i in env.get("GPUPOOL_GPU_INDICES", "").split(",") if i]
+    if not indices:
+        return "no GPU"
+    where = f"{env.get('GPUPOOL_NODE', '')} GPU {','.join(indices)}".strip()
+    fraction = float(env.get("GPUPOOL_GPU_FRACTION") or 1)
+    if fraction >= 1:
+        return f"{gpus(len(indices) * 1000)} ({where})"
+    text = f"{fraction:g} GPU of {where}"
+    limits = [f"{size(int(env['GPUPOOL_MEMORY_LIMIT']))} GPU memory" if env.get("GPUPOOL_MEMORY_LIMIT") else "",
+              f"{env['GPUPOOL_COMPUTE_SHARE']}% compute" if env.get("GPUPOOL_COMPUTE_SHARE") else ""]
+    return f"{text}: {', '.join(x for x in limits if x)}" if any(limits) else text
+
+
 def placement(parts: list[dict] | None) -> str:
     """Where a workload runs, one part per node: "local GPU 2 × 1; local GPU 3 × 1"."""
     return "; ".join(f"{p['node']} GPU {','.join(str(i) for i in p['gpu_indices'])} × {p['gpu_milli'] / 1000:g}"
@@ -99,5 +128,5 @@ def row_waiting(row) -> str:
     return waiting(get("reason") or "", get("queue_position"))
 
 
-FILTERS = {"wait_reason": row_waiting, "size": size, "mib": mib, "gib": gib, "when": when, "ago": ago, "duration": duration,
+FILTERS = {"wait_reason": row_waiting, "size": size, "mib": mib, "gib": gib, "when": when, "moment": moment, "ago": ago, "duration": duration,
            "gpus": gpus, "placement": placement}

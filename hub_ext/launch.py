@@ -23,7 +23,7 @@ from pathlib import Path
 
 from scheduler.model import Node, PodPlacement
 
-from .host.accounts import Account
+from .host.accounts import Account, login_shell
 from .host.errors import LaunchError
 from .host.process import Handle, Launcher, Spec
 
@@ -36,10 +36,12 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 def account_env(account: Account) -> dict[str, str]:
     """The base environment of a workload: nothing of the hub's (its environment holds
-    passwords and tokens), gpupool's Python first on PATH."""
+    passwords and tokens), gpupool's Python first on PATH, and the account's login shell as
+    SHELL (what a JupyterLab terminal runs)."""
     return {
         "PATH": f"{Path(sys.executable).parent}:{BASE_PATH}",
         "HOME": str(account.home), "USER": account.name, "LOGNAME": account.name,
+        "SHELL": login_shell(account.uid),
         "LANG": os.environ.get("LANG") or "C.UTF-8",
     }
 

@@ -223,17 +223,25 @@ class GpupoolSpawnerMixin(Spawner):
 
 
 # VS Code opens the home as a trusted folder (workspace trust guards against code from
-# strangers; a user's own home is not that) and looks for no repository above it.
-VSCODE_CONFIG = "disable-workspace-trust: true\n"
-VSCODE_MACHINE_SETTINGS = {"security.workspace.trust.enabled": False, "git.openRepositoryInParentFolders": "never"}
+# strangers; a user's own home is not that), looks for no repository above it, and opens on
+# the files, not on a chat panel for an AI service nobody set up.
+VSCODE_MACHINE_SETTINGS = {"security.workspace.trust.enabled": False, "git.openRepositoryInParentFolders": "never",
+                           "workbench.secondarySideBar.defaultVisibility": "hidden", "chat.disableAIFeatures": True}
 
 
-def vscode_settings(account) -> dict[str, str]:
+def vscode_config(workload: str, share: str) -> str:
+    """code-server's config.yaml for one start: the workspace's name and GPU share as the
+    app name, which VS Code shows in its window title."""
+    return (f"disable-workspace-trust: true\n"
+            f"app-name: {json.dumps(f'gpupool {workload} ({share})')}\n")
+
+
+def vscode_settings(account, workload: str, share: str) -> dict[str, str]:
     """code-server's configuration for one start, and its machine settings seeded once in
     the account's home (the user may change them there); the environment that points
     code-server at the configuration."""
     launch.remove_private(account, "code-server")
-    folder = launch.write_private(account, ("code-server",), {"config.yaml": VSCODE_CONFIG})
+    folder = launch.write_private(account, ("code-server",), {"config.yaml": vscode_config(workload, share)})
     launch.seed_file(account, (".local", "share", "code-server", "Machine"), "settings.json",
                      json.dumps(VSCODE_MACHINE_SETTINGS, indent=2) + "\n")
     return {"CODE_SERVER_CONFIG": str(folder / "config.yaml")}
@@ -293,7 +301,8 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
             if not rt.cfg.code_server or not shutil.which(rt.cfg.code_server):
                 raise RuntimeError("VS Code is not installed on this hub (code-server missing)")
             self.default_url = "/vscode/"
-            self.gpupool_env = {**getattr(self, "gpupool_env", {}), **vscode_settings(self.account)}
+            env = getattr(self, "gpupool_env", {})
+            self.gpupool_env = {**env, **vscode_settings(self.account, self.workload, humanize.gpu_share(env))}
         else:
             self.default_url = "/lab"
         self.cpu_limit, self.mem_limit = req.cpu, int(req.memory_gib * 1024**3)

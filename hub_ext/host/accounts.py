@@ -21,6 +21,7 @@ import hashlib
 import os
 import pwd
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -186,6 +187,19 @@ class Accounts:
         if p.pw_gecos != owner_mark(hub_user):
             raise AccountError(f"Unix account {p.pw_name!r} exists and was not made by gpupool for hub "
                                f"user {hub_user!r}; choose another account prefix or accounts mode 'existing'")
+
+
+def login_shell(uid: int) -> str:
+    """The shell a person works in as account ``uid`` (a terminal, an SSH session): its login
+    shell, unless that is missing, not an absolute executable path or a refusal (``nologin``,
+    ``false``); then bash where installed, else ``/bin/sh``."""
+    try:
+        shell = pwd.getpwuid(uid).pw_shell
+    except KeyError:
+        shell = ""
+    if not shell.startswith("/") or not os.access(shell, os.X_OK) or shell.endswith(("nologin", "false")):
+        shell = shutil.which("bash") or "/bin/sh"
+    return shell
 
 
 def _refuse_root(p: pwd.struct_passwd, hub_user: str) -> None:

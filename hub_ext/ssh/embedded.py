@@ -13,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
-import pwd
 import re
-import shutil
 import struct
 import sys
 import termios
@@ -26,6 +24,7 @@ from sqlalchemy import select
 
 from ..config import ROOT
 from ..db import WorkloadRow
+from ..host.accounts import login_shell
 from ..host.enter import NotRunning, target
 from ..requests import workload_name
 
@@ -76,13 +75,7 @@ class HostBackend:
     async def session(self, process: asyncssh.SSHServerProcess, workload: str) -> int:
         run = self.run_dir / workload
         t = target(run)
-        try:
-            shell = pwd.getpwuid(t.uid).pw_shell or "/bin/sh"
-        except KeyError:
-            shell = "/bin/sh"
-        if not shell.startswith("/") or not os.access(shell, os.X_OK) or shell.endswith(("nologin", "false")):
-            shell = shutil.which("bash") or "/bin/sh"
-        argv = self.argv(process, shell)
+        argv = self.argv(process, login_shell(t.uid))
         extra = {"GPUPOOL_SSH": "1"}
         if process.term_type:
             extra["TERM"] = process.term_type

@@ -1,10 +1,12 @@
-"""Run code in a kernel of a user's JupyterLab server through Jupyter's REST and
-websocket API (what a notebook does), to check the environment inside the server."""
+"""Run code in a kernel, or a command in a terminal, of a user's JupyterLab server through
+Jupyter's REST and websocket API (what a notebook and the Terminal tab do), to check the
+environment inside the server."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
@@ -53,3 +55,42 @@ def run_code(base: str, server_path: str, token: str, code: str, timeout: float 
 
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, _run(base, server_path, token, code, timeout)).result()
+
+
+async def _terminal(base: str, server_path: str, token: str, command: str, until: re.Pattern,
+                    timeout: float) -> str:
+    headers = {"Authorization": f"token {token}"}
+    root = base.rstrip("/") + server_path.rstrip("/")
+    r = await AsyncHTTPClient().fetch(root + "/api/terminals", method="POST", body="{}", headers=headers,
+                                      request_timeout=timeout)
+    name = json.loads(r.body)["name"]
+    ws = await websocket_connect(HTTPRequest(root.replace("http", "ws", 1) + f"/terminals/websocket/{name}",
+                                             headers=headers, connect_timeout=timeout))
+    ws.write_message(json.dumps(["stdin", command + "\r"]))
+    out = ""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    try:
+        while loop.time() < deadline and not until.search(out):
+            raw = await asyncio.wait_for(ws.read_message(), deadline - loop.time())
+            if raw is None:
+                break
+            msg = json.loads(raw)
+            if msg[0] == "stdout":
+                out += msg[1]
+    finally:
+        ws.close()
+        await AsyncHTTPClient().fetch(f"{root}/api/terminals/{name}", method="DELETE", headers=headers,
+                                      raise_error=False)
+    return out
+
+
+def run_in_terminal(base: str, server_path: str, token: str, command: str, until: str,
+                    timeout: float = 60) -> str:
+    """Type ``command`` into a new JupyterLab terminal (its REST and websocket API, what the
+    Terminal tab does); what the terminal printed until the regex ``until`` matched it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, _terminal(base, server_path, token, command, re.compile(until),
+                                                  timeout)).result()

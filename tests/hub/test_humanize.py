@@ -61,3 +61,21 @@ def test_one_waiting_text_for_a_row_its_rest_form_and_an_update():
     assert humanize.row_waiting(Row()) == want
     assert humanize.row_waiting({"reason": reason, "queue_position": 2}) == want
     assert humanize.waiting("", None) == "Waiting in the queue"
+
+
+def test_a_range_end_is_a_full_utc_time_from_a_timestamp_or_iso():
+    assert humanize.moment("2026-11-28T23:17:07.458666Z") == "2026-11-28 23:17 UTC"
+    assert humanize.moment("2026-11-29T00:47:00+01:30") == "2026-11-28 23:17 UTC"
+    assert humanize.moment(NOW) == "2026-12-03 06:35 UTC"
+    assert humanize.moment(None) == "—"
+
+
+def test_a_gpu_share_says_what_the_workload_holds():
+    quarter = {"GPUPOOL_NODE": "local", "GPUPOOL_GPU_INDICES": "0", "GPUPOOL_GPU_FRACTION": "0.25",
+               "GPUPOOL_MEMORY_LIMIT": str(81559 * 2**20 // 4), "GPUPOOL_COMPUTE_SHARE": "25"}
+    assert humanize.gpu_share(quarter) == "0.25 GPU of local GPU 0: 19.9 GiB GPU memory, 25% compute"
+    assert humanize.gpu_share({"GPUPOOL_NODE": "a", "GPUPOOL_GPU_INDICES": "0,1", "GPUPOOL_GPU_FRACTION": "1"}) \
+        == "2 GPUs (a GPU 0,1)"
+    assert humanize.gpu_share({"GPUPOOL_NODE": "a", "GPUPOOL_GPU_INDICES": "3", "GPUPOOL_GPU_FRACTION": "1"}) \
+        == "1 GPU (a GPU 3)"
+    assert humanize.gpu_share({}) == "no GPU"

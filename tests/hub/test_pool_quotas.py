@@ -103,11 +103,13 @@ def test_pool_quota_set_in_the_panel_is_the_one_the_scheduler_uses(phub, browser
     nlp.locator("button").click()
     page.wait_for_function("document.getElementById('msg').className === 'err'")
     assert "pools.fast.gpus" in page.inner_text("#msg") and "node pool fast" in page.inner_text("#msg")
+    assert float(nlp.locator("input[name=gpus]").input_value()) == 1  # the stored quota again
     assert _state(phub, bob, "fast-b")["state"] == "pending"
     dept = page.locator("#pool-quotas tr[data-kind=departments][data-name=research][data-pool=fast]")
     dept.locator("input[name=gpus]").fill("2")
     dept.locator("button").click()
     page.wait_for_function("document.getElementById('msg').textContent.includes('Saved research in pool fast')")
+    nlp.locator("input[name=gpus]").fill("2")
     nlp.locator("button").click()
     page.wait_for_function("document.getElementById('msg').textContent.includes('Saved nlp in pool fast')")
     wait_for(lambda: _state(phub, bob, "fast-b")["state"] == "running", "fast-b running on the raised quota")

@@ -1,9 +1,10 @@
 """Workspaces through the REST API and the CLI on a real hub: VS Code behind the hub's
-proxy, start/list/stop from the `gpupool` CLI."""
+proxy (in chromium too), JupyterLab's terminal, start/list/stop from the `gpupool` CLI."""
 
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,10 @@ from pathlib import Path
 
 import pytest
 from hubclient import call
-from hubproc import account
+from hubkernel import run_in_terminal
+from hubproc import USER_PW, account
+
+from tests import chromium
 
 pytestmark = pytest.mark.slow
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
@@ -39,10 +43,11 @@ def cli(hub, user, *args):
 
 
 @pytest.mark.skipif(not HAS_CODE_SERVER, reason="code-server not installed (scripts/setup-system)")
-def test_vscode_workbench_behind_the_proxy(hub):
+@pytest.mark.skipif(not shutil.which("chromium"), reason="Debian's chromium is not installed (scripts/setup-system)")
+def test_vscode_workbench_behind_the_proxy(hub, browser, shots):
     status, w = call(hub.url, hub.tokens["dave"], "POST", "/workloads",
-                     {"kind": "workspace", "project": "serving", "workspace_kind": "vscode", "gpu_mode": "none",
-                      "server_name": "code"})
+                     {"kind": "workspace", "project": "serving", "workspace_kind": "vscode", "gpu_mode": "fraction",
+                      "gpu_fraction": 0.25, "server_name": "code"})
     assert status == 202, w
     wait_ready(hub, "dave", "code")
     deadline, page = time.monotonic() + 180, ""
@@ -62,7 +67,20 @@ def test_vscode_workbench_behind_the_proxy(hub):
     assert "enableWorkspaceTrust&quot;:false" in page
     home = Path(pwd.getpwnam(account("dave")).pw_dir)
     settings = json.loads((home / ".local/share/code-server/Machine/settings.json").read_text())
-    assert settings == {"security.workspace.trust.enabled": False, "git.openRepositoryInParentFolders": "never"}
+    assert settings == {"security.workspace.trust.enabled": False, "git.openRepositoryInParentFolders": "never",
+                        "workbench.secondarySideBar.defaultVisibility": "hidden", "chat.disableAIFeatures": True}
+    # in the browser: the window title names the workspace and its GPU share, and the
+    # workbench opens on the files, with no chat panel beside them
+    vs = chromium.login(browser, hub.url, "dave", USER_PW)
+    vs.goto(hub.url + "/user/dave/code/vscode/")
+    vs.wait_for_selector(".monaco-workbench .part.sidebar", timeout=180_000)
+    share = re.compile(r"gpupool ws-dave-code \(0\.25 GPU of \S+ GPU \d: [\d.]+ GiB GPU memory, 25% compute\)")
+    vs.wait_for_function("document.title.includes('gpupool ws-dave-code')", timeout=60_000)
+    assert share.search(vs.title()), vs.title()
+    vs.wait_for_timeout(3000)  # the layout restores the parts it shows at start
+    vs.screenshot(path=str(shots / "vscode-start.png"))
+    assert not vs.locator(".part.auxiliarybar").is_visible()
+    vs.context.close()
     assert subprocess.run(["git", "-C", str(home), "rev-parse"], capture_output=True).returncode != 0
     log = (home / ".gpupool" / "logs" / "ws-dave-code.log").read_text(errors="replace")
     if SPDLOG_BUILT:  # scripts/setup-system builds it; without it code-server logs its trace
@@ -80,8 +98,12 @@ def test_cli_project_and_workspace(hub):
     r = cli(hub, "carol", "workspace", "start", "--project", "vision", "--fraction", "0.5")
     assert r.returncode == 0 and r.stdout.startswith("ws-carol:"), r.stderr
     wait_ready(hub, "carol")
-    r = cli(hub, "carol", "workspace", "list")
-    assert "ws-carol" in r.stdout and "running" in r.stdout and "0.5 GPU" in r.stdout
+    header, *rows = cli(hub, "carol", "workspace", "list").stdout.splitlines()
+    assert header.split() == ["NAME", "OWNER", "PROJECT", "STATE", "GPU"]
+    assert ["ws-carol", "carol", "vision", "running", "0.5", "GPU"] in [row.split() for row in rows]
+    # an admin sees everyone's workspaces, each with its owner
+    header, *rows = cli(hub, "admin", "workspace", "list").stdout.splitlines()
+    assert header.split()[:2] == ["NAME", "OWNER"] and ["ws-carol", "carol"] in [row.split()[:2] for row in rows]
     r = cli(hub, "carol", "workspace", "stop", "ws-carol")
     assert r.returncode == 0, r.stderr
     deadline = time.monotonic() + 60
@@ -90,3 +112,17 @@ def test_cli_project_and_workspace(hub):
     assert "ws-carol" not in cli(hub, "carol", "workspace", "list").stdout
     r = cli(hub, "carol", "workspace", "stop", "ws-nope")
     assert r.returncode != 0 and "does not exist" in r.stderr
+
+
+def test_a_terminal_runs_the_accounts_login_shell(hub):
+    """The account gpupool makes has bash as its login shell, and JupyterLab's terminal runs
+    it, with SHELL saying so."""
+    status, w = call(hub.url, hub.tokens["bob"], "POST", "/workloads",
+                     {"kind": "workspace", "project": "nlp", "gpu_mode": "none", "server_name": "term"})
+    assert status == 202, w
+    wait_ready(hub, "bob", "term")
+    assert pwd.getpwnam(account("bob")).pw_shell == "/bin/bash"
+    out = run_in_terminal(hub.url, "/user/bob/term/", hub.tokens["bob"],
+                          'echo "GP_SHELL=$(cat /proc/$$/comm) $SHELL"', r"GP_SHELL=\w+ \S*\s")
+    assert re.search(r"GP_SHELL=bash /(usr/)?bin/bash\s", out), out
+    assert call(hub.url, hub.tokens["bob"], "DELETE", "/workloads/ws-bob-term")[0] == 204
