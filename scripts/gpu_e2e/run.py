@@ -147,7 +147,11 @@ class E2E:
         return bool((u.get("servers") or {}).get("", {}).get("ready"))
 
     def logs(self, name: str, user: str) -> list[str]:
-        return self.api(user, "GET", f"/trainings/{name}/logs?tail=10000")["lines"]
+        """A training's log; RuntimeError with its end when the training failed."""
+        lines = self.api(user, "GET", f"/trainings/{name}/logs?tail=10000")["lines"]
+        if self.api(user, "GET", f"/trainings/{name}")["status"] == "Failed":
+            raise RuntimeError(f"training {name} failed: " + "\n".join(lines[-20:]))
+        return lines
 
     def fraction_rows(self) -> dict[str, dict]:
         """The usage page's table of running fractions: workload -> launches, idle."""
@@ -204,10 +208,13 @@ class E2E:
         base_gpu = out["ann"]["gpu"]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "LD_PRELOAD", "CUDA_VISIBLE"))}
         env["CUDA_VISIBLE_DEVICES"] = self.gpus[base_gpu]["uuid"]
-        alone = json.loads(subprocess.run([sys.executable, str(HERE / "gpu.py"), "rate", self.mode, str(RATE_S)],
-                                          env=env, capture_output=True, text=True, check=True).stdout)["rate"]
-        ok = [u for u in out.values()]
-        for u in ok:
+        p = subprocess.run([sys.executable, str(HERE / "gpu.py"), "rate", self.mode, str(RATE_S)],
+                           env=env, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"the loop alone failed: {p.stderr[-2000:]}")
+        alone = json.loads(p.stdout)["rate"]
+        kernels = list(out.values())
+        for u in kernels:
             u["share"] = round(u["rate"] / alone, 3)
             u["ok_memory"] = u["total"] == u["cap"] and u["half_ok"] and u["past_cap_refused"]
             if self.mode == "fake":  # the launches inside the share's window of the period
@@ -217,7 +224,7 @@ class E2E:
             else:  # the loop's rate against the same loop alone, without the library
                 u["ok_compute"] = 0.5 * u["fraction"] <= u["share"] <= 1.5 * u["fraction"]
         same_gpu = len({(p[0]["node"], p[0]["gpu_indices"][0]) for p in places.values()}) == 1
-        return {"ok": same_gpu and all(u["ok_memory"] and u["ok_compute"] for u in ok),
+        return {"ok": same_gpu and all(u["ok_memory"] and u["ok_compute"] for u in kernels),
                 "same_gpu": same_gpu, "rate_alone": round(alone, 1), **out}
 
     def idle(self) -> dict:
@@ -259,8 +266,8 @@ class E2E:
             "name": URGENT, "project": "interactive", "gpu": self.n,
             "command": [sys.executable, str(HERE / "gpu.py"), "hold", self.mode, "3"]}, expect=(201,))
         wait(lambda: self.api("ann", "GET", f"/trainings/{TRAIN}")["preemptions"] >= 1, "the training is preempted", 120)
-        wait(lambda: self.api("ben", "GET", f"/trainings/{URGENT}")["status"] == "Succeeded",
-             "the urgent request runs and ends", 240)
+        wait(lambda: self.logs(URGENT, "ben") and self.api("ben", "GET", f"/trainings/{URGENT}")["status"]
+             == "Succeeded", "the urgent request runs and ends", 240)
         starts = wait(lambda: len(s := [ln for ln in self.logs(TRAIN, "ann") if ln.startswith("start ")]) >= 2 and s,
                       "the training starts again", 240)
         wait(lambda: any(ln.startswith("step ") and int(ln.split()[1]) >= 5 + int(starts[1].split()[1][5:])
