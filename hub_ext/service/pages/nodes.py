@@ -20,7 +20,8 @@ class NodesPage(PageHandler):
                 users = [(u["workload"], u["project"], u["gpu"], u["over_quota"])
                          for u in share.get((n.name, g["index"]), [])]
                 rows.append({"node": n.name, "index": g["index"], "model": g["model"],
-                             "memory_gib": g["memory_mib"] / 1024, "users": users,
+                             "memory_gib": g["memory_mib"] / 1024, "uuid": g.get("uuid", ""),
+                             "users": users,
                              "allocated": sum(u[2] for u in users),
                              "utilization": g.get("utilization_pct")})  # the node agent's, on Kubernetes
         self.render_page("nodes.html", rows=rows, nodes=nodes)
