@@ -9,7 +9,7 @@ per step with its checks (``ok``) and measured values; exits 1 when a step fails
 With ``--mode fake`` the hub reads the fake NVML and the workloads the fake driver that
 ``make native`` builds (native/build/fake/); everything else is the same. The hub runs on
 free ports in a temporary folder, its OS accounts carry a prefix of their own
-(GPUPOOL_ACCOUNT_PREFIX, default ``e2e<pid>-``), and the folder, the accounts and the
+(GPUPOOL_TEST_ACCOUNT_PREFIX, default ``e2e<pid>-``), and the folder, the accounts and the
 interception library's accounts of its workloads are removed at the end.
 """
 
@@ -31,13 +31,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-os.environ.setdefault("GPUPOOL_ACCOUNT_PREFIX", f"e2e{os.getpid() % 100000}-")
+os.environ.setdefault("GPUPOOL_TEST_ACCOUNT_PREFIX", f"e2e{os.getpid() % 100000}-")
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "hub")]
 
 from hubclient import HubClient, call  # noqa: E402
 from hubkernel import run_code  # noqa: E402
 from hubproc import ADMIN_PW, USER_PW, Hub, free_ports  # noqa: E402
 
+from hub_ext.host import regions  # noqa: E402
 from hub_ext.humanize import gib  # noqa: E402
 from scheduler.contract import share_env  # noqa: E402
 
@@ -336,19 +337,14 @@ class E2E:
         gpus = [{"allocated": g["allocated"], "workloads": len(g["workloads"])} for n in nodes for g in n["gpus"]]
         cap = self.api("admin", "GET", "/capacity")
         free = {p: (v["free"], v["gpus"]) for p, v in cap["pools"].items()}
+        folder = regions.of_state(self.hub.workdir / "state")  # the GPU accounts of its workloads
+        left = sorted(f.name for f in folder.iterdir()) if folder.exists() else []
         out = {"ok": all(g["allocated"] == 0 and g["workloads"] == 0 for g in gpus)
-               and all(f == n for f, n in free.values()), "gpus": gpus, "pools_free": free}
+               and all(f == n for f, n in free.values()) and not left,
+               "gpus": gpus, "pools_free": free, "gpu_accounts_left": left}
         if self.mode == "real":
             out["nvidia_smi_used_mib"] = gpu_memory_used_mib()
         return out
-
-
-def cleanup_regions() -> None:
-    """The interception library's accounts of this run's workloads (/dev/shm)."""
-    names = [f"ws-{u}" for u in USERS] + [TRAIN, URGENT, SERVICE]
-    for f in Path("/dev/shm").glob("gpupool-*"):
-        if any(f.name.startswith(f"gpupool-{n}") for n in names):
-            f.unlink(missing_ok=True)
 
 
 def main() -> int:
@@ -372,7 +368,7 @@ def main() -> int:
     failed_start = ""
     try:
         e2e = E2E(a.mode, workdir)
-        log(f"hub in {workdir}, accounts {os.environ['GPUPOOL_ACCOUNT_PREFIX']}*")
+        log(f"hub in {workdir}, accounts {os.environ['GPUPOOL_TEST_ACCOUNT_PREFIX']}*")
         e2e.start()
     except Exception as e:
         failed_start = f"the hub did not start: {type(e).__name__}: {str(e)[-1500:]}"
@@ -397,7 +393,6 @@ def main() -> int:
             e2e.hub.stop()
             if a.keep or not all(v.get("ok") for v in result.values() if isinstance(v, dict)):
                 log(f"the hub's log: {e2e.hub.log}")
-        cleanup_regions()
         if not a.keep and all(v.get("ok") for v in result.values() if isinstance(v, dict)):
             shutil.rmtree(workdir, ignore_errors=True)
     order = ["mode", "setup", "nodes", "caps", "training", "inference", "idle", "released", "stop_workspaces"]
