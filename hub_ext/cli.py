@@ -171,8 +171,8 @@ def cmd_workspace(args) -> int:
         # The request rules first, as Start would answer them: a bad value is refused even
         # where a server of that name already runs.
         answer = _api(args, "POST", "/capacity", body)["request"]
-        if not answer["ok"]:
-            sys.exit(f"gpupool: {answer['message']}")
+        if not answer["ok"]:  # in the words of the 400 POST /workloads would answer
+            sys.exit(f"gpupool: {answer['message']} (HTTP 400)")
         # One server per name: the same start again reports the running one (and its URL)
         # rather than failing; a NAME starts another server beside it.
         me = _api(args, "GET", "/me")["name"]
