@@ -33,6 +33,7 @@ from . import humanize
 from .cli_common import name_arg
 from .config import ROOT, Gpupool
 from .remote_cli import REMOTE, remote_action
+from .requests import FRACTION_MAX, FRACTION_MIN, FRACTION_STEP, WorkloadRequest
 from .training import cli as training_cli
 
 
@@ -167,6 +168,12 @@ def cmd_workspace(args) -> int:
             why = f"  {humanize.row_waiting(w)}" if w["state"] == "pending" else ""
             print(f"{w['name']:<24} {w['owner']:<16} {w['project']:<12} {w['state']:<9} {w['gpu_allocated']:g} GPU{why}")
     elif args.action == "start":
+        body = workspace_body(args)
+        # The request rules first, as Start would answer them: a bad value is refused even
+        # where a server of that name already runs.
+        answer = _api(args, "POST", "/capacity", body)["request"]
+        if not answer["ok"]:  # in the words of the 400 POST /workloads would answer
+            sys.exit(f"gpupool: {answer['message']} (HTTP 400)")
         # One server per name: the same start again reports the running one (and its URL)
         # rather than failing; a NAME starts another server beside it.
         me = _api(args, "GET", "/me")["name"]
@@ -177,20 +184,6 @@ def cmd_workspace(args) -> int:
                       f"({w['gpu_allocated']:g} GPU); stop it first, or name another server (gpupool workspace start NAME ...)")
                 _print_workspace(args, w)
                 return 0
-        body = {"kind": "workspace", "server_name": args.name or "", "workspace_kind": args.kind}
-        if args.project:
-            body["project"] = args.project
-        if args.gpus is not None:
-            body.update(gpu_mode="whole", gpus=args.gpus)
-        elif args.gpu_memory is not None:
-            body.update(gpu_mode="memory", gpu_memory_gib=args.gpu_memory)
-        elif args.fraction is not None:
-            body.update(gpu_mode="fraction" if args.fraction > 0 else "none", gpu_fraction=args.fraction or 0.25)
-        for key in ("template", "environment", "node_pool", "gpu_model", "cpu", "memory_gib"):
-            if getattr(args, key) is not None:
-                body[key] = getattr(args, key)
-        if args.preemptible:
-            body["preemptible"] = True
         w = _api(args, "POST", "/workloads", body)
         _print_workspace(args, {"owner": me, "server": server, **w})
     elif args.action in REMOTE:
@@ -200,6 +193,28 @@ def cmd_workspace(args) -> int:
         _api(args, "DELETE", f"/workloads/{args.name}")
         print(f"{args.name}: {'cancelled (it was waiting in the queue)' if queued else 'stopping'}")
     return 0
+
+
+def workspace_body(args) -> dict:
+    """``workspace start``'s options as a POST /workloads body; the values go as typed, for
+    the request rules to check (``--fraction 0`` is refused there, as in the form)."""
+    body = {"kind": "workspace", "server_name": args.name or "", "workspace_kind": args.kind}
+    if args.project:
+        body["project"] = args.project
+    if args.no_gpu:
+        body["gpu_mode"] = "none"
+    elif args.gpus is not None:
+        body.update(gpu_mode="whole", gpus=args.gpus)
+    elif args.gpu_memory is not None:
+        body.update(gpu_mode="memory", gpu_memory_gib=args.gpu_memory)
+    elif args.fraction is not None:
+        body.update(gpu_mode="fraction", gpu_fraction=args.fraction)
+    for key in ("template", "environment", "node_pool", "gpu_model", "cpu", "memory_gib"):
+        if getattr(args, key) is not None:
+            body[key] = getattr(args, key)
+    if args.preemptible:
+        body["preemptible"] = True
+    return body
 
 
 def policy_value(key: str, raw: str):
@@ -271,9 +286,12 @@ def parser() -> argparse.ArgumentParser:
     ws.add_argument("--tail", type=int, default=200, help="logs: lines from the end")
     ws.add_argument("--project", help="the workspace's project (default: your first)")
     ws.add_argument("--kind", default="jupyterlab", choices=["jupyterlab", "vscode"], help="the editor")
-    ws.add_argument("--fraction", type=float, help="GPU fraction 0.05..1 (0: no GPU)")
-    ws.add_argument("--gpus", type=int, help="whole GPUs")
-    ws.add_argument("--gpu-memory", type=float, help="GPU memory in GiB")
+    gpu = ws.add_mutually_exclusive_group()
+    gpu.add_argument("--fraction", help=f"a share of one GPU, from {FRACTION_MIN:g} to {FRACTION_MAX:g} "
+                     f"in steps of {FRACTION_STEP:g} (default: the project's or {WorkloadRequest.gpu_fraction:g})")
+    gpu.add_argument("--gpus", type=int, help="whole GPUs")
+    gpu.add_argument("--gpu-memory", type=float, help="GPU memory in GiB")
+    gpu.add_argument("--no-gpu", action="store_true", help="no GPU: CPUs and memory only")
     ws.add_argument("--preemptible", action="store_true", help="may run over quota (reclaimable)")
     ws.add_argument("--template", help="a compute template (e.g. small); other options override it")
     ws.add_argument("--environment", help="an environment (Gpupool.environments)")

@@ -2,7 +2,9 @@
 with the user's projects, their quota and usage per node pool, and the last choices. While
 it stays open its script takes the live figures again from the service's ``GET /capacity``
 (hub_ext.capacity), with a short-lived token of the user's made for it here: the form is a
-hub page, and the service's API takes no hub cookie."""
+hub page, and the service's API takes no hub cookie. As its fields change it asks the same
+endpoint what Start would answer to them (``POST /capacity``, hub_ext.capacity.answer): the
+panel says the request rules' own words and holds no rule of its own."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from .requests import (
     FRACTION_MAX,
     FRACTION_MIN,
     FRACTION_STEP,
+    GPU_MEMORY_MIN,
+    GPU_MEMORY_STEP,
     WORKSPACE_KINDS,
     WorkloadRequest,
 )
@@ -44,7 +48,9 @@ def form_context(rt, user: str, scopes=(), workload: str = "", live_url: str = "
     defaults = WorkloadRequest(project=limits.projects[0] if limits.projects else "").to_dict()
     choice = {**defaults, **{k: v for k, v in last.items() if k in defaults}}
     with rt.Session() as s:
-        live = capacity.status(s, limits)
+        # what Start would answer to the choices the form opens with (the form asks again
+        # for every change)
+        live = {**capacity.status(s, limits), "request": capacity.answer(s, limits, _as_form(choice))}
     gpu = max((g for n in rt.nodes for g in n.gpus), key=lambda g: g.memory_mib, default=None)
     allowed = {p: {"templates": list(limits.allowed(p, "templates", limits.templates)),
                    "environments": list(limits.allowed(p, "environments", limits.environments)),
@@ -63,15 +69,26 @@ def form_context(rt, user: str, scopes=(), workload: str = "", live_url: str = "
         # per project: what its policy allows (the rules refuse the rest, naming the policy)
         "allowed": allowed,
         "fraction": {"min": FRACTION_MIN, "max": FRACTION_MAX, "step": FRACTION_STEP},
+        "gpu_memory": {"min": GPU_MEMORY_MIN, "max": limits.gpu_memory_max_gib, "step": GPU_MEMORY_STEP},
         "gpu_model": gpu.model if gpu else "none",
         "attachables": rt.attachables(limits.projects),  # credentials, data sources by project
         # in a <script> element: "</" is escaped so that no value can close it
         "status_json": _script_json({
-            "gpu_memory_gib": limits.gpu_memory_gib, "max_gpus": limits.max_gpus,
             "templates": rt.cfg.compute_templates, "allowed": allowed,
             "live_url": live_url, "token": token}),
         "live_json": _script_json(live),
     }
+
+
+def _as_form(choice: dict) -> dict:
+    """The choices as the form shows them: the fields of the GPU mode chosen, the memory and
+    GPU fields' own fallbacks (templates/form.html)."""
+    out = {k: v for k, v in choice.items() if k in ("project", "template", "workspace_kind", "gpu_mode",
+                                                   "cpu", "memory_gib", "environment", "node_pool",
+                                                   "gpu_model", "preemptible", "credentials", "datasources")}
+    out.update(gpu_fraction=choice.get("gpu_fraction"), gpu_memory_gib=choice.get("gpu_memory_gib") or 8,
+               gpus=choice.get("gpus") or 1)
+    return out
 
 
 def _script_json(data) -> str:

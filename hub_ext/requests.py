@@ -6,6 +6,7 @@ value raises ``FieldError`` naming the field and the allowed range.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -21,6 +22,7 @@ KINDS = ("workspace", "training", "inference")
 WORKSPACE_KINDS = {"jupyterlab": "JupyterLab", "vscode": "VS Code"}
 GPU_MODES = ("fraction", "memory", "whole", "none")
 FRACTION_MIN, FRACTION_MAX, FRACTION_STEP = 0.05, 1.0, 0.05
+GPU_MEMORY_MIN, GPU_MEMORY_STEP = 0.5, 0.1  # GiB; the form's field steps by GPU_MEMORY_STEP
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,13 @@ class Limits:
 
     def policy(self, project: str) -> Effective:
         return self.policies.get(project) or Effective()
+
+    @property
+    def gpu_memory_max_gib(self) -> float:
+        """The most GPU memory one request may ask for: the largest GPU's, rounded down to
+        GPU_MEMORY_STEP GiB, so the form shows the bound the rules hold it to (79.6, not
+        79.6474609375)."""
+        return round(math.floor(self.gpu_memory_gib / GPU_MEMORY_STEP + 1e-6) * GPU_MEMORY_STEP, 6)
 
     def allowed(self, project: str, key: str, names) -> tuple[str, ...]:
         """``names`` (templates, environments, node pools, GPU models) the project's policy
@@ -311,7 +320,8 @@ def parse_request(data: dict, limits: Limits) -> WorkloadRequest:
         req.gpu_fraction = round(round(steps) * FRACTION_STEP, 2)
     elif mode == "memory":
         req.gpu_memory_gib = _number(
-            data, "gpu_memory_gib", pol.default("gpu_memory_gib"), 0.5, limits.gpu_memory_gib, unit=" GiB"
+            data, "gpu_memory_gib", pol.default("gpu_memory_gib"), GPU_MEMORY_MIN, limits.gpu_memory_max_gib,
+            unit=" GiB"
         )
     elif mode == "whole":
         req.gpus = _number(data, "gpus", dflt("gpus", 1), 1, limits.max_gpus, integer=True,

@@ -375,6 +375,15 @@ class CapacityHandler(ApiHandler):
         with self.Session() as s:
             self.send(capacity.status(s, limits_for(s, self.ctx.cfg, self.username, projects=mine)))
 
+    def post(self):
+        """The live figures with ``request``: what Start would answer to the body (the spawn
+        form's fields, or a POST /workloads body), by the request rules themselves."""
+        data = self.body()
+        mine = tuple(roles.submit_projects(self.who))
+        with self.Session() as s:
+            limits = limits_for(s, self.ctx.cfg, self.username, projects=mine)
+            self.send({**capacity.status(s, limits), "request": capacity.answer(s, limits, data)})
+
 
 class EventsHandler(ApiHandler):
     def get(self):

@@ -13,6 +13,7 @@ from scheduler.model import DEFAULT_PRIORITY, Kind, PodDemand
 
 from .. import validation
 from ..requests import (
+    GPU_MEMORY_MIN,
     FieldError,
     Limits,
     WorkloadRequest,
@@ -132,8 +133,8 @@ def parse_training(data: dict, limits: Limits) -> TrainingSpec:
         if "gpu" in data:
             raise FieldError("gpu", "give gpu or gpu_memory, not both")
         gib = parse_gpu_memory(mem)
-        spec.gpu_memory_gib = _number({"gpu_memory": gib}, "gpu_memory", None, 0.5,
-                                      limits.gpu_memory_gib, unit=" GiB")
+        spec.gpu_memory_gib = _number({"gpu_memory": gib}, "gpu_memory", None, GPU_MEMORY_MIN,
+                                      limits.gpu_memory_max_gib, unit=" GiB")
         spec.gpu = 0.0
     else:
         gpu = _number(data, "gpu", 1, 0, max(limits.max_gpus, 1))

@@ -287,6 +287,7 @@ ROUTES: dict[tuple[str, str], Route] = {
         f"/workloads/{w.workload(s) if ok else w.workloads[s]}")),
     ("GET", "/nodes"): Route("any", fixed("/nodes")),
     ("GET", "/capacity"): Route("any", fixed("/capacity")),
+    ("POST", "/capacity"): Route("any", lambda w, s, ok: Call("/capacity", {"gpu_fraction": "0"})),
     ("GET", "/events"): Route("any", fixed("/events"), list_key="project"),
     ("GET", "/samples"): Route("any", fixed("/samples")),
     ("GET", "/trainings"): Route("any", fixed("/trainings"), list_key="project"),

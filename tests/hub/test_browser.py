@@ -45,6 +45,12 @@ def fill_form(page, project, mode="fraction", fraction=None, gpus=None, server="
         page.dispatch_event("#gp-gpus", "input")
 
 
+def verdict(page) -> str:
+    """The panel's verdict once the service has answered the form's current fields."""
+    page.wait_for_selector("#gp-status[aria-busy=false]")
+    return page.inner_text("#gp-verdict")
+
+
 def submit(page):
     page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
 
@@ -52,7 +58,7 @@ def submit(page):
 def test_user_starts_jupyterlab_with_a_quarter_gpu(bhub, browser, shots):
     page = login(browser, bhub, "alice")
     fill_form(page, "nlp", fraction=0.25)
-    assert "Starts now" in page.inner_text("#gp-verdict")
+    assert "Starts now" in verdict(page)
     assert page.input_value("#gp-fraction-range") == "0.25"
     page.screenshot(path=str(shots / "spawn-form.png"), full_page=True)
     submit(page)
@@ -72,8 +78,9 @@ def test_user_starts_jupyterlab_with_a_quarter_gpu(bhub, browser, shots):
 
 def test_second_user_waits_with_the_reason_then_admin_raises_the_quota(bhub, browser, shots):
     bob = login(browser, bhub, "bob")
-    fill_form(bob, "nlp", mode="whole", gpus=1)
-    assert "Will wait" in bob.inner_text("#gp-verdict")
+    fill_form(bob, "nlp", mode="whole", gpus=1)  # docs/tutorials/first-workspace.md, step 4
+    assert verdict(bob) == ("Will wait: project nlp is at its quota. It has 0.25 GPUs in use of its 1-GPU quota; "
+                            "with this request it would use 1.25.")
     submit(bob)
     bob.wait_for_url(re.compile(r".*/hub/spawn-pending/bob.*"), timeout=60_000)
     bob.wait_for_function(
@@ -167,7 +174,7 @@ def test_cancelling_a_queued_spawn_returns_to_the_form(bhub, browser, shots, que
     name, path = ("ws-dave-" + server, "dave/" + server) if server else ("ws-dave", "dave")
     dave = login(browser, bhub, "dave")
     fill_form(dave, "bq", mode="whole", gpus=1, server=server)
-    assert "Will wait" in dave.inner_text("#gp-verdict")
+    assert "Will wait" in verdict(dave)
     submit(dave)
     dave.wait_for_url(re.compile(rf".*/hub/spawn-pending/{path}\?.*"), timeout=60_000)
     dave.wait_for_function("document.body.innerText.includes('Waiting in the queue')", timeout=60_000)
@@ -196,19 +203,61 @@ def test_a_request_that_can_never_run_is_refused_by_the_form(bhub, browser, queu
 
     dave = login(browser, bhub, "dave")
     fill_form(dave, "bq", mode="whole", gpus=2)
-    why = "project bq allows at most 1 GPU (quota) to work that may not go over quota, got 2"
-    assert dave.inner_text("#gp-verdict") == f"Cannot run: {why}"
+    why = "gpus: project bq allows at most 1 GPU (quota) to work that may not go over quota, got 2"
+    assert verdict(dave) == f"Cannot run: {why}"
     submit(dave)
     dave.wait_for_selector("#gp-form")
-    assert f"gpus: {why}" in dave.inner_text("body")
+    assert why in dave.inner_text("body")
     # preemptible: the limit bounds it; 2 GPUs wait for carol's, 3 never run
     fill_form(dave, "bq", mode="whole", gpus=2)
     dave.check("#gp-preemptible")
-    assert dave.inner_text("#gp-verdict") == "Will wait: project bq is at its limit 2 GPUs (3.00 with this request)"
+    assert verdict(dave) == ("Will wait: project bq is at its limit. It has 1 GPU in use and may use at most 2; "
+                             "with this request it would use 3.")
     fill_form(dave, "bq", mode="whole", gpus=3)
     dave.check("#gp-preemptible")
-    assert dave.inner_text("#gp-verdict") == "Cannot run: project bq allows at most 2 GPUs (limit), got 3"
+    assert verdict(dave) == "Cannot run: gpus: project bq allows at most 2 GPUs (limit), got 3"
     fill_form(dave, "bq", mode="whole", gpus=5)  # the declared node has 4
-    assert dave.inner_text("#gp-verdict") == "Cannot run: gpus must be from 1 to 4 (GPUs of the largest node), got 5"
+    assert verdict(dave) == "Cannot run: gpus: must be from 1 to 4 (GPUs of the largest node), got '5'"
     assert dave.eval_on_selector("#gp-gpus", "e => e.validity.rangeOverflow")  # the browser holds it back
     assert call(bhub.url, queue_org["admin"], "GET", "/workloads/ws-dave")[0] == 404
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.mark.parametrize("fraction, panel", [
+    ("0", "Cannot run: gpu_fraction: must be from 0.05 to 1, got '0'"),
+    ("1.5", "Cannot run: gpu_fraction: must be from 0.05 to 1, got '1.5'"),
+    ("abc", "Cannot run: gpu_fraction: must be a number from 0.05 to 1, got 'abc'"),
+])
+def test_the_panel_says_what_start_answers_to_a_bad_fraction(bhub, browser, shots, fraction, panel):
+    """The panel's words are Start's own, for the exact text in the field; the field is marked."""
+    page = login(browser, bhub, "carol")
+    fill_form(page, "vision", fraction=fraction)
+    assert verdict(page) == panel
+    assert page.get_attribute("#gp-fraction", "aria-invalid") == "true"
+    assert page.inner_text("#gp-share") == ""
+    page.screenshot(path=str(shots / f"form-fraction-{fraction}.png"), full_page=True)
+    submit(page)
+    page.wait_for_selector("#gp-form")
+    assert panel.removeprefix("Cannot run: ") in page.inner_text("body")  # Start's answer
+
+
+def test_the_panel_says_what_a_fraction_is_on_the_gpu(bhub, browser, shots):
+    page = login(browser, bhub, "carol")
+    fill_form(page, "vision", fraction="0.25")
+    assert verdict(page).startswith("Starts now")
+    assert page.inner_text("#gp-share") == f"0.25 of an {H100}: 19.9 GiB of GPU memory and a 25% compute share."
+    assert page.get_attribute("#gp-fraction", "aria-invalid") is None
+    page.screenshot(path=str(shots / "form-fraction-0.25.png"), full_page=True)
+    page.fill("#gp-fraction", "0.5")  # it follows the field
+    verdict(page)
+    assert page.inner_text("#gp-share") == f"0.5 of an {H100}: 39.8 GiB of GPU memory and a 50% compute share."
+    # the GPU memory field's bound is the largest GPU's, rounded as the rules hold it
+    assert page.get_attribute("#gp-memory", "max") == "79.6"
+    page.check("input[name=gpu_mode][value=memory]")
+    page.fill("#gp-memory", "79.7")
+    assert verdict(page) == "Cannot run: gpu_memory_gib: must be from 0.5 to 79.6 GiB, got '79.7'"
+    page.fill("#gp-memory", "79.6")
+    verdict(page)
+    assert page.inner_text("#gp-share") == f"79.6 GiB of GPU memory on an {H100}: 1 of it, a 100% compute share."

@@ -72,7 +72,8 @@ def test_progress_shows_steps_and_the_one_waiting_text(hhub, browser, shots):
     bob.check("input[name=gpu_mode][value=whole]")
     bob.fill("#gp-gpus", "1")
     bob.dispatch_event("#gp-gpus", "input")
-    forecast = bob.inner_text("#gp-verdict").removeprefix("Will wait: ").split(" (")[0]
+    bob.wait_for_selector("#gp-status[aria-busy=false]")  # the service answered these fields
+    forecast = bob.inner_text("#gp-verdict").removeprefix("Will wait: ").split(". ")[0]
     bob.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
     bob.wait_for_url(re.compile(r".*/hub/spawn-pending/bob.*"), timeout=60_000)
     bob.wait_for_selector("#gp-step-waiting.gp-now", timeout=60_000)

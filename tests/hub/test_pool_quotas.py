@@ -176,6 +176,12 @@ def test_a_request_beyond_its_pools_ceiling_is_refused_at_once(phub, tmp_path):
     assert r.returncode != 0 and "gpus: project nlp allows at most 1 GPU in pool fast (limit), got 2" in r.stderr, r
 
 
+def verdict(page) -> str:
+    """The panel's verdict once the service has answered the form's current fields."""
+    page.wait_for_selector("#gp-status[aria-busy=false]")
+    return page.inner_text("#gp-verdict")
+
+
 def test_the_form_shows_the_chosen_pools_quota(phub, browser, shots):
     """Choosing pool fast, the verdict and the quota bar are pool fast's: its quota and limit,
     and the refusal a submit would get there; back in the default pool, the default's."""
@@ -189,21 +195,23 @@ def test_the_form_shows_the_chosen_pools_quota(phub, browser, shots):
     form.fill("#gp-gpus", "2")
     form.check("#gp-preemptible")
     form.select_option("#gp-pool", "default")
+    verdict(form)
     assert (form.inner_text("#gp-quota-pool"), form.inner_text("#gp-quota"), form.inner_text("#gp-limit")) == \
         ("default", "1", ", limit 3")
-    assert not form.inner_text("#gp-verdict").startswith("Cannot run")
+    assert not verdict(form).startswith("Cannot run")
     assert form.inner_text("#gp-gpu-label") == "NVIDIA H100 80GB HBM3"
     assert form.inner_text("#gp-quota-unit") == "GPU"  # of a quota of 1
     form.select_option("#gp-pool", "fast")
+    verdict(form)
     assert (form.inner_text("#gp-quota-pool"), form.inner_text("#gp-quota"), form.inner_text("#gp-limit")) == \
         ("fast", "0.5", ", limit 1")
     assert form.inner_text("#gp-gpu-label") == "NVIDIA B200"
     assert form.inner_text("#gp-quota-unit") == "GPUs"  # of 0.5
-    assert form.inner_text("#gp-verdict") == "Cannot run: project nlp allows at most 1 GPU in pool fast (limit), got 2"
+    assert verdict(form) == "Cannot run: gpus: project nlp allows at most 1 GPU in pool fast (limit), got 2"
     assert form.inner_text("#gp-capacity") == "2"
     form.fill("#gp-gpus", "1")
-    assert form.inner_text("#gp-verdict") == "Starts now over quota (preemptible: may be reclaimed)"
+    assert verdict(form) == "Starts now over quota (preemptible: may be reclaimed)"
     form.uncheck("#gp-preemptible")
-    assert form.inner_text("#gp-verdict") == ("Cannot run: project nlp allows at most 0.5 GPUs in pool fast (quota) "
+    assert verdict(form) == ("Cannot run: gpus: project nlp allows at most 0.5 GPUs in pool fast (quota) "
                                               "to work that may not go over quota, got 1")
     form.screenshot(path=str(shots / "spawn-form-pool-quota.png"), full_page=True)

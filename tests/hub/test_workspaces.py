@@ -126,3 +126,27 @@ def test_a_terminal_runs_the_accounts_login_shell(hub):
                           'echo "GP_SHELL=$(cat /proc/$$/comm) $SHELL"', r"GP_SHELL=\w+ \S*\s")
     assert re.search(r"GP_SHELL=bash /(usr/)?bin/bash\s", out), out
     assert call(hub.url, hub.tokens["bob"], "DELETE", "/workloads/ws-bob-term")[0] == 204
+
+
+def test_cli_start_refuses_a_bad_fraction_and_has_no_gpu_only_when_asked(hub):
+    r = cli(hub, "carol", "workspace", "start", "--project", "vision", "--fraction", "0")
+    assert r.returncode != 0 and "gpu_fraction: must be from 0.05 to 1, got '0'" in r.stderr, r
+    assert call(hub.url, hub.tokens["carol"], "GET", "/workloads/ws-carol")[0] == 404
+    r = cli(hub, "carol", "workspace", "start", "nogpu", "--project", "vision", "--no-gpu", "--fraction", "0.5")
+    assert r.returncode == 2 and "not allowed with argument" in r.stderr, r
+    r = cli(hub, "carol", "workspace", "start", "nogpu", "--project", "vision", "--no-gpu")
+    assert r.returncode == 0 and r.stdout.startswith("ws-carol-nogpu:"), r
+    wait_ready(hub, "carol", "nogpu")
+    status, w = call(hub.url, hub.tokens["carol"], "GET", "/workloads/ws-carol-nogpu")
+    assert status == 200 and w["spec"]["gpu_mode"] == "none" and w["gpu_allocated"] == 0, w
+    try:
+        # while it runs, a start with bad input is refused as such, not "already running"
+        for args, why in ((("--project", "vision", "--fraction", "1.5"), "gpu_fraction: must be from 0.05 to 1, got '1.5'"),
+                          (("--project", "serving", "--no-gpu"),
+                           "project: must be one of vision (your projects), got 'serving'")):
+            r = cli(hub, "carol", "workspace", "start", "nogpu", *args)
+            assert r.returncode != 0 and why in r.stderr and "already" not in r.stdout, r
+        r = cli(hub, "carol", "workspace", "start", "nogpu", "--project", "vision", "--no-gpu")
+        assert r.returncode == 0 and "ws-carol-nogpu is already running in project vision" in r.stdout, r
+    finally:
+        assert cli(hub, "carol", "workspace", "stop", "ws-carol-nogpu").returncode == 0
