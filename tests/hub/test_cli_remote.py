@@ -57,6 +57,13 @@ def test_exec_runs_in_the_workspace_and_returns_its_status(chub, tmp_path):
     assert known.startswith(f"[127.0.0.1]:{chub.ssh_port} ssh-ed25519 ")
 
 
+def test_exec_prints_only_what_the_command_prints(chub, tmp_path):
+    """No warning of the CLI's own (asyncssh's import makes cryptography warn about DSA)."""
+    r = gp(chub, tmp_path, "workspace", "exec", "ws-alice", "--", "sh", "-c", "echo out; echo err >&2")
+    assert r.returncode == 0 and r.stdout == "out\n", r.stderr
+    assert r.stderr == "err\n"
+
+
 def test_exec_of_a_workspace_that_is_not_running_says_so(chub, tmp_path):
     r = gp(chub, tmp_path, "workspace", "exec", "ws-alice-other", "--", "true")
     assert r.returncode == 1 and "is not running" in r.stderr
