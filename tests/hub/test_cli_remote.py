@@ -13,13 +13,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-import asyncssh
 import pytest
 from hubclient import call
 from hubkernel import run_code
 from hubproc import Hub, account, free_ports
 from test_embedded_accounts import login, start_workspace
 
+from hub_ext.ssh import asyncssh
 from tests.waits import wait_for
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,6 @@ import sys
 import urllib.request
 from pathlib import Path
 
-import asyncssh
 import pytest
 from hubclient import HubClient, call
 from hubkernel import run_code
@@ -23,6 +22,7 @@ from hubproc import USER_PW, Hub, account, free_ports
 from test_embedded_accounts import login, start_workspace
 
 from hub_ext import validation
+from hub_ext.ssh import asyncssh
 from hub_ext.ssh.throttle import Throttle
 from hub_ext.validation import FieldError
 from tests.waits import wait_for
