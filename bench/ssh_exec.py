@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import asyncssh
+from hub_ext.ssh import asyncssh
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

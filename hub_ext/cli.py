@@ -2,6 +2,7 @@
 
     gpupool up [--config gpupool_config.py]      start JupyterHub + proxy + scheduler + service
     gpupool options                              every configuration option with its help
+    gpupool sample-config                        a gpupool_config.py with every option, commented out
     gpupool project list | show NAME | quota NAME [--gpus G] [--limit L | --no-limit] [--weight W]
     gpupool roles list | set USER [department-admin:DEPT | viewer:DEPT | viewer:*]...
     gpupool policy show SCOPE NAME | set SCOPE NAME KEY=VALUE... (SCOPE: department | project)
@@ -27,11 +28,13 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from traitlets import TraitError
+
 from hub_ext.inference import cli as inference_cli
 
 from . import humanize
 from .cli_common import name_arg
-from .config import ROOT, Gpupool
+from .config import ROOT, Gpupool, load_config
 from .remote_cli import REMOTE, remote_action
 from .requests import FRACTION_MAX, FRACTION_MIN, FRACTION_STEP, WorkloadRequest
 from .training import cli as training_cli
@@ -60,27 +63,73 @@ def _api(args, method: str, path: str, body=None):
 
 def cmd_up(args) -> int:
     config = Path(args.config).resolve() if args.config else None
-    env = dict(os.environ)
     if config:
         if not config.exists():
             sys.exit(f"gpupool: --config: no such file {config}")
-        env["GPUPOOL_CONFIG"] = str(config)
+        os.environ["GPUPOOL_CONFIG"] = str(config)
         exposed = exposed_secrets(config)
         if exposed:
             print(f"gpupool: warning: {config} sets {', '.join(exposed)} and other accounts can read it "
                   f"(mode {config.stat().st_mode & 0o777:04o}), every user's workload among them: "
                   f"chmod 600 it (the hub reads it as root)", file=sys.stderr, flush=True)
+    if args.port:
+        os.environ["GPUPOOL_PORT"] = str(args.port)
+    try:
+        cfg = load_config(str(config) if config else "")
+        ssh_port = cfg.ssh_gateway_port(choose=True)  # the hub finds and keeps the same one
+    except TraitError as e:
+        sys.exit(f"gpupool: {config or 'configuration'}: {e}")
+    print("\n".join(f"gpupool: {line}" for line in banner(cfg, ssh_port)), flush=True)
+    env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(ROOT / ".tools" / "bin"), str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     hub = Path(sys.executable).parent / "jupyterhub"
     argv = [str(hub), "-f", str(ROOT / "hub_ext" / "jupyterhub_config.py"), *args.hub_args]
-    print(f"gpupool: starting JupyterHub on http://127.0.0.1:{args.port or env.get('GPUPOOL_PORT', 8000)}/ "
-          "(users: password 'gpupool-user'; admin: 'gpupool-admin-password-change-me', see README)",
-          flush=True)
-    if args.port:
-        env["GPUPOOL_PORT"] = str(args.port)
     os.execve(argv[0], argv, env)
     return 0
+
+
+def banner(cfg: Gpupool, ssh_port: int) -> list[str]:
+    """What ``gpupool up`` prints before the hub starts: where to open it, who may log in,
+    and the SSH gateway's port."""
+    import pwd
+
+    import yaml
+
+    from .org import org_users
+
+    host = "127.0.0.1" if cfg.ip in ("", "0.0.0.0", "::") else cfg.ip
+    url = f"http://{host}:{cfg.port}/"
+    lines = [f"starting JupyterHub on {url}"]
+    if cfg.auth == "oidc":
+        lines.append(f"log in: single sign-on through {cfg.oidc_issuer or 'the OIDC provider (Gpupool.oidc_issuer)'}")
+    elif cfg.backend == "embedded" and cfg.accounts == "personal":
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        lines.append(f"log in: {me} only (personal mode: this hub is not root), with "
+                     f"{_password(cfg, 'admin_password')}")
+    else:
+        try:
+            users, admins = org_users(yaml.safe_load(Path(cfg.org_file).read_text()) or {})
+        except (OSError, yaml.YAMLError, AttributeError):
+            users, admins = set(), set()
+        people = ", ".join(sorted(users - admins)) or "none yet"
+        lines.append(f"log in as a user of the starter organisation ({people}) with "
+                     f"{_password(cfg, 'user_password')}, or as an admin ({', '.join(sorted(admins)) or 'none'}) "
+                     f"with {_password(cfg, 'admin_password')}")
+    if ssh_port:
+        ssh_host = cfg.ssh_host or ("127.0.0.1" if cfg.ssh_ip in ("", "0.0.0.0", "::") else cfg.ssh_ip)
+        lines.append(f"SSH gateway on port {ssh_port}: ssh -p {ssh_port} USER@{ssh_host} "
+                     f"(password: a token from {url}hub/token; docs/howto/ssh.md)")
+    else:
+        lines.append("SSH gateway off (Gpupool.ssh_port = 0)")
+    return lines
+
+
+def _password(cfg: Gpupool, option: str) -> str:
+    """How the banner names a shared password: the default itself, else the option that holds it."""
+    value = getattr(cfg, option)
+    return f"password {value!r}" if value == Gpupool.class_traits()[option].default_value \
+        else f"the password in Gpupool.{option}"
 
 
 SECRET_OPTIONS = ("admin_password", "user_password", "oidc_client_secret")
@@ -96,16 +145,67 @@ def exposed_secrets(config: Path) -> list[str]:
             if re.search(rf"^[ \t]*c\.Gpupool\.{name}[ \t]*=", text, re.MULTILINE)]
 
 
+def _options() -> list[tuple[str, object, bool, str]]:
+    """(name, default, computed, default as the docs show it) of every Gpupool option. A
+    computed default (from the environment or the machine) is the one its help states."""
+    defaults = Gpupool()
+    out = []
+    for name, trait in sorted(Gpupool.class_traits(config=True).items()):
+        if name in Gpupool._trait_default_generators:
+            said = re.search(r"Default: (.*?)\.?$", " ".join(trait.help.split()))
+            out.append((name, None, True, said.group(1) if said else "computed"))
+        else:
+            value = getattr(defaults, name)
+            if isinstance(value, str) and value.startswith(str(ROOT) + os.sep):
+                value = value[len(str(ROOT)) + 1:]  # paths inside the tree, as the tree names them
+            out.append((name, value, False, repr(value)))
+    return out
+
+
 def option_rows() -> list[tuple[str, str, str, str]]:
     """(class, name, default, help) of every configuration option; the docs' options page
-    is generated from this list too."""
-    return [("Gpupool", name, repr(trait.default_value), trait.help)
-            for name, trait in sorted(Gpupool.class_traits(config=True).items())]
+    and the sample gpupool_config.py are generated from this list too."""
+    helps = Gpupool.class_traits(config=True)
+    return [("Gpupool", name, shown, helps[name].help) for name, _value, _computed, shown in _options()]
 
 
 def cmd_options(_args) -> int:
     for cls, name, default, help_text in option_rows():
         print(f"c.{cls}.{name} = {default}\n    {help_text}\n")
+    return 0
+
+
+SAMPLE_HEADER = '''"""gpupool configuration (traitlets). `gpupool up` (and `make run`) reads this file.
+
+Every gpupool option is listed below with its help text and default, commented out. This
+file is generated from the options themselves: `gpupool sample-config > gpupool_config.py`.
+An option whose default is computed (from the environment or the machine) shows `...`; its
+help says the default. JupyterHub options (c.JupyterHub.*, c.Spawner.*, c.Authenticator.*)
+may go here too; gpupool derives the hub settings it needs from the c.Gpupool options.
+"""
+
+c = get_config()  # noqa: F821 (provided by traitlets)
+'''
+
+
+def sample_config() -> str:
+    """A gpupool_config.py that lists every option with its help and default, commented out."""
+    import pprint
+    import textwrap
+
+    helps = Gpupool.class_traits(config=True)
+    out = [SAMPLE_HEADER]
+    for name, value, computed, _shown in _options():
+        out += ["# " + line for line in textwrap.wrap(" ".join(helps[name].help.split()), 90)]
+        lead = f"c.Gpupool.{name} = "
+        text = "..." if computed else pprint.pformat(value, width=90 - len(lead), sort_dicts=False)
+        text = text.replace("\n", "\n" + " " * len(lead))
+        out += ["# " + line for line in (lead + text).splitlines()] + [""]
+    return "\n".join(out)
+
+
+def cmd_sample_config(_args) -> int:
+    sys.stdout.write(sample_config())
     return 0
 
 
@@ -266,6 +366,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("hub_args", nargs="*", help="extra JupyterHub arguments (after --)")
     up.set_defaults(fn=cmd_up)
     sub.add_parser("options", help="print every option").set_defaults(fn=cmd_options)
+    sub.add_parser("sample-config", help="print a gpupool_config.py listing every option, commented out"
+                   ).set_defaults(fn=cmd_sample_config)
     pr = sub.add_parser("project", help="your projects")
     pr.add_argument("action", choices=["list", "show", "quota"],
                     help="list your projects, show one, or change one's quota (admins)")

@@ -9,12 +9,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, default
+from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
+from . import ports
 from .validation import MAX_BODY_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _ssh_port_checked(port, field: str):
+    """``port`` when it is a valid Gpupool.ssh_port, else a TraitError naming ``field``."""
+    if port is None or (isinstance(port, int) and 0 <= port <= 65535):
+        return port
+    raise TraitError(f"{field}: must be 0 (no gateway), a port from 1 to 65535, or unset "
+                     f"(None: a free port), got {port!r}")
 
 
 class Gpupool(Configurable):
@@ -64,13 +73,46 @@ class Gpupool(Configurable):
         return int(os.environ.get("GPUPOOL_SERVICE_PORT", "10101"))
 
     ssh_port = Integer(
+        None, allow_none=True,
         help="Port of the SSH gateway (ssh USER[+SERVER]@HUB -p PORT into a running workload; "
-        "password: a JupyterHub API token). 0: no gateway. Default: $GPUPOOL_SSH_PORT or 0.",
+        "password: a JupyterHub API token, or an uploaded key). None: a free port, chosen on the "
+        "first start and kept in STATE_DIR/ssh/port while it stays free (`gpupool up` prints it); "
+        "0: no gateway; 1 to 65535: that port. Default: $GPUPOOL_SSH_PORT, else None.",
     ).tag(config=True)
 
     @default("ssh_port")
     def _ssh_port_default(self):
-        return int(os.environ.get("GPUPOOL_SSH_PORT", "0"))
+        raw = os.environ.get("GPUPOOL_SSH_PORT", "").strip()
+        if not raw:
+            return None
+        try:
+            port = int(raw)
+        except ValueError:
+            port = raw
+        return _ssh_port_checked(port, "GPUPOOL_SSH_PORT")
+
+    @validate("ssh_port")
+    def _ssh_port_valid(self, proposal):
+        return _ssh_port_checked(proposal["value"], "Gpupool.ssh_port")
+
+    def ssh_gateway_port(self, choose: bool = False) -> int:
+        """The SSH gateway's port, 0 for none: ssh_port when set, else the port kept in
+        STATE_DIR/ssh/port. ``choose`` (at the hub's start): keep that port while it is free,
+        else choose a free one and keep it, so that users' ssh configs and known_hosts
+        entries stay valid across restarts."""
+        if self.ssh_port is not None:
+            return self.ssh_port
+        kept = Path(self.state_dir) / "ssh" / "port"
+        try:
+            port = int(kept.read_text())
+        except (OSError, ValueError):
+            port = 0
+        if port and (not choose or ports.is_free(self.ssh_ip, port)):
+            return port
+        (port,) = ports.free_ports(1, self.ssh_ip)
+        kept.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        kept.write_text(f"{port}\n")
+        return port
 
     ssh_ip = Unicode(help="Address the SSH gateway listens on. Default: ip (the public proxy's).").tag(config=True)
 

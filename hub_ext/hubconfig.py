@@ -25,6 +25,7 @@ def configure(c) -> Runtime:
     cfg = Gpupool(config=c)
     state = Path(cfg.state_dir)
     state.mkdir(parents=True, exist_ok=True)
+    cfg.ssh_port = cfg.ssh_gateway_port(choose=True)  # a concrete port (0: none) for every reader
     rt = Runtime.instance(cfg)
     try:
         asyncio.get_running_loop().call_soon(rt.start)

@@ -85,7 +85,7 @@ def run_ssh(argv: list[str], tok: str) -> int:
 
 
 async def _connect(gw: Gateway, target: str, tok: str):
-    import asyncssh
+    from .ssh import asyncssh
 
     try:
         return await asyncssh.connect(gw.host, gw.port, username=gw.login(target), password=tok,
@@ -99,7 +99,7 @@ async def _connect(gw: Gateway, target: str, tok: str):
 
 
 def exec_command(gw: Gateway, target: str, tok: str, command: list[str]) -> int:
-    import asyncssh
+    from .ssh import asyncssh
 
     async def run() -> int:
         async with await _connect(gw, target, tok) as conn:

@@ -63,6 +63,7 @@ async def _end_with_hub(stop: asyncio.Event, every_s: float = 1.0) -> None:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="[gpupool-service %(asctime)s] %(message)s")
     cfg = load_config()
+    cfg.ssh_port = cfg.ssh_gateway_port()  # the port the hub chose when ssh_port is None
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpupool/")
     app = make_app(cfg, prefix)
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", f"http://127.0.0.1:{cfg.service_port}"))

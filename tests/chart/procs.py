@@ -98,6 +98,7 @@ class ChartHub(Proc):
             "GPUPOOL_USER_PASSWORD": passwords["user-password"],
             "GPUPOOL_ADMIN_PASSWORD": passwords["admin-password"],
             "KUBECONFIG": str(kubeconfig),
+            "GPUPOOL_SSH_PORT": "0",  # as the chart's Deployment sets it (hub.ssh.port, default 0)
         }  # fmt: skip
         jh = Path(sys.executable).parent / "jupyterhub"
         super().__init__("hub", [str(jh), "-f", str(conf / "jupyterhub_config.py")], workdir, env)

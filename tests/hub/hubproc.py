@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from hub_ext.host import regions
+from hub_ext.ports import free_ports  # noqa: F401 (the tests' ports come from here)
 
 ROOT = Path(__file__).resolve().parents[2]
 USER_PW = "gpupool-user"
@@ -37,36 +36,6 @@ ACCOUNT_PREFIX = os.environ.get("GPUPOOL_TEST_ACCOUNT_PREFIX") or f"gpt{os.getpi
 def account(user: str) -> str:
     """The OS account a test hub makes for hub user ``user``."""
     return ACCOUNT_PREFIX + user
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` free ports below the kernel's ephemeral range. A port the kernel hands out for
-    port 0 comes from that range, and between choosing it and the hub binding it, any
-    outgoing connection (the proxy polling the hub that is not up yet) may take it as its
-    own source port: the hub then fails with "Address already in use"."""
-    low = _ephemeral_low()
-    socks, ports = [], []
-    rnd = random.Random()
-    while len(ports) < n:
-        port = rnd.randrange(max(1024, low - 12_000), low)
-        s = socket.socket()
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            s.close()
-            continue
-        socks.append(s)
-        ports.append(port)
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
 
 
 class Hub:

@@ -13,13 +13,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-import asyncssh
 import pytest
 from hubclient import call
 from hubkernel import run_code
 from hubproc import Hub, account, free_ports
 from test_embedded_accounts import login, start_workspace
 
+from hub_ext.ssh import asyncssh
 from tests.waits import wait_for
 
 pytestmark = pytest.mark.slow
@@ -55,6 +55,13 @@ def test_exec_runs_in_the_workspace_and_returns_its_status(chub, tmp_path):
     assert r.stdout.split() == [account("alice"), "ws-alice"]
     known = (tmp_path / "config" / "gpupool" / "known_hosts").read_text()
     assert known.startswith(f"[127.0.0.1]:{chub.ssh_port} ssh-ed25519 ")
+
+
+def test_exec_prints_only_what_the_command_prints(chub, tmp_path):
+    """No warning of the CLI's own (asyncssh's import makes cryptography warn about DSA)."""
+    r = gp(chub, tmp_path, "workspace", "exec", "ws-alice", "--", "sh", "-c", "echo out; echo err >&2")
+    assert r.returncode == 0 and r.stdout == "out\n", r.stderr
+    assert r.stderr == "err\n"
 
 
 def test_exec_of_a_workspace_that_is_not_running_says_so(chub, tmp_path):

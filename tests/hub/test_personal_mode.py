@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -18,6 +20,8 @@ from pathlib import Path
 import pytest
 from hubclient import HubClient, call
 from hubproc import ACCOUNT_PREFIX, ADMIN_PW, USER_PW, Hub, remove_account
+
+from tests.waits import wait_for
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make the ordinary user")]
@@ -47,6 +51,24 @@ def test_login_page_and_log_say_personal_mode(personal):
     page = urllib.request.urlopen(hub.url + "/hub/login").read().decode()
     assert "Personal mode" in page and f"only {ME} may log in" in page
     assert f"personal mode: this hub runs as {ME}, not root" in hub.log.read_text()
+
+
+def test_the_start_banner_names_the_one_user_and_the_gateway_it_runs(personal):
+    hub, _ = personal
+    text = hub.log.read_text()
+    said = f"gpupool: log in: {ME} only (personal mode: this hub is not root), with password '{ADMIN_PW}'"
+    assert said in text
+    m = re.search(r"^gpupool: SSH gateway on port (\d+): ssh -p \1 USER@127\.0\.0\.1 ", text, re.M)
+    assert m, text[:2000]
+
+    def answers() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", int(m.group(1))), timeout=10) as s:
+                return s.recv(64).startswith(b"SSH-2.0-")
+        except OSError:
+            return False
+
+    wait_for(answers, "the personal hub's SSH gateway", timeout=30)
 
 
 def test_only_the_hubs_own_user_may_log_in(personal):

@@ -15,7 +15,6 @@ import sys
 import urllib.request
 from pathlib import Path
 
-import asyncssh
 import pytest
 from hubclient import HubClient, call
 from hubkernel import run_code
@@ -23,6 +22,7 @@ from hubproc import USER_PW, Hub, account, free_ports
 from test_embedded_accounts import login, start_workspace
 
 from hub_ext import validation
+from hub_ext.ssh import asyncssh
 from hub_ext.ssh.throttle import Throttle
 from hub_ext.validation import FieldError
 from tests.waits import wait_for
@@ -300,3 +300,58 @@ def test_ssh_keys_are_checked(keys, field):
 def test_an_ssh_key_is_kept_with_its_comment():
     key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
     assert validation.ssh_keys([f"{key}  me@laptop "]) == [f"{key} me@laptop"]
+
+
+# -- on by default: the session's hub and the one below set no SSH option ----------------------
+BANNER_SSH = re.compile(r"^gpupool: SSH gateway on port (\d+): ssh -p (\d+) USER@127\.0\.0\.1 ", re.M)
+
+
+def banner_port(h: Hub) -> int:
+    """The SSH port the start-up banner of ``gpupool up`` names."""
+    m = BANNER_SSH.search(h.log.read_text())
+    assert m and m.group(1) == m.group(2), h.log.read_text()[:3000]
+    return int(m.group(1))
+
+
+def gateway_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            return s.recv(64).startswith(b"SSH-2.0-")
+    except OSError:
+        return False
+
+
+def test_the_start_banner_names_the_users_and_the_gateways_port(hub):
+    text = hub.log.read_text()
+    port = banner_port(hub)
+    wait_for(lambda: gateway_answers(port), "the gateway on the banner's port", timeout=30)
+    _, me = call(hub.url, hub.tokens["alice"], "GET", "/me")
+    assert me["ssh_port"] == port and me["ssh_host_key"].startswith("ssh-ed25519 ")
+    login_line = next(line for line in text.splitlines() if line.startswith("gpupool: log in as "))
+    users, _, admins = login_line.partition(" or as an admin ")
+    assert all(name in users for name in ("alice", "bob", "carol", "dave")) and "'gpupool-user'" in users
+    assert "(admin)" in admins and "'gpupool-admin-password-change-me'" in admins
+
+
+def test_the_hubs_output_carries_no_cryptography_warning(hub):
+    """asyncssh's import makes cryptography warn about DSA, once per name it touches; the
+    hub's log (the hub, its service with the gateway, the proxy) shows none of it."""
+    text = hub.log.read_text()
+    assert "gpupool-service" in text  # the service's output is in this log
+    assert "CryptographyDeprecationWarning" not in text and "DSA is deprecated" not in text
+
+
+def test_two_hubs_on_one_machine_each_get_a_free_port_kept_across_restarts(hub, tmp_path):
+    other = Hub(tmp_path / "other").start()
+    try:
+        port = banner_port(other)
+        assert port != banner_port(hub)
+        wait_for(lambda: gateway_answers(port), "the second hub's gateway", timeout=30)
+        assert gateway_answers(banner_port(hub))
+        assert (other.workdir / "state" / "ssh" / "port").read_text().strip() == str(port)
+        other.stop()
+        other.start()
+        assert banner_port(other) == port  # users' ssh configs and known_hosts stay valid
+        wait_for(lambda: gateway_answers(port), "the restarted hub's gateway", timeout=30)
+    finally:
+        other.stop()
