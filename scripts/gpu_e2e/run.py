@@ -41,6 +41,7 @@ from hubproc import ADMIN_PW, USER_PW, Hub, free_ports  # noqa: E402
 from hub_ext.host import regions  # noqa: E402
 from hub_ext.humanize import gib  # noqa: E402
 from scheduler.contract import share_env  # noqa: E402
+from tests.waits import wait_for as wait  # noqa: E402
 
 FAKE_DIR = ROOT / "native" / "build" / "fake"
 FAKE_MODEL, FAKE_MEM_MIB, FAKE_GPUS = "NVIDIA H100 80GB HBM3", 81559, 1
@@ -66,16 +67,6 @@ departments:
 
 def log(msg: str) -> None:
     print(f"[gpu-e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def wait(check, what: str, timeout: float, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(every)
-    raise TimeoutError(f"never: {what} (waited {timeout:g} s)")
 
 
 def expected_gpus(mode: str) -> list[dict]:
