@@ -252,7 +252,7 @@ def test_cancel_while_a_named_server_starts_never_lands_on_it(bhub, browser, sho
     progress.fulfill(response=ready)
     try:  # the page has the ready in its log (or, following it, has left)
         dave.wait_for_function("() => !document.getElementById('progress-log') || "
-                               "document.getElementById('progress-log').innerText.includes('Server ready')")
+                               "document.getElementById('progress-log').textContent.includes('Server ready')")
         held["stop"][0].continue_()
     except PlaywrightError:
         pass
@@ -281,6 +281,6 @@ def test_spawn_form_visits_share_one_live_capacity_token(bhub, browser):
     tokens = call(bhub.url, admin, "GET", "/hub/api/users/carol/tokens", api=False)[1]["api_tokens"]
     form_tokens = [t for t in tokens if t["note"] == "gpupool spawn form (live capacity)"]
     assert len(form_tokens) == 1, tokens
-    req = urllib.request.Request(shown[0]["live_url"], headers={"Authorization": f"token {shown[0]['token']}"})
+    req = urllib.request.Request(bhub.url + shown[0]["live_url"], headers={"Authorization": f"token {shown[0]['token']}"})
     with urllib.request.urlopen(req, timeout=30) as r:  # the shared token takes the live figures
         assert r.status == 200 and "pools" in json.loads(r.read())
