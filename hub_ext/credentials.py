@@ -136,6 +136,9 @@ def _check(project: str, data: dict) -> tuple[str, str, dict[str, str], str]:
             raise FieldError("data", f"the value of {k!r} must be a string")
         if validation.has_surrogate(v):  # a secret may hold any other character
             raise FieldError("data", f"the value of {k!r} must not contain a lone surrogate")
+        if delivery == "env" and "\0" in v:  # an environment string ends at its first NUL
+            raise FieldError("data", f"the value of {k!r} must not contain a NUL character "
+                             "with delivery 'env' (use delivery 'files' for binary values)")
         if len(v.encode()) > MAX_VALUE_BYTES:
             raise FieldError("data", f"the value of {k!r} must be at most {MAX_VALUE_BYTES} bytes")
     description = validation.text(data.get("description", ""), "description",

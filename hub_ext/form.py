@@ -2,9 +2,11 @@
 with the user's projects, their quota and usage per node pool, and the last choices. While
 it stays open its script takes the live figures again from the service's ``GET /capacity``
 (hub_ext.capacity), with a short-lived token of the user's made for it here: the form is a
-hub page, and the service's API takes no hub cookie. As its fields change it asks the same
-endpoint what Start would answer to them (``POST /capacity``, hub_ext.capacity.answer): the
-panel says the request rules' own words and holds no rule of its own."""
+hub page, and the service's API takes no hub cookie. A user has at most one such token:
+every form shows the same one until less than half its lifetime is left, then a new one
+replaces it. As its fields change the form asks the same endpoint what Start would answer to
+them (``POST /capacity``, hub_ext.capacity.answer): the panel says the request rules' own
+words and holds no rule of its own."""
 
 from __future__ import annotations
 
@@ -29,6 +31,10 @@ NOTICE_S = 900  # how long the form names a request that was cancelled while que
 FORM_REFRESH_MS = 5000  # how often an open form takes the free capacity again
 FORM_TOKEN_S = 4 * 3600  # how long an open form keeps taking it (its token's lifetime)
 SERVICE = "gpupool"
+FORM_TOKEN_NOTE = "gpupool spawn form (live capacity)"
+# the user's form token as made (the hub keeps only its hash), by user name; a hub that
+# restarts makes a new one and removes the old
+_form_tokens: dict[str, str] = {}
 
 _env = Environment(
     loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
@@ -106,10 +112,32 @@ def live_access(spawner) -> tuple[str, str]:
         return "", ""
     if not hasattr(user, "new_api_token"):
         return "", ""
-    token = user.new_api_token(note="gpupool spawn form (live capacity)", expires_in=FORM_TOKEN_S,
-                               scopes=sorted(own | {f"access:services!service={SERVICE}"}))
+    token = form_token(user, sorted(own | {f"access:services!service={SERVICE}"}))
     prefix = base[: -len("hub/")] if base.endswith("hub/") else base
     return f"{prefix}services/{SERVICE}/api/v1/capacity", token
+
+
+def form_token(user, scopes: list[str]) -> str:
+    """The user's one form token with ``scopes``: the one made before while it is valid for
+    at least half of FORM_TOKEN_S more, else a new one; the user's other form tokens go."""
+    from jupyterhub.orm import APIToken
+
+    db, held = user.db, _form_tokens.get(user.name)
+    keep = APIToken.find(db, held) if held else None  # None: revoked or expired
+    if keep is not None and (keep.user_id != user.orm_user.id or keep.note != FORM_TOKEN_NOTE
+                             or sorted(keep.scopes) != scopes or keep.expires_at is None
+                             or (keep.expires_at - keep.now()).total_seconds() < FORM_TOKEN_S / 2):
+        keep = None
+    stale = [t for t in user.orm_user.api_tokens if t.note == FORM_TOKEN_NOTE and t is not keep]
+    for t in stale:
+        db.delete(t)
+    if stale:
+        db.commit()
+    if keep is not None:
+        return held
+    token = user.new_api_token(note=FORM_TOKEN_NOTE, expires_in=FORM_TOKEN_S, scopes=scopes)
+    _form_tokens[user.name] = token
+    return token
 
 
 def render_form(spawner) -> str:

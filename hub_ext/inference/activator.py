@@ -65,16 +65,21 @@ class Authorizer(Protocol):
 
 
 LocalRoute = Callable[["Exchange"], tuple[int, str, bytes]]  # -> (code, content type, body)
+# A service the controller does not have yet, by name: the one it now has, or None
+Lookup = Callable[[str], "Service | None"]
 
 
 class Server:
-    """What every client connection shares: the controller, the prefix, the authorizer."""
+    """What every client connection shares: the controller, the prefix, the authorizer.
+    ``lookup``: asked for a name the controller does not have before the 404, so that a
+    service is served as soon as its submission has answered, whatever the follower's pace."""
 
     def __init__(self, controller: Controller, prefix: str = "/", auth: Authorizer | None = None,
-                 local: dict[str, LocalRoute] | None = None):
+                 local: dict[str, LocalRoute] | None = None, lookup: Lookup | None = None):
         self.controller = controller
         self.prefix = prefix if prefix.endswith("/") else prefix + "/"
         self.auth = auth
+        self.lookup = lookup
         local = {"/metrics": lambda req: (200, "text/plain; version=0.0.4",
                                           metrics.exposition()), **(local or {})}
         self.local = {path.encode(): route for path, route in local.items()}  # by path bytes
@@ -83,6 +88,12 @@ class Server:
                                 + rb"([a-z0-9][a-z0-9-]*)(?=[/?]|\Z)").match
         self.servers: list[asyncio.base_events.Server] = []
         metrics.follow(controller)
+
+    def service(self, name: bytes) -> Service | None:
+        svc = self.controller.services.get(name.decode())
+        if svc is None and self.lookup is not None:
+            svc = self.lookup(name.decode())
+        return svc
 
     def protocol(self) -> Front:
         return Front(self)
@@ -195,7 +206,7 @@ class Front(asyncio.Protocol):
             return
         # the service's own limit, when the name is one (checked again when routed)
         m = self.server.route(self._url)
-        svc = m and self.server.controller.services.get(m[1].decode())
+        svc = m and self.server.service(m[1])
         if svc is not None:
             self._limit = svc.spec.max_body_bytes
         if expect and not (length and length.isdigit() and int(length) > self._limit):
@@ -313,7 +324,7 @@ class Exchange:
     def start(self) -> None:
         server, url = self.front.server, self.url
         m = server.route(url)
-        svc = None if m is None else server.controller.services.get(m[1].decode())
+        svc = None if m is None else server.service(m[1])
         rest = b"" if m is None else url[m.end():]
         if rest[:1] == b"/":
             self.uri = rest

@@ -1,11 +1,17 @@
 """REST API v1 of inference services: ``/inferences`` (list, submit) and
 ``/inferences/{name}`` (describe, delete), on the gpupool service's ApiHandler (HubOAuth,
 scopes, JSON errors). Members see and use their own projects; admins all.
+
+A submission answers once the activator has the service (its first state is on the row),
+so that the service's URL and describe are right from the first call; an activator that
+does not take it within ``PICKUP_S`` leaves the answer's ``status`` empty.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 
 from sqlalchemy import select
 
@@ -18,6 +24,7 @@ from .db import InferenceRow
 from .spec import parse_spec
 
 SERVE_PREFIX = os.environ.get("GPUPOOL_SERVE_PREFIX", "/services/gpupool-serve/")
+PICKUP_S = 10.0  # how long a submission waits for the activator to have the service
 
 
 def service_dict(row: InferenceRow) -> dict:
@@ -45,7 +52,7 @@ class InferencesHandler(_Base):
         with self.Session() as s:
             self.send({"items": [service_dict(r) for r in s.scalars(q).all()]})
 
-    def post(self):
+    async def post(self):
         data = self.body()
         if "owner" in data:
             raise FieldError("owner", "is set by the server (the caller)")
@@ -62,7 +69,21 @@ class InferencesHandler(_Base):
                       spec.name, spec.project)
             attach.record_use(s, self.username, spec.name, att, "attach")
             s.commit()
-            self.send(service_dict(row), 201)
+            made = service_dict(row)
+        self.send(await self._picked_up(spec.name) or made, 201)
+
+    async def _picked_up(self, name: str) -> dict | None:
+        """The service once the activator has stored its first state (None past
+        ``PICKUP_S``, or when it was deleted meanwhile)."""
+        deadline = time.monotonic() + PICKUP_S
+        while True:
+            with self.Session() as s:
+                row = s.get(InferenceRow, name)
+                if row is None or row.status:
+                    return None if row is None else service_dict(row)
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(0.05)
 
 
 class InferenceHandler(_Base):

@@ -107,7 +107,7 @@ class HubInference:
         hub_auth = HubAuth(api_token=self.token, cache_max_age=60,
                            api_url=f"http://127.0.0.1:{self.rt.cfg.hub_port}/hub/api")
         self.server = activator.Server(self.controller, f"/services/{NAME}/",
-                                       HubTokenAuth(hub_auth, self.rt.Session))
+                                       HubTokenAuth(hub_auth, self.rt.Session), lookup=self.lookup)
         asyncio.ensure_future(self.server.listen(self.port)).add_done_callback(self._listening)
         if not self.rt.kubernetes:  # replica pods outlive the hub on their own
             self.recover()
@@ -139,6 +139,33 @@ class HubInference:
         if rows:
             log.info("inference: %d of %d replicas adopted after the restart", kept, len(rows))
 
+    def lookup(self, name: str) -> Service | None:
+        """A service the REST API has written since the last ``sync``: the activator asks
+        before it answers 404, so a submitted service is served at once."""
+        with self.rt.Session() as s:
+            row = s.get(InferenceRow, name)
+            if row is None:
+                return None
+            limit = idle_limits(s, [row])[name]
+            try:
+                spec = parse_spec(row.spec)
+            except Exception as e:  # a row written by an older version: say why, skip
+                log.warning("inference service %s: %s", name, e)
+                return None
+            svc = self.controller.put(spec, limit)
+            self._store(s, name, svc)
+            s.commit()
+        return svc
+
+    def _store(self, s, name: str, svc: Service) -> None:
+        """The service's state onto its row when it changed, or the row has none yet (a
+        service submitted again under the name of one deleted since the last pass)."""
+        st = svc.status()
+        st.pop("requests_total", None)
+        if (row := s.get(InferenceRow, name)) and (self._status.get(name) != st or not row.status):
+            store_status(s, row, st)
+            self._status[name] = st
+
     def _listening(self, fut: asyncio.Future) -> None:
         if fut.cancelled() or fut.exception() is None:
             return
@@ -158,6 +185,7 @@ class HubInference:
             rows = {r.name: r for r in s.scalars(select(InferenceRow)).all()}
             limits = idle_limits(s, rows.values())
         for name in set(self.controller.services) - set(rows):
+            self._status.pop(name, None)
             await self.controller.remove(name)
         for name, row in rows.items():
             try:
@@ -165,12 +193,8 @@ class HubInference:
             except Exception as e:  # a row written by an older version: say why, skip
                 log.warning("inference service %s: %s", name, e)
         with self.rt.Session() as s:
-            for name, svc in self.controller.services.items():
-                st = svc.status()
-                st.pop("requests_total", None)
-                if self._status.get(name) != st and (row := s.get(InferenceRow, name)):
-                    store_status(s, row, st)
-                    self._status[name] = st
+            for name, svc in list(self.controller.services.items()):
+                self._store(s, name, svc)
             s.commit()
 
 

@@ -147,6 +147,29 @@ def test_bad_value_is_not_echoed(gov_hub):
     assert "bbbb" not in msg and "65536" in msg
 
 
+@pytest.mark.parametrize("data", [
+    {"TOKEN": "abc\0def"},
+    {"OK": "fine", "TOKEN": "\0"},
+    {"TOKEN": "trailing\0"},
+])
+def test_env_value_with_nul_is_refused_naming_the_key(gov_hub, data):
+    """An environment string ends at its first NUL, so such a value could never reach the
+    workload: refused, naming the key, and nothing stored."""
+    msg = error(gov_hub, "admin", "POST", "/projects/nlp/credentials",
+                {"name": "nul-env", "data": data}, 400, "data")
+    assert "'TOKEN'" in msg and "NUL" in msg and "def" not in msg
+    error(gov_hub, "admin", "GET", "/projects/nlp/credentials/nul-env", None, 404)
+
+
+def test_files_value_may_hold_nul(gov_hub):
+    """A file holds any byte: the same value is accepted with delivery 'files'."""
+    call(gov_hub, "admin", "DELETE", "/projects/nlp/credentials/nul-files")
+    made = call(gov_hub, "admin", "POST", "/projects/nlp/credentials",
+                {"name": "nul-files", "delivery": "files", "data": {"blob": "a\0b"}}, expect=201)
+    assert made["keys"] == ["blob"]
+    call(gov_hub, "admin", "DELETE", "/projects/nlp/credentials/nul-files", expect=204)
+
+
 @pytest.mark.parametrize("user, method, path, status", [
     ("alice", "POST", "/projects/nlp/credentials", 403),  # member: uses, does not manage
     ("vic", "POST", "/projects/nlp/credentials", 403),  # viewer

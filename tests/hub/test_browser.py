@@ -2,7 +2,9 @@
 here. Log in, spawn JupyterLab with 0.25 GPU and see the GPU environment inside it; a
 second user waits with the scheduler's reason in the spawn progress; the admin raises the
 quota in the admin panel and the waiting workspace starts; a non-admin is read-only and
-gets 403 on admin actions. Screenshots go to $GPUPOOL_SCREENSHOTS (default: tmp)."""
+gets 403 on admin actions; Cancel, queued or starting, lands on the spawn form, never on a
+stopped server; the spawn forms of a user share one live-capacity token. Screenshots go to
+$GPUPOOL_SCREENSHOTS (default: tmp)."""
 
 import re
 import shutil
@@ -261,3 +263,73 @@ def test_the_panel_says_what_a_fraction_is_on_the_gpu(bhub, browser, shots):
     page.fill("#gp-memory", "79.6")
     verdict(page)
     assert page.inner_text("#gp-share") == f"79.6 GiB of GPU memory on an {H100}: 1 of it, a 100% compute share."
+
+
+def test_cancel_while_a_named_server_starts_never_lands_on_it(bhub, browser, shots):
+    """A Cancel on its way when the progress says "ready": the page does not follow the ready
+    (that server is being stopped) and lands on the spawn form once the hub has stopped it.
+    The browser holds the Cancel's request and the progress stream until the server is
+    really ready, then lets both go, the real hub's "ready" first."""
+    from hubclient import call
+    from playwright.sync_api import Error as PlaywrightError
+
+    from tests.waits import wait_for
+
+    admin = HubClient(bhub.url).login("admin", ADMIN_PW).token("admin")
+    dave = login(browser, bhub, "dave")
+    held = {"progress": [], "stop": []}
+    dave.route(re.compile(r".*/hub/api/users/dave/servers/big/progress.*"), lambda route: held["progress"].append(route))
+    dave.route(re.compile(r".*/hub/api/users/dave/servers/big(\?.*)?$"),
+               lambda route: held["stop"].append(route) if route.request.method == "DELETE" else route.continue_())
+
+    def servers():
+        return call(bhub.url, admin, "GET", "/hub/api/users/dave", api=False)[1]["servers"]
+
+    def pump(what, check, timeout=180):
+        return wait_for(lambda: dave.wait_for_timeout(100) or check(), what, timeout=timeout, every=0)
+
+    fill_form(dave, "serving", fraction=0.25, server="big")
+    submit(dave)
+    dave.wait_for_url(re.compile(r".*/hub/spawn-pending/dave/big.*"), timeout=60_000)
+    dave.click("#gp-cancel")
+    pump("the Cancel's request sent", lambda: held["stop"] and held["progress"], timeout=60)
+    wait_for(lambda: servers().get("big", {}).get("ready"), "dave's server big ready", timeout=180)
+
+    progress = held["progress"][0]
+    ready = progress.fetch()
+    assert '"ready": true' in ready.text(), ready.text()
+    progress.fulfill(response=ready)
+    try:  # the page has the ready in its log (or, following it, has left)
+        dave.wait_for_function("() => !document.getElementById('progress-log') || "
+                               "document.getElementById('progress-log').textContent.includes('Server ready')")
+        held["stop"][0].continue_()
+    except PlaywrightError:
+        pass
+    dave.wait_for_url(re.compile(r".*/hub/spawn/dave/big$"), timeout=60_000)
+    dave.wait_for_selector("#gp-form")
+    dave.screenshot(path=str(shots / "spawn-cancelled-while-starting.png"), full_page=True)
+    assert "big" not in servers() or not servers()["big"]["ready"]
+    assert call(bhub.url, admin, "GET", "/workloads/ws-dave-big")[0] == 404
+
+
+def test_spawn_form_visits_share_one_live_capacity_token(bhub, browser):
+    """Each form carries a token for its live figures: visits reuse the user's one token
+    instead of adding one to the token page each time."""
+    import json
+    import urllib.request
+
+    from hubclient import call
+
+    carol = login(browser, bhub, "carol")
+    shown = []
+    for path in ("/hub/spawn/carol/f1", "/hub/spawn/carol/f2", "/hub/spawn/carol/f1", "/hub/spawn/carol/f3"):
+        carol.goto(bhub.url + path)
+        shown.append(json.loads(carol.text_content("#gp-status-json")))
+    assert len({s["token"] for s in shown}) == 1
+    admin = HubClient(bhub.url).login("admin", ADMIN_PW).token("admin")
+    tokens = call(bhub.url, admin, "GET", "/hub/api/users/carol/tokens", api=False)[1]["api_tokens"]
+    form_tokens = [t for t in tokens if t["note"] == "gpupool spawn form (live capacity)"]
+    assert len(form_tokens) == 1, tokens
+    req = urllib.request.Request(bhub.url + shown[0]["live_url"], headers={"Authorization": f"token {shown[0]['token']}"})
+    with urllib.request.urlopen(req, timeout=30) as r:  # the shared token takes the live figures
+        assert r.status == 200 and "pools" in json.loads(r.read())

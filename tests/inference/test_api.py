@@ -57,7 +57,11 @@ def org_db(tmp_path):
     return Session
 
 
-def test_submit_list_describe_delete_and_errors(tmp_path, fake_login):
+def test_submit_list_describe_delete_and_errors(tmp_path, fake_login, monkeypatch):
+    """No activator runs here: a submission answers with an empty state at once."""
+    from hub_ext.inference import api
+
+    monkeypatch.setattr(api, "PICKUP_S", 0.0)
     Session = org_db(tmp_path)
     cfg = Gpupool(state_dir=str(tmp_path / "state"), db_url=f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
 
@@ -80,6 +84,7 @@ def test_submit_list_describe_delete_and_errors(tmp_path, fake_login):
                 "gpu": 0.25, "max_replicas": 2, "target": 5}
         code, svc = await call("POST", "/inferences", spec)
         assert code == 201 and svc["url"].endswith("/llm/") and svc["owner"] == "alice"
+        assert svc["status"] == {}
         assert (await call("POST", "/inferences", spec))[0] == 409
         code, err = await call("POST", "/inferences", {**spec, "name": "x", "max_replicas": 500})
         assert code == 400 and err["error"]["field"] == "max_replicas"

@@ -36,14 +36,9 @@ def get(url: str, token: str = "") -> tuple[int, dict, dict]:
         return e.code, json.loads(e.read()), dict(e.headers)
 
 
-def until_served(url: str, token: str = "", timeout: float = 120) -> tuple[int, dict]:
-    """The hub follows its table every second: a new service is a 404 until then."""
-    end = time.monotonic() + timeout
-    while True:
-        code, body, _ = get(url, token)
-        if code != 404 or time.monotonic() > end:
-            return code, body
-        time.sleep(0.3)
+def served(url: str, token: str = "") -> tuple[int, dict]:
+    code, body, _ = get(url, token)
+    return code, body
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +68,9 @@ def test_tokens_of_members_others_and_none_through_the_hub_proxy(live):
     url = live.url + svc["url"] + "predict?client=a&seq=1"
     assert svc["url"] == "/services/gpupool-serve/echo/"
 
-    # a member of project nlp: served, after one cold start from zero replicas
-    code, body = until_served(url, alice)
+    # a member of project nlp: served, after one cold start from zero replicas, by the first
+    # request after the submission answered
+    code, body = served(url, alice)
     assert code == 200 and (body["client"], body["seq"]) == ("a", "1"), body
     # the token as a query argument works too (browsers, EventSource)
     assert get(url + "&token=" + alice)[0] == 200
@@ -89,16 +85,34 @@ def test_tokens_of_members_others_and_none_through_the_hub_proxy(live):
     assert body["error"]["message"] == "carol is not a member of project 'nlp'"
 
 
+def test_a_service_is_described_and_served_as_soon_as_its_submission_answers(live):
+    """No 404 and no empty state between the submission's answer and the activator's next
+    look at the table: describe shows the activator's state, the first call is served."""
+    alice = live.tokens["alice"]
+    for i in range(3):
+        name = f"fresh{i}"
+        code, svc = call(live.url, alice, "POST", "/inferences", model(name))
+        try:
+            assert code == 201, svc
+            assert svc["status"].get("replicas") == 0 and "desired" in svc["status"], svc
+            code, one = call(live.url, alice, "GET", f"/inferences/{name}")
+            assert code == 200 and one["status"].get("replicas") == 0, one
+            code, body = served(live.url + svc["url"] + f"predict?client=f&seq={i}", alice)
+            assert code == 200 and body["seq"] == str(i), body
+        finally:
+            call(live.url, alice, "DELETE", f"/inferences/{name}")
+
+
 def test_public_mode_takes_requests_without_a_token(live):
     alice = live.tokens["alice"]
     code, svc = call(live.url, alice, "POST", "/inferences", model("open", public=True))
     assert code == 201, svc
-    code, body = until_served(live.url + svc["url"] + "predict?client=p&seq=0")
+    code, body = served(live.url + svc["url"] + "predict?client=p&seq=0")
     assert code == 200 and body["client"] == "p", body
 
 
 def test_activator_metrics_scraped(live):
-    code, _ = until_served(live.url + "/services/gpupool-serve/echo/predict", live.tokens["alice"])
+    code, _ = served(live.url + "/services/gpupool-serve/echo/predict", live.tokens["alice"])
     assert code == 200
     get(live.url + "/services/gpupool-serve/echo/predict")  # one 401 more
     with urllib.request.urlopen(f"http://127.0.0.1:{live.serve_port}/metrics", timeout=30) as r:
@@ -148,7 +162,7 @@ def test_the_policy_idle_timeout_scales_a_service_to_zero_over_min_replicas(live
         status = wait_for(lambda: (st := call(live.url, carol, "GET", "/inferences/kept")[1]["status"])
                           .get("replicas") == 0 and st, "no replica left")
         assert status["desired"] == 0 and "project vision's policy" in status["why"], status
-        code, body = until_served(live.url + svc["url"] + "predict?client=k&seq=1", carol)
+        code, body = served(live.url + svc["url"] + "predict?client=k&seq=1", carol)
         assert code == 200 and body["client"] == "k", body  # woken by the request
     finally:
         call(live.url, _admin(live), "PUT", "/projects/vision/policy", {})
