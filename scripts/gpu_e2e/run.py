@@ -16,6 +16,7 @@ interception library's accounts of its workloads are removed at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -328,8 +329,16 @@ class E2E:
         gpus = [{"allocated": g["allocated"], "workloads": len(g["workloads"])} for n in nodes for g in n["gpus"]]
         cap = self.api("admin", "GET", "/capacity")
         free = {p: (v["free"], v["gpus"]) for p, v in cap["pools"].items()}
-        folder = regions.of_state(self.hub.workdir / "state")  # the GPU accounts of its workloads
-        left = sorted(f.name for f in folder.iterdir()) if folder.exists() else []
+        # the GPU accounts of its workloads go once the hub has seen each process end, which
+        # may come a little after its share is back
+        folder = regions.of_state(self.hub.workdir / "state")
+
+        def accounts_left() -> list[str]:
+            return sorted(f.name for f in folder.iterdir()) if folder.exists() else []
+
+        with contextlib.suppress(AssertionError):
+            wait(lambda: not accounts_left(), "the workloads' GPU accounts are removed", 60)
+        left = accounts_left()
         out = {"ok": all(g["allocated"] == 0 and g["workloads"] == 0 for g in gpus)
                and all(f == n for f, n in free.values()) and not left,
                "gpus": gpus, "pools_free": free, "gpu_accounts_left": left}
