@@ -13,6 +13,7 @@ from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicod
 from traitlets.config import Configurable
 
 from . import ports
+from .host.accounts import default_prefix
 from .validation import MAX_BODY_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -292,7 +293,7 @@ class Gpupool(Configurable):
 
     @default("account_prefix")
     def _account_prefix(self):
-        return os.environ.get("GPUPOOL_ACCOUNT_PREFIX", "gpupool-")
+        return default_prefix()
     account_template = Unicode(
         "",
         help="The OS account of a hub user: {prefix} is ACCOUNT_PREFIX, {username} the hub "

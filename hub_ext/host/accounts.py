@@ -64,6 +64,11 @@ def default_mode() -> str:
     return "create" if os.geteuid() == 0 else "personal"
 
 
+def default_prefix() -> str:
+    """The prefix of the accounts gpupool makes: $GPUPOOL_ACCOUNT_PREFIX, else ``gpupool-``."""
+    return os.environ.get("GPUPOOL_ACCOUNT_PREFIX", "gpupool-")
+
+
 def unix_name(name: str) -> str:
     """A valid Unix user name for ``name`` (the template's output): lowercased, every
     character outside ``[a-z0-9_-]`` made ``-``, ``_`` in front of a leading digit or ``-``.

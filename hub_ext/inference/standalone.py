@@ -19,11 +19,12 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import tempfile
 from pathlib import Path
 
-from hub_ext.host.accounts import Accounts, default_mode
+from hub_ext.host.accounts import Accounts, default_mode, default_prefix
 from hub_ext.host.cgroups import detect
 from hub_ext.host.process import Launcher
 from hub_ext.host.state import RUN_DIR
@@ -75,7 +76,8 @@ async def serve(args) -> None:
     await sched.cycle()
     state = Path(tempfile.mkdtemp(prefix="gpupool-inference-"))  # the hub's state dir's part
     backend = EmbeddedBackend(sched, launcher=Launcher(state / RUN_DIR, detect()),
-                              accounts=Accounts(mode=default_mode()), state_dir=state)
+                              accounts=Accounts(mode=default_mode(), prefix=default_prefix()),
+                              state_dir=state)
     controller = Controller(backend, tick_s=args.tick)
     controller.start()
     for s in specs:
@@ -94,6 +96,9 @@ async def serve(args) -> None:
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     await stop.wait()
     await controller.stop()
+    # its state is a temporary folder of this run's: nothing in it outlives the run
+    shutil.rmtree(backend.launcher.regions, ignore_errors=True)
+    shutil.rmtree(state, ignore_errors=True)
 
 
 def parser() -> argparse.ArgumentParser:
