@@ -43,12 +43,18 @@ class KubeBackend:
         self.namespace, self.configuration, self.headers = namespace, configuration, dict(headers or {})
 
     @classmethod
-    async def from_environment(cls, namespace: str) -> KubeBackend:
+    async def from_environment(cls, namespace: str, kubeconfig: str = "") -> KubeBackend:
+        """The hub's own way to the API server: ``kubeconfig`` (Gpupool.kubeconfig or
+        $KUBECONFIG, k8s_org.kubeconfig_path) when set, else the pod's service account."""
         cfg = client.Configuration()
+        if kubeconfig:
+            await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg,
+                                          persist_config=False)
+            return cls(namespace, cfg)
         try:
             config.load_incluster_config(client_configuration=cfg)
         except config.ConfigException:
-            await config.load_kube_config(client_configuration=cfg)
+            await config.load_kube_config(client_configuration=cfg, persist_config=False)
         return cls(namespace, cfg)
 
     def _api(self, ws: bool = False):
