@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -114,11 +116,24 @@ def test_logs_and_follow(chub, tmp_path):
     assert "jupyterhub-singleuser" in r.stdout or "Jupyter Server" in r.stdout
     p = subprocess.Popen([GPUPOOL, "workspace", "logs", "ws-alice", "--tail", "1", "--follow"],
                          env=cli_env(chub, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in p.stdout], daemon=True).start()
+
+    def seen(text: str) -> bool:
+        try:
+            while True:
+                if text in lines.get(timeout=1):
+                    return True
+        except queue.Empty:
+            return False
+
     try:
+        # the follower printed its tail: it follows from there, so the marker comes after it
+        wait_for(lambda: seen(""), "the followed log's last line", timeout=60)
         marker = f"follow-marker-{time.time_ns()}"
         # a kernel's raw stdout is the workspace server's log
         run_code(chub.url, "/user/alice/", chub.tokens["alice"], f"import os; os.write(1, b'{marker}\\n')")
-        wait_for(lambda: marker in p.stdout.readline(), "the marker in the followed log", timeout=60)
+        wait_for(lambda: seen(marker), "the marker in the followed log", timeout=60)
     finally:
         p.terminate()
         p.wait(10)
