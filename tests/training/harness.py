@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -66,6 +67,7 @@ class Cluster:
         await self.scheduler.stop()
         if self.accounts.mode == "create":
             self.accounts.remove("alice")
+        shutil.rmtree(self.launcher.regions, ignore_errors=True)  # made again by a restart
 
     def account(self, user: str = "alice") -> Account:
         return self.accounts.for_user(user)
