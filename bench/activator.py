@@ -2,7 +2,7 @@
 cold start from zero against the model server's own start.
 
 Three processes: the model server (tests/inference/model_server.py), the activator
-(``python -m hub_ext.inference``: embedded scheduler + controller + activator) and this one, the
+(``python -m hub_ext.serving``: embedded scheduler + controller + activator) and this one, the
 load generator (a bare keep-alive HTTP/1.1 client per simulated user, so the client's own
 cost stays small and equal on both paths). At each concurrency every user keeps one
 connection per way (direct to the replica, through the activator) for the whole
@@ -228,7 +228,7 @@ def baseline_tree(rev: str) -> tuple[Path, str]:
     where = Path(tempfile.mkdtemp(prefix="activator-baseline-"))
     moved = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{rev}:hub_ext/inference"],
                            capture_output=True).returncode == 0
-    tree, package = ("hub_ext", "hub_ext.inference") if moved else ("inference", "inference")
+    tree, package = ("hub_ext", "hub_ext.serving") if moved else ("inference", "inference")
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, tree],
                              check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
@@ -256,7 +256,7 @@ async def main_async(args) -> dict:
     (spec_dir / "services.json").write_text(json.dumps(services))
     (spec_dir / "warm.json").write_text(json.dumps([warm]))
     aport = free_port()
-    act = start([sys.executable, "-m", "hub_ext.inference", "--port", str(aport), "--services",
+    act = start([sys.executable, "-m", "hub_ext.serving", "--port", str(aport), "--services",
                  str(spec_dir / "services.json"), "--gpus", "4", "--quota", "4", "--loop", args.loop])
     base = bport = None
     if args.baseline_rev:  # the same activator at another revision, with a replica of its own

@@ -11,12 +11,12 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from . import roles
 from .config import ROOT, Gpupool
-from .db import MemberRow
-from .home import home_context
-from .org import org_users
+from .db.tables import MemberRow
+from .org import roles
+from .org.projects import org_users
 from .runtime import Runtime, personal_notice
+from .workspaces.home import home_context
 
 SCOPES = roles.SCOPES  # custom:gpupool:admin, :department-admin, :use, :view
 
@@ -61,7 +61,7 @@ def configure(c) -> Runtime:
 
     sso = cfg.auth == "oidc"
     if sso:  # single sign-on: who gets in and their roles come from the groups claim
-        from .auth import configure_oidc
+        from .org.auth import configure_oidc
 
         configure_oidc(c, cfg, rt.Session)
     else:
@@ -82,7 +82,7 @@ def configure(c) -> Runtime:
     c.JupyterHub.template_vars = {**c.JupyterHub.get("template_vars", {}),
                                   "gpupool_ssh": {"port": cfg.ssh_port, "host": cfg.ssh_host}}
 
-    c.JupyterHub.spawner_class = "hub_ext.spawner.GpupoolLocalSpawner"
+    c.JupyterHub.spawner_class = "hub_ext.workspaces.spawner.GpupoolLocalSpawner"
     c.Spawner.start_timeout = cfg.start_timeout_s
     c.Spawner.http_timeout = 180
     c.Spawner.default_url = "/lab"
@@ -115,7 +115,7 @@ def configure(c) -> Runtime:
             "oauth_client_allowed_scopes": list(SCOPES),
         }
     ]
-    from hub_ext.inference import hub as inference_hub  # scale-to-zero inference services
+    from hub_ext.serving import hub as inference_hub  # scale-to-zero inference services
 
     inference_hub.configure(c, cfg, rt)
     return rt

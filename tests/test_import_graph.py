@@ -131,7 +131,7 @@ def test_packages_import_one_way():
 
 def test_every_imported_package_exists():
     """A module moved or removed leaves no import behind, even one inside a function that no
-    test calls (``inference`` became ``hub_ext.inference``)."""
+    test calls (``inference`` became ``hub_ext.serving``)."""
     workload_own = {"torch"}  # gpupool.checkpoint imports it only for a state that holds it
     missing = []
     for name, path in modules(ROOT, PACKAGES).items():

@@ -15,7 +15,7 @@ from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
 from tornado import web
 
-from ..db import GpuSampleRow, WorkloadRow
+from ..db.tables import GpuSampleRow, WorkloadRow
 
 __all__ = ["DATABASE", "MetricsHandler"]
 

@@ -15,15 +15,15 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
-from hub_ext import org
+from hub_ext.api import base
 from hub_ext.config import Gpupool
 from hub_ext.host.accounts import Accounts, default_mode
 from hub_ext.host.process import Launcher
-from hub_ext.inference.hub import HubInference
+from hub_ext.org import projects as org
+from hub_ext.requests.store import DbStore
 from hub_ext.schema import make_sessionmaker
-from hub_ext.service import base
 from hub_ext.service.app import make_app
-from hub_ext.store import DbStore
+from hub_ext.serving.hub import HubInference
 from scheduler.embedded import EmbeddedScheduler
 from scheduler.model import GPU, Node
 from tests.hub.openapi_check import validate
@@ -59,7 +59,7 @@ def org_db(tmp_path):
 
 def test_submit_list_describe_delete_and_errors(tmp_path, fake_login, monkeypatch):
     """No activator runs here: a submission answers with an empty state at once."""
-    from hub_ext.inference import api
+    from hub_ext.api import inference as api
 
     monkeypatch.setattr(api, "PICKUP_S", 0.0)
     Session = org_db(tmp_path)
@@ -120,7 +120,7 @@ def test_hub_follows_the_table_and_describe_shows_why_a_replica_waits(tmp_path):
                              launcher=Launcher(tmp_path / "state" / "run"),
                              accounts=Accounts(mode=default_mode(), prefix=ACCOUNT_PREFIX))
         hub = HubInference(rt, port=0, token="t")
-        from hub_ext.inference.db import InferenceRow
+        from hub_ext.serving.db import InferenceRow
 
         with Session() as s:  # what POST /inferences writes: a whole GPU over a 0.5 quota
             s.add(InferenceRow(name="big", owner="alice", project="serve", status={}, spec={

@@ -7,7 +7,8 @@ import json
 
 from tornado import web
 
-from ... import org, policy, roles
+from ...org import policy, roles
+from ...org import projects as org
 from .base import PageHandler
 
 
