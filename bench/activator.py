@@ -223,13 +223,22 @@ async def measure(out: dict, prefix: str, c: int, args, ways: list[Way], rpid: i
 
 def baseline_tree(rev: str) -> tuple[Path, str]:
     """Another revision's activator package, unpacked where ``python -m PACKAGE`` run from
-    that folder finds it before this checkout's, and the package's name (``inference`` before
-    it moved under ``hub_ext``, whose whole tree then comes along)."""
+    that folder finds it before this checkout's, and the package's name: ``inference`` while
+    it ran on its own, ``hub_ext.inference`` while it sat under the hub (whose whole tree then
+    comes along), ``hub_ext.serving`` since the hub runs the top-level ``inference`` in it."""
     where = Path(tempfile.mkdtemp(prefix="activator-baseline-"))
-    moved = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{rev}:hub_ext/inference"],
-                           capture_output=True).returncode == 0
-    tree, package = ("hub_ext", "hub_ext.serving") if moved else ("inference", "inference")
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, tree],
+
+    def has(path: str) -> bool:
+        return subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{rev}:{path}"],
+                              capture_output=True).returncode == 0
+
+    if has("hub_ext/serving"):
+        trees, package = ["hub_ext", "inference"], "hub_ext.serving"
+    elif has("hub_ext/inference"):
+        trees, package = ["hub_ext"], "hub_ext.inference"
+    else:
+        trees, package = ["inference"], "inference"
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, *trees],
                              check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
     return where, package

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from .backends import replica_backend
 from .config import ROOT, Gpupool
 from .db.tables import MemberRow
 from .org import roles
@@ -99,7 +100,7 @@ def configure(c) -> Runtime:
          "services": ["gpupool"]},
     ]
     # KUBERNETES_SERVICE_* or KUBECONFIG: the service reaches the API server as the hub does
-    # (the pod's service account, or the hub's kubeconfig; hub_ext.k8s_org.kubeconfig_path)
+    # (the pod's service account, or the hub's kubeconfig; hub_ext.cluster.org.kubeconfig_path)
     env = {k: v for k, v in os.environ.items()
            if k.startswith(("GPUPOOL_", "KUBERNETES_SERVICE_")) or k == "KUBECONFIG"}
     env["GPUPOOL_STATE_DIR"] = cfg.state_dir
@@ -115,9 +116,9 @@ def configure(c) -> Runtime:
             "oauth_client_allowed_scopes": list(SCOPES),
         }
     ]
-    from hub_ext.serving import hub as inference_hub  # scale-to-zero inference services
+    from .serving import hub as inference_hub  # scale-to-zero inference services
 
-    inference_hub.configure(c, cfg, rt)
+    inference_hub.configure(c, cfg, rt, replica_backend)
     return rt
 
 

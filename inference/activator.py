@@ -19,7 +19,7 @@ Errors are JSON ``{"error": {"status", "field", "message"}}`` like the REST API'
 503 + Retry-After when the queue is full or a held request times out, 502 when a
 replica fails after it got the request. A request that a replica cannot have seen
 (connection refused, a dead keep-alive connection) is retried on another replica.
-``/metrics`` (Prometheus, ``hub_ext.inference.metrics``) and the ``local`` routes are served at
+``/metrics`` (Prometheus, ``inference.metrics``) and the ``local`` routes are served at
 the root.
 """
 

@@ -15,9 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from hub_ext.serving.spec import ServiceSpec
-
 from .autoscaler import IdleLimit
+from .contract import ServiceSpec
 from .service import Replica, RState, Service
 
 log = logging.getLogger("gpupool.inference")

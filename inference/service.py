@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupool.errors import GpupoolError
-from hub_ext.serving.spec import ServiceSpec
 
 from . import metrics
 from .autoscaler import Autoscaler, IdleLimit, Policy, Recommendation
+from .contract import ServiceSpec
 from .proxy import Pool
 
 

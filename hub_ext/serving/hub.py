@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import select
@@ -27,10 +28,9 @@ from hub_ext.org import projects as org
 from hub_ext.org import roles
 from inference import activator
 from inference.activator import Exchange
-from inference.controller import Controller
+from inference.controller import Backend, Controller
 from inference.service import Service
 
-from ..backends import replica_backend
 from .backends.embedded import free_port
 from .db import REPLICA, InferenceRow, replica_rows
 from .idle import idle_limits, store_status
@@ -97,9 +97,9 @@ class HubTokenAuth:
 
 
 class HubInference:
-    def __init__(self, rt, port: int, token: str, poll_s: float = 1.0):
+    def __init__(self, rt, port: int, token: str, backend: Backend, poll_s: float = 1.0):
         self.rt, self.port, self.token, self.poll_s = rt, port, token, poll_s
-        self.controller = Controller(replica_backend(rt))
+        self.controller = Controller(backend)
         self._status: dict[str, dict] = {}
 
     def start(self) -> None:
@@ -213,7 +213,9 @@ class PublishedInference:
         asyncio.ensure_future(self.publisher.follow(self.poll_s))
 
 
-def configure(c, cfg, rt) -> HubInference | PublishedInference:
+def configure(c, cfg, rt, replica_backend: Callable[[object], Backend]) -> HubInference | PublishedInference:
+    """Runs the activator in the hub (embedded: its replicas from ``replica_backend(rt)``,
+    hub_ext.backends) or follows the chart's (Kubernetes)."""
     if rt.kubernetes:
         published = PublishedInference(rt)
         try:
@@ -231,7 +233,7 @@ def configure(c, cfg, rt) -> HubInference | PublishedInference:
     token = token_file.read_text().strip()
     c.JupyterHub.services.append({"name": NAME, "url": f"http://127.0.0.1:{port}",
                                   "api_token": token, "display": False})
-    hub = HubInference(rt, port, token)
+    hub = HubInference(rt, port, token, replica_backend(rt))
     try:
         asyncio.get_running_loop().call_soon(hub.start)
     except RuntimeError:  # config loaded outside the hub: nothing to start

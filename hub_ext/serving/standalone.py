@@ -1,10 +1,10 @@
-"""gpupool inference without the hub: an embedded scheduler on a declared inventory, the
+"""gpupool inference without a running hub: an embedded scheduler on a declared inventory, the
 controller and the activator in one process (benchmarks, local use).
 
-    python -m hub_ext.inference --port 9000 --services services.json [--gpus 4] [--quota 4]
+    python -m hub_ext.serving --port 9000 --services services.json [--gpus 4] [--quota 4]
                         [--loop uvloop|asyncio]
 
-``services.json``: a list of service descriptions (``hub_ext.inference.spec``), all in project
+``services.json``: a list of service descriptions (``hub_ext.serving.spec``), all in project
 ``default`` unless they say otherwise. ``GET /_status`` lists the services' state,
 ``GET /metrics`` the activator's Prometheus metrics. The event loop is uvloop by default
 (it roughly halves the activator's CPU per request); ``--loop asyncio`` is the stock one.

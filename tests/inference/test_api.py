@@ -16,6 +16,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from hub_ext.api import base
+from hub_ext.backends import replica_backend
 from hub_ext.config import Gpupool
 from hub_ext.host.accounts import Accounts, default_mode
 from hub_ext.host.process import Launcher
@@ -119,7 +120,7 @@ def test_hub_follows_the_table_and_describe_shows_why_a_replica_waits(tmp_path):
         rt = SimpleNamespace(scheduler=sched, store=store, cfg=cfg, Session=Session, delivery=None,
                              launcher=Launcher(tmp_path / "state" / "run"),
                              accounts=Accounts(mode=default_mode(), prefix=ACCOUNT_PREFIX))
-        hub = HubInference(rt, port=0, token="t")
+        hub = HubInference(rt, port=0, token="t", backend=replica_backend(rt))
         from hub_ext.serving.db import InferenceRow
 
         with Session() as s:  # what POST /inferences writes: a whole GPU over a 0.5 quota
