@@ -32,9 +32,8 @@ from ..db.tables import (
     WorkloadRow,
     bump_version,
 )
-from ..serving.db import InferenceRow
 from ..validation import MAX_GPUS, FieldError
-from . import roles
+from . import holds, roles
 
 
 class NotFound(GpupoolError, LookupError):
@@ -413,21 +412,15 @@ def delete_project(s, name: str, actor: str = audit.SYSTEM) -> None:
         more = f" and {len(active) - 5} more" if len(active) > 5 else ""
         raise Conflict("name", f"project {name!r} has {len(active)} unfinished workloads: "
                        f"{listed}{more}; stop or delete them first")
-    services = _inference_services(s, name)
-    if services:  # scaled to zero they run nothing, but a request would start one
-        raise Conflict("name", f"project {name!r} has {len(services)} inference services: "
-                       f"{', '.join(services[:5])}; delete them first")
+    for what, names in holds.holding(s, name):
+        raise Conflict("name", f"project {name!r} has {len(names)} {what}: "
+                       f"{', '.join(names[:5])}; delete them first")
     s.execute(delete(MemberRow).where(MemberRow.project == name))
     s.execute(delete(ProjectRow).where(ProjectRow.name == name))
     s.execute(delete(PolicyRow).where(PolicyRow.scope == "project", PolicyRow.name == name))
     add_event(s, "org", f"project {name} deleted", project=name)
     audit.record(s, actor, "project.deleted", name, project=name)
     bump_version(s)
-
-
-def _inference_services(s, project: str) -> list[str]:
-    return list(s.scalars(select(InferenceRow.name).where(InferenceRow.project == project)
-                          .order_by(InferenceRow.name)))
 
 
 # -- scheduler model ---------------------------------------------------------------------

@@ -14,6 +14,7 @@ from sqlalchemy import JSON, Float, String, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from hub_ext.db.tables import Base, WorkloadRow
+from hub_ext.org.holds import project_holds
 
 REPLICA = re.compile(r"^(.+)-[0-9a-f]{6}$")  # a replica's name: SERVICE-hex (controller.py)
 
@@ -28,6 +29,14 @@ class InferenceRow(Base):
     status: Mapped[dict] = mapped_column(JSON, default=dict)  # Service.status()
 
 
+@project_holds
+def project_services(s, project: str) -> tuple[str, list[str]]:
+    """A project's inference services keep it: scaled to zero they run nothing, but a
+    request would start one."""
+    return "inference services", list(s.scalars(
+        select(InferenceRow.name).where(InferenceRow.project == project).order_by(InferenceRow.name)))
+
+
 def replica_rows(s) -> dict[str, WorkloadRow]:
     """The workload rows of the services' replicas (kind inference, named SERVICE-hex)."""
     services = set(s.scalars(select(InferenceRow.name)).all())
@@ -35,4 +44,4 @@ def replica_rows(s) -> dict[str, WorkloadRow]:
     return {r.name: r for r in rows if (m := REPLICA.match(r.name)) and m.group(1) in services}
 
 
-__all__ = ["REPLICA", "InferenceRow", "replica_rows"]
+__all__ = ["REPLICA", "InferenceRow", "project_services", "replica_rows"]
