@@ -52,7 +52,7 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 
     @property
     def who(self) -> roles.Who:
-        """The caller for hub_ext.roles (memberships and role assignments), once per request."""
+        """The caller for hub_ext.org.roles (memberships and role assignments), once per request."""
         if getattr(self, "_who", None) is None:
             with self.Session() as s:
                 self._who = roles.who_for(s, self.current_user)
@@ -60,7 +60,7 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 
     def require(self, action: str, project: str | None = None, department: str | None = None,
                 owner: str | None = None) -> None:
-        """403 with the rule's reason unless hub_ext.roles allows ``action``. A project or
+        """403 with the rule's reason unless hub_ext.org.roles allows ``action``. A project or
         department straight from a body may be any JSON value: one that is not a string names
         none (the request rules' 400 says so after this check)."""
         def text(v):

@@ -7,7 +7,7 @@
     /audit                                   GET entries (actor, action, project, since,
                                              until, limit, offset), newest first
 
-Every permission check of this module goes through hub_ext.roles (``_require`` and
+Every permission check of this module goes through hub_ext.org.roles (``_require`` and
 ``audit_scope``: manage_credentials, use_credentials, view_audit).
 """
 
@@ -25,7 +25,7 @@ log = logging.getLogger("gpupool.service")
 
 
 def _require(h: ApiHandler, action: str, project: str | None = None) -> None:
-    """403 (with the rule's reason) unless hub_ext.roles allows ``action`` on ``project``:
+    """403 (with the rule's reason) unless hub_ext.org.roles allows ``action`` on ``project``:
     manage_credentials (platform admins, the project's department admins), use_credentials
     (also the project's members)."""
     h.require(action, project=project)

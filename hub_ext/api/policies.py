@@ -1,4 +1,4 @@
-"""REST API v1 of policies (hub_ext.policy):
+"""REST API v1 of policies (hub_ext.org.policy):
 
     /departments/{name}/policy   GET the department's policy, PUT replace it
     /projects/{name}/policy      GET the project's policy and its merge with its department's,

@@ -1,6 +1,6 @@
 """REST API v1 of roles: ``/roles`` (the role table, who you are, the assignments you may
 see) and ``/users/{name}/roles`` (read or replace one user's department-admin and viewer
-assignments). Who may change what is hub_ext.roles' ``manage_roles`` rule: platform admins
+assignments). Who may change what is hub_ext.org.roles' ``manage_roles`` rule: platform admins
 anywhere, department admins inside their departments."""
 
 from __future__ import annotations

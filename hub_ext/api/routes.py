@@ -134,7 +134,7 @@ def _has_job(handler: ApiHandler, name: str) -> bool:
 
 class OrgWriter(ApiHandler):
     """Writes to the organisation. On Kubernetes the Department/Project object is written
-    first (hub_ext.k8s_org: the truth), checked beforehand against the database's copy with
+    first (hub_ext.cluster.org: the truth), checked beforehand against the database's copy with
     the same rules; the copy, its event and its audit entry follow."""
 
     kind = "project"
@@ -376,7 +376,7 @@ class NodesHandler(ApiHandler):
 
 
 class CapacityHandler(ApiHandler):
-    """The spawn form's live figures (hub_ext.capacity) for the projects the caller may
+    """The spawn form's live figures (hub_ext.requests.capacity) for the projects the caller may
     submit to."""
 
     def get(self):

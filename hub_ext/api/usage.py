@@ -1,5 +1,5 @@
 """GPU-hours through the REST API: ``GET /usage`` (JSON) and ``GET /usage.csv``, both with
-``from``, ``to`` and ``by`` (hub_ext/accounting.py says what they mean). Admins only."""
+``from``, ``to`` and ``by`` (hub_ext/db/accounting.py says what they mean). Admins only."""
 
 from __future__ import annotations
 

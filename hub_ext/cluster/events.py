@@ -10,7 +10,7 @@ places, seen on the API server, written as the embedded scheduler's events are.
   its containers' last finish. GPU-hours close there.
 
 So GPU-hours on Kubernetes are allocation x time between a pod's bind and its end
-(hub_ext/accounting.py reads these events). While a one-pod workload (a workspace) waits,
+(hub_ext/db/accounting.py reads these events). While a one-pod workload (a workspace) waits,
 its hub row carries gpupool-scheduler's reason. Allocations are kept per pod: a gang's workers
 are ``JOB/RANK``-like keys (the pod's name), one pod workloads their hub workload's name.
 """

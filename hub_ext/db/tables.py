@@ -75,7 +75,7 @@ class NodeRow(Base):
 
 
 class PolicyRow(Base):
-    """A department's or project's policy (hub_ext.policy): a flat JSON object."""
+    """A department's or project's policy (hub_ext.org.policy): a flat JSON object."""
 
     __tablename__ = "policies"
     scope: Mapped[str] = mapped_column(String(16), primary_key=True)  # department | project
@@ -116,7 +116,7 @@ class EventRow(Base):
     workload: Mapped[str] = mapped_column(String(255), default="", index=True)
     project: Mapped[str] = mapped_column(String(63), default="", index=True)
     message: Mapped[str] = mapped_column(Text, default="")
-    # Who and what, for accounting (hub_ext/accounting.py): the workload's owner and its
+    # Who and what, for accounting (hub_ext/db/accounting.py): the workload's owner and its
     # project's department when the event was written, and on "placed" the GPUs it took.
     user: Mapped[str | None] = mapped_column(String(255), nullable=True, index=True)
     department: Mapped[str | None] = mapped_column(String(63), nullable=True)

@@ -9,7 +9,7 @@ At each login ``GpupoolOIDCAuthenticator.update_auth_model``:
 3. no mapped group: the login is refused with a page that says so (403 with a message);
 4. otherwise writes the memberships of the projects the mapping names (a project that no
    mapping names keeps its members as they are), the user's ``oidc`` role assignments
-   (hub_ext.roles), and JupyterHub's ``admin`` flag and roles (``manage_roles``), so a user
+   (hub_ext.org.roles), and JupyterHub's ``admin`` flag and roles (``manage_roles``), so a user
    whose groups changed gets the new membership at their next login.
 """
 

@@ -11,12 +11,12 @@ HOLDING = ("running", "releasing", "stopping")
 
 def gpu_sharing(session, mine: set[str] | None):
     """(nodes, {(node, gpu index): [{workload, project, gpu, over_quota}]}); workloads of
-    projects outside ``mine`` (hub_ext.roles.visible_projects; None: all) have no names."""
+    projects outside ``mine`` (hub_ext.org.roles.visible_projects; None: all) have no names."""
     nodes = session.scalars(select(NodeRow).order_by(NodeRow.name)).all()
     running = session.scalars(select(WorkloadRow).where(WorkloadRow.state.in_(HOLDING))).all()
     share: dict[tuple[str, int], list[dict]] = {}
     cluster = {n.name for n in nodes if n.source == "kubernetes"}
-    for n in nodes:  # on Kubernetes the pods gpupool-scheduler bound (hub_ext.k8s_inventory)
+    for n in nodes:  # on Kubernetes the pods gpupool-scheduler bound (hub_ext.cluster.inventory)
         for g in n.gpus if n.name in cluster else ():
             for pod in g.get("pods", ()):
                 visible = mine is None or pod["project"] in mine

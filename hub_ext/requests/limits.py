@@ -15,7 +15,7 @@ from .rules import Limits
 
 
 def limits_for(s, cfg: Gpupool, user: str, projects: tuple[str, ...] | None = None) -> Limits:
-    """``projects``: where the user may submit (hub_ext.roles.submit_projects); default: the
+    """``projects``: where the user may submit (hub_ext.org.roles.submit_projects); default: the
     projects they are a member of."""
     nodes = s.scalars(select(NodeRow)).all()
     gpus = [g for n in nodes for g in n.gpus]

@@ -107,7 +107,7 @@ class DbStore:
     @staticmethod
     def _record_allocation(s, b) -> None:
         """Put the GPUs a bind took on its "placed" event (the loop wrote it just before):
-        the event log is what GPU-hours are computed from (hub_ext/accounting.py)."""
+        the event log is what GPU-hours are computed from (hub_ext/db/accounting.py)."""
         latest = (select(func.max(EventRow.id))
                   .where(EventRow.workload == b.workload, EventRow.kind == "placed").scalar_subquery())
         s.execute(update(EventRow).where(EventRow.id == latest).values(

@@ -1,11 +1,11 @@
 """The spawn form: JupyterHub's ``options_form``, rendered from ``templates/form.html``
 with the user's projects, their quota and usage per node pool, and the last choices. While
 it stays open its script takes the live figures again from the service's ``GET /capacity``
-(hub_ext.capacity), with a short-lived token of the user's made for it here: the form is a
+(hub_ext.requests.capacity), with a short-lived token of the user's made for it here: the form is a
 hub page, and the service's API takes no hub cookie. A user has at most one such token:
 every form shows the same one until less than half its lifetime is left, then a new one
 replaces it. As its fields change the form asks the same endpoint what Start would answer to
-them (``POST /capacity``, hub_ext.capacity.answer): the panel says the request rules' own
+them (``POST /capacity``, hub_ext.requests.capacity.answer): the panel says the request rules' own
 words and holds no rule of its own."""
 
 from __future__ import annotations
