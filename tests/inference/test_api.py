@@ -145,3 +145,21 @@ def test_hub_follows_the_table_and_describe_shows_why_a_replica_waits(tmp_path):
         await sched.stop()
 
     asyncio.run(main())
+
+
+def test_a_project_with_inference_services_is_not_deleted(tmp_path):
+    """The organisation store refuses while a project has services (the check inference
+    registers with it), and deletes the project once they are gone."""
+    from hub_ext.serving.db import InferenceRow
+
+    Session = org_db(tmp_path)
+    with Session() as s:
+        s.add(InferenceRow(name="chat", owner="alice", project="serve", status={}, spec={}))
+        s.commit()
+        with pytest.raises(org.Conflict, match=r"project 'serve' has 1 inference services: chat; delete"):
+            org.delete_project(s, "serve")
+        s.rollback()
+        s.delete(s.get(InferenceRow, "chat"))
+        org.delete_project(s, "serve")
+        s.commit()
+        assert "serve" not in [p["name"] for p in org.list_projects(s)]
