@@ -2,7 +2,7 @@
 cold start from zero against the model server's own start.
 
 Three processes: the model server (tests/inference/model_server.py), the activator
-(``python -m hub_ext.inference``: embedded scheduler + controller + activator) and this one, the
+(``python -m hub_ext.serving``: embedded scheduler + controller + activator) and this one, the
 load generator (a bare keep-alive HTTP/1.1 client per simulated user, so the client's own
 cost stays small and equal on both paths). At each concurrency every user keeps one
 connection per way (direct to the replica, through the activator) for the whole
@@ -223,13 +223,22 @@ async def measure(out: dict, prefix: str, c: int, args, ways: list[Way], rpid: i
 
 def baseline_tree(rev: str) -> tuple[Path, str]:
     """Another revision's activator package, unpacked where ``python -m PACKAGE`` run from
-    that folder finds it before this checkout's, and the package's name (``inference`` before
-    it moved under ``hub_ext``, whose whole tree then comes along)."""
+    that folder finds it before this checkout's, and the package's name: ``inference`` while
+    it ran on its own, ``hub_ext.inference`` while it sat under the hub (whose whole tree then
+    comes along), ``hub_ext.serving`` since the hub runs the top-level ``inference`` in it."""
     where = Path(tempfile.mkdtemp(prefix="activator-baseline-"))
-    moved = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{rev}:hub_ext/inference"],
-                           capture_output=True).returncode == 0
-    tree, package = ("hub_ext", "hub_ext.inference") if moved else ("inference", "inference")
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, tree],
+
+    def has(path: str) -> bool:
+        return subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{rev}:{path}"],
+                              capture_output=True).returncode == 0
+
+    if has("hub_ext/serving"):
+        trees, package = ["hub_ext", "inference"], "hub_ext.serving"
+    elif has("hub_ext/inference"):
+        trees, package = ["hub_ext"], "hub_ext.inference"
+    else:
+        trees, package = ["inference"], "inference"
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, *trees],
                              check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
     return where, package
@@ -256,7 +265,7 @@ async def main_async(args) -> dict:
     (spec_dir / "services.json").write_text(json.dumps(services))
     (spec_dir / "warm.json").write_text(json.dumps([warm]))
     aport = free_port()
-    act = start([sys.executable, "-m", "hub_ext.inference", "--port", str(aport), "--services",
+    act = start([sys.executable, "-m", "hub_ext.serving", "--port", str(aport), "--services",
                  str(spec_dir / "services.json"), "--gpus", "4", "--quota", "4", "--loop", args.loop])
     base = bport = None
     if args.baseline_rev:  # the same activator at another revision, with a replica of its own

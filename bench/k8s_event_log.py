@@ -5,7 +5,7 @@ bound pod, and what the hub asks the API server for meanwhile, on the local clus
 
 Pods with ``schedulerName: gpupool`` are bound here through the binding API (the bench
 plays the scheduler) with a GPU each, then deleted one at a time with no grace period, as a
-user stopping a workspace. ``hub_ext.cluster_events.PodEvents`` follows them; each delay
+user stopping a workspace. ``hub_ext.cluster.events.PodEvents`` follows them; each delay
 runs from the delete's answer to the ``released`` row in the hub's database.
 ``event_reads`` counts the follower's reads of Events (a lookup per deleted pod would show
 there); ``released_delay_s`` gives the median and the largest delay.
@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hub_ext.cluster_events import PodEvents  # noqa: E402
-from hub_ext.db import EventRow  # noqa: E402
+from hub_ext.cluster.events import PodEvents  # noqa: E402
+from hub_ext.db.tables import EventRow  # noqa: E402
 from hub_ext.schema import make_sessionmaker  # noqa: E402
 from scheduler.contract import A, workload_annotations  # noqa: E402
 from scheduler.k8s.testcluster import TestCluster, client_for  # noqa: E402

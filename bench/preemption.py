@@ -28,12 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hub_ext import org  # noqa: E402
-from hub_ext.db import EventRow  # noqa: E402
+from hub_ext.db.tables import EventRow  # noqa: E402
 from hub_ext.host.accounts import Accounts, default_mode  # noqa: E402
 from hub_ext.host.process import Launcher  # noqa: E402
+from hub_ext.org import projects as org  # noqa: E402
+from hub_ext.requests.store import DbStore  # noqa: E402
 from hub_ext.schema import make_sessionmaker  # noqa: E402
-from hub_ext.store import DbStore  # noqa: E402
 from hub_ext.training.db import TrainingRow  # noqa: E402
 from hub_ext.training.runner import JobRunner  # noqa: E402
 from hub_ext.training.spec import TrainingSpec  # noqa: E402

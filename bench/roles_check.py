@@ -19,8 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hub_ext import org, roles  # noqa: E402
-from hub_ext.db import DepartmentRow, MemberRow, ProjectRow  # noqa: E402
+from hub_ext.db.tables import DepartmentRow, MemberRow, ProjectRow  # noqa: E402
+from hub_ext.org import projects as org  # noqa: E402
+from hub_ext.org import roles
 from hub_ext.schema import make_sessionmaker  # noqa: E402
 
 

@@ -149,7 +149,7 @@ def spawn_bench(runs: int, workdir: Path) -> dict:
 
 
 def populate(Session, projects: int = 1000, workloads: int = 10_000) -> None:
-    from hub_ext.db import DepartmentRow, MemberRow, ProjectRow, WorkloadRow
+    from hub_ext.db.tables import DepartmentRow, MemberRow, ProjectRow, WorkloadRow
 
     with Session() as s:
         s.add_all(DepartmentRow(name=f"dept-{d}", gpus=1000.0) for d in range(10))

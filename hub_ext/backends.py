@@ -37,7 +37,7 @@ class Trainings(Protocol):
 
 def kube_client(cfg: Gpupool) -> KubeClient:
     """The hub's client of the API server (``k8s_org.kubeconfig_path``)."""
-    from .k8s_org import kubeconfig_path
+    from .cluster.org import kubeconfig_path
 
     return KubeClient.from_file_or_pod(kubeconfig_path(cfg.kubeconfig))
 
@@ -45,10 +45,10 @@ def kube_client(cfg: Gpupool) -> KubeClient:
 def replica_backend(rt):
     """The inference controller's backend (``inference.controller.Backend``) for ``rt``."""
     if rt.cfg.backend == "kubernetes":
-        from .inference.backends.k8s import K8sBackend
+        from .serving.backends.k8s import K8sBackend
 
         return K8sBackend(rt.kube, rt.cfg.namespace)
-    from .inference.backends.embedded import EmbeddedBackend
+    from .serving.backends.embedded import EmbeddedBackend
 
     return EmbeddedBackend(rt.scheduler, launcher=rt.launcher, accounts=rt.accounts,
                            state_dir=Path(rt.cfg.state_dir) / "inference", rows=rt.store,

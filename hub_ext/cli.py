@@ -30,13 +30,13 @@ from pathlib import Path
 
 from traitlets import TraitError
 
-from hub_ext.inference import cli as inference_cli
+from hub_ext.serving import cli as inference_cli
 
 from . import humanize
-from .cli_common import name_arg
 from .config import ROOT, Gpupool, load_config
-from .remote_cli import REMOTE, remote_action
-from .requests import FRACTION_MAX, FRACTION_MIN, FRACTION_STEP, WorkloadRequest
+from .remote.commands import REMOTE, remote_action
+from .remote.common import name_arg
+from .requests.rules import FRACTION_MAX, FRACTION_MIN, FRACTION_STEP, WorkloadRequest
 from .training import cli as training_cli
 
 
@@ -96,7 +96,7 @@ def banner(cfg: Gpupool, ssh_port: int) -> list[str]:
 
     import yaml
 
-    from .org import org_users
+    from .org.projects import org_users
 
     host = "127.0.0.1" if cfg.ip in ("", "0.0.0.0", "::") else cfg.ip
     url = f"http://{host}:{cfg.port}/"
@@ -320,7 +320,7 @@ def workspace_body(args) -> dict:
 def policy_value(key: str, raw: str):
     """KEY=VALUE of ``policy set``: lists as 'a,b', numbers as numbers, '' unsets the key
     (the API's rules check the rest)."""
-    from .policy import LISTS
+    from .org.policy import LISTS
 
     if raw == "":
         return None
@@ -402,7 +402,7 @@ def parser() -> argparse.ArgumentParser:
     ws.add_argument("--cpu", type=float, help="CPUs")
     ws.add_argument("--memory", dest="memory_gib", type=float, help="memory in GiB")
     ws.set_defaults(fn=cmd_workspace)
-    po = sub.add_parser("policy", help="department and project policies (hub_ext/policy.py)")
+    po = sub.add_parser("policy", help="department and project policies (hub_ext/org/policy.py)")
     po.add_argument("action", choices=["show", "set"], help="show a policy, or change keys of it")
     po.add_argument("scope", choices=["department", "project"])
     po.add_argument("name", type=name_arg(), help="the department or project")
@@ -410,7 +410,7 @@ def parser() -> argparse.ArgumentParser:
                     "KEY= unsets a key")
     po.add_argument("--clear", action="store_true", help="start from an empty policy")
     po.set_defaults(fn=cmd_policy)
-    ro = sub.add_parser("roles", help="department admins and viewers (hub_ext/roles.py)")
+    ro = sub.add_parser("roles", help="department admins and viewers (hub_ext/org/roles.py)")
     ro.add_argument("action", choices=["list", "set"], help="list assignments, or replace a user's")
     ro.add_argument("user", nargs="?", default="", type=name_arg("user", "USER"), help="the user (set)")
     ro.add_argument("rules", nargs="*", help="ROLE:DEPARTMENT, e.g. department-admin:research, viewer:*")

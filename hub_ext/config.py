@@ -326,7 +326,7 @@ class Gpupool(Configurable):
     ).tag(config=True)
 
 
-    # -- single sign-on (hub_ext/auth.py) and roles (hub_ext/roles.py) ---------------------
+    # -- single sign-on (hub_ext/org/auth.py) and roles (hub_ext/org/roles.py) -------------
     auth = Enum(
         ["shared-password", "oidc"], "shared-password",
         help="How people log in: 'shared-password' (the starter organisation's users with "

@@ -11,12 +11,13 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from . import roles
+from .backends import replica_backend
 from .config import ROOT, Gpupool
-from .db import MemberRow
-from .home import home_context
-from .org import org_users
+from .db.tables import MemberRow
+from .org import roles
+from .org.projects import org_users
 from .runtime import Runtime, personal_notice
+from .workspaces.home import home_context
 
 SCOPES = roles.SCOPES  # custom:gpupool:admin, :department-admin, :use, :view
 
@@ -61,7 +62,7 @@ def configure(c) -> Runtime:
 
     sso = cfg.auth == "oidc"
     if sso:  # single sign-on: who gets in and their roles come from the groups claim
-        from .auth import configure_oidc
+        from .org.auth import configure_oidc
 
         configure_oidc(c, cfg, rt.Session)
     else:
@@ -82,7 +83,7 @@ def configure(c) -> Runtime:
     c.JupyterHub.template_vars = {**c.JupyterHub.get("template_vars", {}),
                                   "gpupool_ssh": {"port": cfg.ssh_port, "host": cfg.ssh_host}}
 
-    c.JupyterHub.spawner_class = "hub_ext.spawner.GpupoolLocalSpawner"
+    c.JupyterHub.spawner_class = "hub_ext.workspaces.spawner.GpupoolLocalSpawner"
     c.Spawner.start_timeout = cfg.start_timeout_s
     c.Spawner.http_timeout = 180
     c.Spawner.default_url = "/lab"
@@ -99,7 +100,7 @@ def configure(c) -> Runtime:
          "services": ["gpupool"]},
     ]
     # KUBERNETES_SERVICE_* or KUBECONFIG: the service reaches the API server as the hub does
-    # (the pod's service account, or the hub's kubeconfig; hub_ext.k8s_org.kubeconfig_path)
+    # (the pod's service account, or the hub's kubeconfig; hub_ext.cluster.org.kubeconfig_path)
     env = {k: v for k, v in os.environ.items()
            if k.startswith(("GPUPOOL_", "KUBERNETES_SERVICE_")) or k == "KUBECONFIG"}
     env["GPUPOOL_STATE_DIR"] = cfg.state_dir
@@ -115,9 +116,9 @@ def configure(c) -> Runtime:
             "oauth_client_allowed_scopes": list(SCOPES),
         }
     ]
-    from hub_ext.inference import hub as inference_hub  # scale-to-zero inference services
+    from .serving import hub as inference_hub  # scale-to-zero inference services
 
-    inference_hub.configure(c, cfg, rt)
+    inference_hub.configure(c, cfg, rt, replica_backend)
     return rt
 
 

@@ -21,22 +21,26 @@ from scheduler.embedded import EmbeddedScheduler, gpu_env
 from scheduler.model import MILLI, Bind, State, ValidationError, Workload
 from scheduler.snapshot import SchedulerConfig
 
-from . import accounting, attach, credentials, datasources, launch, org, roles
+from .attachments import attach, credentials, datasources
 from .backends import Trainings, kube_client
-from .cluster_events import PodEvents
+from .cluster.events import PodEvents
 from .config import Gpupool
-from .db import GpuSampleRow, SampleRow, WorkloadRow
+from .db import accounting
+from .db.tables import GpuSampleRow, SampleRow, WorkloadRow
+from .host import launch
 from .host.accounts import Account, Accounts
 from .host.cgroups import Limits as HostLimits
 from .host.cgroups import detect as detect_cgroups
+from .host.inventory import discover, gpu_utilization
 from .host.process import Handle, Launcher, Spec
 from .host.state import RUN_DIR
-from .inference.db import replica_rows
-from .inventory import discover, gpu_utilization
-from .limits import limits_for
-from .requests import Limits
+from .org import projects as org
+from .org import roles
+from .requests.limits import limits_for
+from .requests.rules import Limits
+from .requests.store import DbStore, placement_from_json, placement_json, to_workload
 from .schema import make_sessionmaker
-from .store import DbStore, placement_from_json, placement_json, to_workload
+from .serving.db import replica_rows
 from .training.controller import K8sTrainings
 from .training.db import TrainingRow
 from .training.runner import JobRunner
@@ -137,7 +141,9 @@ class Runtime:
             self._started = True
             self.trainings.start()
             if self.kubernetes:
-                from . import k8s_cluster  # the organisation and the inventory from the cluster
+                from .cluster import (
+                    follow as k8s_cluster,  # the organisation and the inventory from the cluster
+                )
 
                 self.cluster = asyncio.ensure_future(k8s_cluster.follow(self.cfg, self.Session))
                 asyncio.ensure_future(PodEvents(self.kube, self.Session, self.cfg.namespace).run())

@@ -18,9 +18,11 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy.orm import sessionmaker
 
-from . import audit, credentials, datasources, roles, sshkeys  # noqa: F401  (their tables)
-from .db import Base, make_engine
-from .inference import db as inference_db  # noqa: F401  (inference_services)
+from .attachments import credentials, datasources  # noqa: F401  (their tables)
+from .db import audit  # noqa: F401  (its table)
+from .db.tables import Base, make_engine
+from .org import roles, sshkeys  # noqa: F401  (their tables)
+from .serving import db as inference_db  # noqa: F401  (inference_services)
 from .training import db as training_db  # noqa: F401  (trainings)
 
 metadata = Base.metadata

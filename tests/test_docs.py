@@ -50,7 +50,7 @@ def test_options_page_carries_each_options_help():
 
 
 def test_rest_reference_covers_every_operation_of_openapi():
-    spec = yaml.safe_load((ROOT / "hub_ext" / "service" / "openapi.yaml").read_text())
+    spec = yaml.safe_load((ROOT / "hub_ext" / "api" / "openapi.yaml").read_text())
     methods = {"get", "put", "post", "patch", "delete", "head", "options", "trace"}
     wanted = [f"{m.upper()} {path}" for path, item in spec["paths"].items() for m in item if m in methods]
     page = re.findall(r"^### `([A-Z]+ \S+)`$", REF.rest_md(), re.M)
@@ -59,7 +59,7 @@ def test_rest_reference_covers_every_operation_of_openapi():
 
 
 def test_rest_reference_lists_every_request_field():
-    spec = yaml.safe_load((ROOT / "hub_ext" / "service" / "openapi.yaml").read_text())
+    spec = yaml.safe_load((ROOT / "hub_ext" / "api" / "openapi.yaml").read_text())
     page = REF.rest_md()
     for name, schema in spec["components"]["schemas"].items():
         for field in REF._merged(schema, spec).get("properties", {}):

@@ -48,10 +48,10 @@ def test_derives_from_gpupool_error(module, cls):
 
 def test_built_in_bases_kept():
     from gpupool.checkpoint import CheckpointError
-    from hub_ext.inference.proxy import NotSent
-    from hub_ext.org import Conflict, NotFound
-    from hub_ext.roles import Forbidden
+    from hub_ext.org.projects import Conflict, NotFound
+    from hub_ext.org.roles import Forbidden
     from hub_ext.validation import FieldError
+    from inference.proxy import NotSent
     from scheduler.model import ValidationError
 
     for err, builtin in ((ValidationError, ValueError), (FieldError, ValueError), (Conflict, ValueError),

@@ -1,7 +1,8 @@
 """No import cycles: the import graph of gpupool's packages, built with ``ast`` from every
 ``import`` statement (module level and inside functions alike: an import deferred into a
 function is still a dependency, usually one hiding a cycle), has no cycle; and the
-packages depend on each other one way only (core <- adapters <- hub)."""
+packages depend on each other one way only (core <- adapters <- inference <- hub), and so do
+the folders (and loose modules) of the hub."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import importlib.util
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("scheduler", "hub_ext", "gpupool")
+PACKAGES = ("scheduler", "inference", "hub_ext", "gpupool")
 
 
 def modules(root: Path, packages) -> dict[str, Path]:
@@ -118,20 +119,60 @@ def test_no_import_cycle_between_modules():
 
 
 def test_packages_import_one_way():
-    """scheduler (the core and its adapters) imports nothing of the hub; the hub imports the
-    core; gpupool (what workloads import) imports neither; no package cycle."""
+    """scheduler (the core and its adapters) imports nothing of inference or the hub;
+    inference (the activator and autoscaler the chart also runs on its own) imports the
+    scheduler and nothing of the hub; the hub imports both; gpupool (what workloads import)
+    imports none; no package cycle."""
     graph = import_graph(ROOT, PACKAGES)
     pkgs = package_graph(graph)
-    assert "hub_ext" not in pkgs["scheduler"], [
-        f"{a} -> {b}" for a, t in graph.items() if a.startswith("scheduler") for b in t if b.startswith("hub_ext")]
-    assert "scheduler" in pkgs["hub_ext"]
+
+    def arrows(src, dst):
+        return [f"{a} -> {b}" for a, t in graph.items() if a.split(".")[0] == src
+                for b in t if b.split(".")[0] == dst]
+
+    assert "hub_ext" not in pkgs["scheduler"], arrows("scheduler", "hub_ext")
+    assert "inference" not in pkgs["scheduler"], arrows("scheduler", "inference")
+    assert "hub_ext" not in pkgs["inference"], arrows("inference", "hub_ext")
+    assert "scheduler" in pkgs["hub_ext"] and "inference" in pkgs["hub_ext"]
     assert not pkgs["gpupool"], pkgs["gpupool"]  # the workload package runs anywhere
     assert not cycles(pkgs), cycles(pkgs)
 
 
+def hub_part(module: str) -> str:
+    """The folder of the hub a module is in (``hub_ext.org.roles`` -> ``org``); a module
+    directly in ``hub_ext`` is a part of its own (``hub_ext.runtime`` -> ``runtime``)."""
+    return module.split(".")[1]
+
+
+def part_graph(graph) -> dict[str, dict[str, str]]:
+    """hub part -> {hub part it imports: one such import, ``module -> module (line N)``}."""
+    out: dict[str, dict[str, str]] = {}
+    for a, targets in graph.items():
+        if not a.startswith("hub_ext."):
+            continue
+        out.setdefault(hub_part(a), {})
+        for b, line in targets.items():
+            if b.startswith("hub_ext.") and hub_part(b) != hub_part(a):
+                out[hub_part(a)].setdefault(hub_part(b), f"{a} -> {b} (line {line})")
+    return out
+
+
+def test_hub_folders_import_one_way():
+    """No two folders of the hub import each other, not even through others: the parts of
+    ``hub_ext`` (its folders, and each module directly in it) form no cycle."""
+    parts = part_graph(import_graph(ROOT, PACKAGES))
+    assert {"db", "org", "requests", "cluster", "workspaces", "api", "serving"} <= set(parts)
+    both = sorted(f"{a} <-> {b}: {parts[a][b]}; {parts[b][a]}"
+                  for a in parts for b in parts[a] if a < b and a in parts.get(b, {}))
+    assert not both, "\n".join(both)
+    found = cycles(parts)
+    assert not found, "\n".join(
+        f"{c}: " + "; ".join(parts[a][b] for a in c for b in parts[a] if b in c) for c in found)
+
+
 def test_every_imported_package_exists():
     """A module moved or removed leaves no import behind, even one inside a function that no
-    test calls (``inference`` became ``hub_ext.inference``)."""
+    test calls (``inference`` became ``hub_ext.serving``)."""
     workload_own = {"torch"}  # gpupool.checkpoint imports it only for a state that holds it
     missing = []
     for name, path in modules(ROOT, PACKAGES).items():

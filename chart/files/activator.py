@@ -1,7 +1,7 @@
-"""The chart's inference activator: hub_ext.inference.activator's HTTP front, with replicas as pods
-that gpupool-scheduler places (hub_ext.inference.backends.k8s.K8sBackend) in $GPUPOOL_NAMESPACE.
+"""The chart's inference activator: inference.activator's HTTP front, with replicas as pods
+that gpupool-scheduler places (hub_ext.serving.backends.k8s.K8sBackend) in $GPUPOOL_NAMESPACE.
 The services are the chart's values (activator.services), mounted as services.json, and
-those the hub publishes (hub_ext.inference.published: one ConfigMap each, followed by a
+those the hub publishes (hub_ext.serving.published: one ConfigMap each, followed by a
 watch; additions and removals take effect without a restart, the services' state is
 written back at each change and every --poll seconds). This activator owns
 the replicas of all of them. ``GET /_status`` lists the services' state.
@@ -18,12 +18,12 @@ import os
 import signal
 import sys
 
-from hub_ext.inference import activator
-from hub_ext.inference.backends.k8s import K8sBackend
-from hub_ext.inference.controller import Controller
-from hub_ext.inference.published import Follower
-from hub_ext.inference.spec import parse_spec
-from hub_ext.requests import FieldError
+from hub_ext.requests.rules import FieldError
+from hub_ext.serving.backends.k8s import K8sBackend
+from hub_ext.serving.published import Follower
+from hub_ext.serving.spec import parse_spec
+from inference import activator
+from inference.controller import Controller
 from scheduler.k8s.client import KubeClient
 
 

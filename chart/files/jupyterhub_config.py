@@ -14,11 +14,11 @@ from hub_ext.hubconfig import configure  # noqa: E402
 
 configure(c)
 
-c.JupyterHub.spawner_class = "hub_ext.k8s_spawner.GpupoolKubeSpawner"
+c.JupyterHub.spawner_class = "hub_ext.workspaces.k8s_spawner.GpupoolKubeSpawner"
 c.JupyterHub.hub_ip = "0.0.0.0"
 c.JupyterHub.hub_connect_ip = os.environ["GPUPOOL_HUB_CONNECT_IP"]
 c.JupyterHub.cleanup_servers = False  # workspace pods outlive a hub restart (as in z2jh)
 
 # Single sign-on (hub.auth.type oidc) is set up by configure(c) above from the c.Gpupool.oidc_*
-# options that gpupool_config.py renders from hub.auth.oidc (hub_ext/auth.py: the groups claim
+# options that gpupool_config.py renders from hub.auth.oidc (hub_ext/org/auth.py: the groups claim
 # mapped to projects and roles at every login).

@@ -3,7 +3,7 @@
 Each ``*_md()`` function reads one source of truth and returns a Markdown page body:
 
 * ``options_md``: the traitlets options ``gpupool options`` prints (``hub_ext.cli.option_rows``);
-* ``rest_md``: every operation of ``hub_ext/service/openapi.yaml``;
+* ``rest_md``: every operation of ``hub_ext/api/openapi.yaml``;
 * ``cli_md``: the argparse parsers of every console command;
 * ``helm_md``: ``chart/values.schema.json`` with the defaults of ``chart/values.yaml``;
 * ``metrics_md``: every Prometheus metric constructed in the Python packages (read with ``ast``);
@@ -54,7 +54,7 @@ HTTP_METHODS = ("get", "put", "post", "patch", "delete")
 
 
 def openapi() -> dict:
-    return yaml.safe_load((ROOT / "hub_ext" / "service" / "openapi.yaml").read_text())
+    return yaml.safe_load((ROOT / "hub_ext" / "api" / "openapi.yaml").read_text())
 
 
 def operations(spec: dict) -> list[tuple[str, str, dict, list]]:
@@ -130,7 +130,7 @@ def _fields_table(schema: dict, spec: dict) -> list[str]:
 
 def rest_md() -> str:
     spec = openapi()
-    base = (f"Base URL: `{spec['servers'][0]['url']}`. Generated from `hub_ext/service/openapi.yaml` "
+    base = (f"Base URL: `{spec['servers'][0]['url']}`. Generated from `hub_ext/api/openapi.yaml` "
             "(the hub serves it at `.../openapi.json`).")
     out = [_cell(spec["info"].get("description", "")), "", base, "", "## Operations", ""]
     for method, path, op, params in operations(spec):
@@ -162,9 +162,9 @@ def rest_md() -> str:
 
 # ---------------------------------------------------------------------------------- CLI
 def parsers() -> list[argparse.ArgumentParser]:
-    """Every console command's parser (pyproject's [project.scripts] and ``python -m hub_ext.inference``)."""
+    """Every console command's parser (pyproject's [project.scripts] and ``python -m hub_ext.serving``)."""
     from hub_ext import cli as hub_cli
-    from hub_ext.inference import standalone
+    from hub_ext.serving import standalone
     from scheduler.k8s import cli as k8s_cli
     from scheduler.k8s import node_agent
     from scheduler.sim import cli as sim_cli
@@ -283,7 +283,7 @@ def helm_md() -> str:
 METRIC_TYPES = {"Counter": "counter", "Gauge": "gauge", "Histogram": "histogram", "Summary": "summary",
                 "CounterMetricFamily": "counter", "GaugeMetricFamily": "gauge",
                 "HistogramMetricFamily": "histogram"}
-METRIC_PACKAGES = ("scheduler", "hub_ext")
+METRIC_PACKAGES = ("scheduler", "inference", "hub_ext")
 
 
 def metrics() -> list[tuple[str, str, str, list[str], str]]:

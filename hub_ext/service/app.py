@@ -14,11 +14,12 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpserver import HTTPServer
 
+from ..api import routes as api
 from ..config import Gpupool, load_config
 from ..schema import make_sessionmaker
 from ..ssh import gateway as ssh_gateway
 from ..validation import BODY_DRAIN_FACTOR
-from . import api, culler, pages
+from . import culler, pages
 from .hubapi import HubAPI
 from .metrics import DATABASE, MetricsHandler
 

@@ -24,12 +24,12 @@ from datetime import datetime
 
 from sqlalchemy import select
 
-from .. import policy
-from ..activity import Activity, is_fraction, reader
-from ..db import WorkloadRow, bump_version
-from ..events import add_event
-from ..inventory import gpu_utilization
-from ..requests import workload_name
+from ..db.events import add_event
+from ..db.tables import WorkloadRow, bump_version
+from ..host.activity import Activity, is_fraction, reader
+from ..host.inventory import gpu_utilization
+from ..org import policy
+from ..requests.rules import workload_name
 from ..training.db import TrainingRow, worker_region
 
 log = logging.getLogger("gpupool.culler")

@@ -5,7 +5,7 @@ Read from the database when scraped: workloads by state and kind, and the latest
 utilization of each GPU (absent on a hub whose GPUs are declared). The scheduler's metrics
 (queue, allocation, quota, preemptions, cycle time) and spawn durations are the hub
 process's: JupyterHub serves them at ``/hub/metrics`` (scheduler/metrics.py,
-hub_ext/metrics.py).
+hub_ext/workspaces/metrics.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
 from tornado import web
 
-from ..db import GpuSampleRow, WorkloadRow
+from ..db.tables import GpuSampleRow, WorkloadRow
 
 __all__ = ["DATABASE", "MetricsHandler"]
 

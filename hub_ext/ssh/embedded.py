@@ -23,10 +23,10 @@ import asyncssh
 from sqlalchemy import select
 
 from ..config import ROOT
-from ..db import WorkloadRow
+from ..db.tables import WorkloadRow
 from ..host.accounts import login_shell
 from ..host.enter import NotRunning, target
-from ..requests import workload_name
+from ..requests.rules import workload_name
 
 SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server", "/usr/libexec/sftp-server")
 LOOPBACK = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}

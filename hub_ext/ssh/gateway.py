@@ -30,7 +30,8 @@ from asyncssh.constants import EXTENDED_DATA_STDERR
 from asyncssh.stream import SSHReader, SSHWriter
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
-from .. import audit, sshkeys
+from ..db import audit
+from ..org import sshkeys
 from .throttle import Throttle
 
 log = logging.getLogger("gpupool.ssh")

@@ -19,8 +19,8 @@ import json
 import sys
 import time
 
-from hub_ext.cli_common import ApiCall, env_option, name_arg
-from hub_ext.remote_cli import remote_action
+from hub_ext.remote.commands import remote_action
+from hub_ext.remote.common import ApiCall, env_option, name_arg
 
 
 def _age(ts: float) -> str:

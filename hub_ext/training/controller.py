@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from scheduler.contract import A, L, waiting_reason
 from scheduler.k8s.client import ApiError, KubeClient
 
-from ..db import WorkloadRow
-from ..events import add_event
-from ..k8s_mirror import Mirror
+from ..cluster.mirror import Mirror
+from ..db.events import add_event
+from ..db.tables import WorkloadRow
 from .db import FINAL, SUBMITTED, TrainingRow, set_status, take_requests
 from .k8s import K8sOptions, training_objects
 from .spec import TrainingSpec

@@ -16,9 +16,9 @@ from pathlib import Path
 from sqlalchemy import JSON, Float, Integer, String, Text, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from .. import attach
-from ..db import Base, WorkloadRow, bump_version
-from ..events import add_event
+from ..attachments import attach
+from ..db.events import add_event
+from ..db.tables import Base, WorkloadRow, bump_version
 from .spec import TrainingSpec
 
 # Job states a user sees (the names) and the WorkloadRow.state each maps to.

@@ -24,7 +24,7 @@ from scheduler.contract import (
     workload_annotations,
 )
 
-from ..attach import Attachments, pod_parts, secret_manifest, secret_name
+from ..attachments.attach import Attachments, pod_parts, secret_manifest, secret_name
 from .gang import distributed_env
 from .spec import TrainingSpec
 

@@ -42,13 +42,13 @@ from gpupool.errors import GpupoolError
 from scheduler.embedded import EmbeddedScheduler, gpu_env
 from scheduler.model import Bind, Kind, Node, State, ValidationError, Workload
 
-from .. import launch
-from ..db import WorkloadRow
-from ..events import add_event
+from ..db.events import add_event
+from ..db.tables import WorkloadRow
+from ..host import launch
 from ..host.accounts import Account, Accounts
 from ..host.cgroups import Limits
 from ..host.process import Exit, Handle, Launcher, Spec
-from ..store import placement_from_json, placement_json
+from ..requests.store import placement_from_json, placement_json
 from .db import LOGS, SUBMITTED, TrainingRow, add_training, set_status, take_requests, worker_region
 from .gang import free_port, gang_env
 from .spec import TrainingSpec

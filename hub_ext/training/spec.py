@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from scheduler.model import DEFAULT_PRIORITY, Kind, PodDemand
 
 from .. import validation
-from ..requests import (
+from ..requests.rules import (
     GPU_MEMORY_MIN,
     FieldError,
     Limits,

@@ -1,4 +1,4 @@
-"""GPU-hours accounting (hub_ext/accounting.py): unit tests on hand-built event logs, and
+"""GPU-hours accounting (hub_ext/db/accounting.py): unit tests on hand-built event logs, and
 a real hub (tests/hub/hubproc.py) where workspaces start and stop and /usage, /usage.csv
 and the Usage page must agree with the events' own timestamps."""
 
@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from hub_ext import accounting
-from hub_ext.accounting import Allocation, Utilization, allocations, parse_range, usage
-from hub_ext.db import EventRow, GpuSampleRow, NodeRow
-from hub_ext.requests import FieldError
+from hub_ext.db import accounting
+from hub_ext.db.accounting import Allocation, Utilization, allocations, parse_range, usage
+from hub_ext.db.tables import EventRow, GpuSampleRow, NodeRow
+from hub_ext.requests.rules import FieldError
 from hub_ext.schema import make_sessionmaker
 from tests import chromium
 from tests.waits import wait_for
@@ -132,7 +132,7 @@ def test_range_dates_are_utc_days_and_to_includes_its_day():
 
 
 def test_restart_closes_open_allocations_at_the_last_sample(tmp_path):
-    from hub_ext.db import SampleRow
+    from hub_ext.db.tables import SampleRow
 
     Session = make_sessionmaker(f"sqlite:///{tmp_path / 'db.sqlite'}")
     with Session() as s:

@@ -197,10 +197,10 @@ def test_role_changes(gov_hub):
 
 def test_single_sign_on_membership_changes_are_audited(tmp_path):
     """auth.sync_user (each OIDC login) records the memberships the groups claim changed."""
-    from hub_ext import audit as audit_log
-    from hub_ext import org
-    from hub_ext.auth import sync_user
     from hub_ext.config import Gpupool
+    from hub_ext.db import audit as audit_log
+    from hub_ext.org import projects as org
+    from hub_ext.org.auth import sync_user
     from hub_ext.schema import make_sessionmaker
 
     Session = make_sessionmaker(f"sqlite:///{tmp_path / 'g.sqlite'}")

@@ -414,7 +414,12 @@ def test_kube_spawner_settings_build_a_valid_pod():
     from kubernetes_asyncio.client import ApiClient
     from kubespawner.objects import make_pod
 
-    from hub_ext.attach import Attachments, CredentialRef, DataSourceRef, kube_spawner_settings
+    from hub_ext.attachments.attach import (
+        Attachments,
+        CredentialRef,
+        DataSourceRef,
+        kube_spawner_settings,
+    )
 
     att = Attachments("nlp", (CredentialRef("s3", "env", ("AWS_SECRET_ACCESS_KEY",)),
                               CredentialRef("registry", "files", ("password",))),
@@ -439,9 +444,9 @@ def test_kube_spawner_settings_build_a_valid_pod():
 def test_k8s_pods_reference_the_secret(k8s_cluster):  # noqa: F811
     """Training workers and an inference replica built with attachments: applied as they
     are, the pods name the Secret's keys and volumes, and the Secret holds the values."""
-    from hub_ext.attach import Attachments, CredentialRef, DataSourceRef, secret_name
-    from hub_ext.inference.backends.k8s import K8sBackend, credentials_secret, replica_pod
-    from hub_ext.inference.spec import parse_spec
+    from hub_ext.attachments.attach import Attachments, CredentialRef, DataSourceRef, secret_name
+    from hub_ext.serving.backends.k8s import K8sBackend, credentials_secret, replica_pod
+    from hub_ext.serving.spec import parse_spec
     from hub_ext.training.k8s import K8sOptions, training_objects
     from hub_ext.training.spec import TrainingSpec
     from scheduler.k8s.client import ApiError

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hub"))
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "chart" / "dashboards" / "gpupool.json"
-ACTIVATOR_NAMES = ("gpupool_activator_",)  # the activator's (hub_ext/inference/metrics.py)
+ACTIVATOR_NAMES = ("gpupool_activator_",)  # the activator's (inference/metrics.py)
 
 
 # -- parsing ----------------------------------------------------------------------------
@@ -246,10 +246,10 @@ def test_embedded_scheduler_and_service_metrics(mhub):
 
 
 def _activator_names() -> set[str]:
-    """The names the activator exports: its real registry's exposition (hub_ext.inference.metrics),
+    """The names the activator exports: its real registry's exposition (inference.metrics),
     empty where that module does not exist."""
     try:
-        from hub_ext.inference import metrics as activator
+        from inference import metrics as activator
     except ImportError:
         return set()
     return Scrape(activator.exposition().decode()).names()

@@ -1,9 +1,9 @@
 """The role matrix on a real hub: every role x every REST action x own vs other project or
 department, asserted allowed (2xx) or denied (403 with a message in the JSON error body,
 never a 404-by-accident or a 500); list endpoints never leak other projects' items; the
-CLI inherits the rule through the REST API; unit checks of hub_ext.roles.
+CLI inherits the rule through the REST API; unit checks of hub_ext.org.roles.
 
-The actions come from hub_ext/service/openapi.yaml: an endpoint without an entry in ROUTES
+The actions come from hub_ext/api/openapi.yaml: an endpoint without an entry in ROUTES
 fails ``test_every_endpoint_has_a_matrix_entry``, so endpoints added later are covered.
 
 People (tests/governance/org.yaml): admin (platform admin), erin (department admin of
@@ -25,20 +25,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hub_ext import roles
+from hub_ext.org import roles
 
 from .conftest import api
 
 pytestmark = pytest.mark.slow
 
-SPEC = Path(__file__).resolve().parents[2] / "hub_ext" / "service" / "openapi.yaml"
+SPEC = Path(__file__).resolve().parents[2] / "hub_ext" / "api" / "openapi.yaml"
 ROLE_PEOPLE = {"platform-admin": "admin", "department-admin": "erin", "member": "alice",
                "viewer": "vic", "none": "oscar"}
 SCOPES = {"own": ("nlp", "research", "alice"), "other": ("serving", "ops", "bob")}
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
 
 # Expected outcome per action: role -> (own, other); True = allowed. Written out by hand
-# from the role table in the README (not computed by hub_ext.roles).
+# from the role table in the README (not computed by hub_ext.org.roles).
 A, D = True, False
 EXPECT = {
     "any": {"platform-admin": (A, A), "department-admin": (A, A), "member": (A, A), "viewer": (A, A), "none": (A, A)},

@@ -148,7 +148,7 @@ def _cfg(**kw):
 
 
 def test_mapping_rules():
-    from hub_ext import auth
+    from hub_ext.org import auth
 
     cfg = _cfg()
     assert auth.map_groups(cfg, {"nlp-team", "leads", "x"}) == (
@@ -163,7 +163,8 @@ def test_mapping_rules():
 
 
 def test_sync_keeps_memberships_the_mapping_does_not_name(tmp_path):
-    from hub_ext import auth, org, roles
+    from hub_ext.org import auth, roles
+    from hub_ext.org import projects as org
     from hub_ext.schema import make_sessionmaker
 
     Session = make_sessionmaker(f"sqlite:///{tmp_path / 'g.sqlite'}")

@@ -1,4 +1,4 @@
-"""What the hub (root) makes, reads and removes in an account's home (hub_ext/launch.py):
+"""What the hub (root) makes, reads and removes in an account's home (hub_ext/host/launch.py):
 the account's own, private, and never through a link the account planted -- a symlink
 ``~/.gpupool -> /somewhere`` must not make root create, chown, truncate or delete there."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_ext import launch
+from hub_ext.host import launch
 from hub_ext.host.process import Spec
 
 from .conftest import needs_root

@@ -1,4 +1,4 @@
-"""Validate API responses against hub_ext/service/openapi.yaml."""
+"""Validate API responses against hub_ext/api/openapi.yaml."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from openapi_schema_validator import OAS31Validator
 
-SPEC = Path(__file__).resolve().parents[2] / "hub_ext" / "service" / "openapi.yaml"
+SPEC = Path(__file__).resolve().parents[2] / "hub_ext" / "api" / "openapi.yaml"
 
 
 @lru_cache(maxsize=1)

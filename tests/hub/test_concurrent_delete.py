@@ -14,12 +14,12 @@ import pytest
 from sqlalchemy import delete
 from tornado.httpclient import AsyncHTTPClient
 
-from hub_ext import org
+from hub_ext.api import base
 from hub_ext.config import Gpupool
-from hub_ext.db import WorkloadRow
-from hub_ext.roles import ADMIN_SCOPE
+from hub_ext.db.tables import WorkloadRow
+from hub_ext.org import projects as org
+from hub_ext.org.roles import ADMIN_SCOPE
 from hub_ext.schema import make_sessionmaker
-from hub_ext.service import base
 from hub_ext.service.app import make_app
 from hub_ext.training.db import TrainingRow
 from tests.served import served

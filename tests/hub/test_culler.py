@@ -3,7 +3,7 @@ whole GPUs where NVML is there, activity otherwise."""
 
 from types import SimpleNamespace
 
-from hub_ext.activity import NONE, Activity
+from hub_ext.host.activity import NONE, Activity
 from hub_ext.service.culler import idle_servers
 
 NOW = 10_000.0

@@ -11,9 +11,9 @@ import sqlite3
 
 from tornado.httpclient import AsyncHTTPClient
 
-from hub_ext import org
 from hub_ext.config import Gpupool
-from hub_ext.roles import ADMIN_SCOPE
+from hub_ext.org import projects as org
+from hub_ext.org.roles import ADMIN_SCOPE
 from hub_ext.schema import make_sessionmaker
 from hub_ext.service.app import make_app
 from tests.served import served

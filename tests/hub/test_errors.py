@@ -8,7 +8,7 @@ import json
 from tornado.httpclient import AsyncHTTPClient
 from tornado.web import Application
 
-from hub_ext.service.base import ApiHandler
+from hub_ext.api.base import ApiHandler
 from tests.served import served
 
 

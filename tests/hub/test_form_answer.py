@@ -1,5 +1,5 @@
 """What the spawn form's panel says comes from the request rules themselves
-(hub_ext.capacity.answer, ``POST /capacity``): Start's own refusal, and what a share of a GPU
+(hub_ext.requests.capacity.answer, ``POST /capacity``): Start's own refusal, and what a share of a GPU
 means on the GPUs the request may land on. No hub needed: the starter organisation and the
 declared inventory in a database."""
 
@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from hub_ext import capacity, org
 from hub_ext.config import Gpupool
-from hub_ext.db import NodeRow
-from hub_ext.limits import limits_for
-from hub_ext.requests import FieldError, parse_request
+from hub_ext.db.tables import NodeRow
+from hub_ext.org import projects as org
+from hub_ext.requests import capacity
+from hub_ext.requests.limits import limits_for
+from hub_ext.requests.rules import FieldError, parse_request
 from hub_ext.schema import make_sessionmaker
 
 ROOT = Path(__file__).resolve().parents[2]

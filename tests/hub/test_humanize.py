@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hub_ext import humanize
-from hub_ext.home import asked
+from hub_ext.workspaces.home import asked
 
 NOW = datetime(2026, 12, 3, 6, 35, tzinfo=UTC).timestamp()
 

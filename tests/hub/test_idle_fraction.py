@@ -15,7 +15,7 @@ from hubkernel import run_code
 from hubproc import ADMIN_PW, USER_PW, Hub
 from test_workspaces import wait_ready
 
-from hub_ext.activity import reader
+from hub_ext.host.activity import reader
 from hub_ext.training.db import worker_region
 from tests.native.conftest import NATIVE
 from tests.waits import wait_for

@@ -8,8 +8,8 @@ import pytest
 from openapi_check import SPEC, spec
 
 from hub_ext import validation as v
-from hub_ext.credentials import MAX_VALUE_BYTES
-from hub_ext.inference.spec import _NUMBERS as INFERENCE_NUMBERS
+from hub_ext.attachments.credentials import MAX_VALUE_BYTES
+from hub_ext.serving.spec import _NUMBERS as INFERENCE_NUMBERS
 from hub_ext.training.spec import MAX_WORKERS
 
 METHODS = ("get", "post", "put", "patch", "delete")
@@ -130,7 +130,7 @@ def test_names_are_matched_in_full():
 
 
 def test_the_policy_schema_is_the_code_s():
-    from hub_ext import policy
+    from hub_ext.org import policy
 
     props = schema("Policy")["properties"]
     assert set(props) == set(policy.FIELDS)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from hub_ext import org
-from hub_ext.requests import FieldError
+from hub_ext.org import projects as org
+from hub_ext.requests.rules import FieldError
 from hub_ext.schema import make_sessionmaker
 
 
@@ -113,7 +113,7 @@ def test_bad_pool_quotas_name_the_field_and_pool(s, pools, field, says):
 def test_pool_quota_changes_are_audited(s):
     from sqlalchemy import select
 
-    from hub_ext.audit import AuditRow
+    from hub_ext.db.audit import AuditRow
     org.update_department(s, "research", {"pools": {"fast": {"gpus": 2}}}, actor="admin")
     org.update_project(s, "nlp", {"pools": {"fast": {"gpus": 1}}}, actor="admin")
     rows = s.scalars(select(AuditRow).where(AuditRow.actor == "admin")).all()

@@ -12,12 +12,12 @@ import uuid
 
 from tornado.httpclient import AsyncHTTPClient
 
-from hub_ext import org
-from hub_ext.activity import MAGIC
 from hub_ext.config import Gpupool
-from hub_ext.db import WorkloadRow
+from hub_ext.db.tables import WorkloadRow
 from hub_ext.host import regions
-from hub_ext.roles import ADMIN_SCOPE, USE_SCOPE
+from hub_ext.host.activity import MAGIC
+from hub_ext.org import projects as org
+from hub_ext.org.roles import ADMIN_SCOPE, USE_SCOPE
 from hub_ext.schema import make_sessionmaker
 from hub_ext.service.app import make_app
 from tests.served import served

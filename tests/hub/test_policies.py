@@ -1,4 +1,4 @@
-"""Policies per department and project (hub_ext/policy.py), against a real hub: every
+"""Policies per department and project (hub_ext/org/policy.py), against a real hub: every
 policy field through every door (the spawn form, the REST API, the CLI, the notebook
 widget), within, at and beyond its limit. Beyond is a 400 naming the policy and the field;
 a project's policy can never widen its department's; every change is audited."""
@@ -17,8 +17,8 @@ import pytest
 from hubclient import HubClient, call
 from hubproc import ADMIN_PW, USER_PW, Hub
 
-from hub_ext import policy
-from hub_ext.requests import Limits, parse_request
+from hub_ext.org import policy
+from hub_ext.requests.rules import Limits, parse_request
 from hub_ext.validation import FieldError
 from tests.waits import wait_for
 
@@ -378,7 +378,7 @@ def test_maximum_runtime_ends_a_training_and_a_workspace_with_an_event(phub):
 
 # -- environments (Gpupool.environments: prefix and start command) -------------------------------
 def test_an_environment_puts_its_prefix_first_and_runs_its_start_command(tmp_path):
-    from hub_ext.launch import in_environment
+    from hub_ext.host.launch import in_environment
 
     prefix = tmp_path / "venv"
     (prefix / "bin").mkdir(parents=True)

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from hub_ext.requests import FieldError, Limits, parse_request, workload_name
+from hub_ext.requests.rules import FieldError, Limits, parse_request, workload_name
 from hub_ext.training.spec import parse_training
 from scheduler.model import DEFAULT_POOL, Project, Quota
 

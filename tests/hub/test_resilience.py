@@ -223,7 +223,7 @@ def test_work_asked_to_stop_before_a_hub_restart_is_stopped_after_it(tmp_path):
     from traitlets.config import Config
 
     from hub_ext.config import Gpupool
-    from hub_ext.db import WorkloadRow
+    from hub_ext.db.tables import WorkloadRow
     from hub_ext.runtime import Runtime
     from hub_ext.schema import make_sessionmaker
 

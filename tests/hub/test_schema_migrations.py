@@ -19,8 +19,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from hub_ext import roles
-from hub_ext.db import (
+from hub_ext.db.tables import (
     DepartmentRow,
     EventRow,
     MemberRow,
@@ -29,6 +28,7 @@ from hub_ext.db import (
     WorkloadRow,
     make_engine,
 )
+from hub_ext.org import roles
 from hub_ext.schema import alembic_config, make_sessionmaker, metadata
 from hub_ext.training.db import TrainingRow
 

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hub_ext import org, validation
+from hub_ext import validation
+from hub_ext.org import projects as org
 from hub_ext.schema import make_sessionmaker
 from hub_ext.validation import FieldError
 from scheduler.model import MAX_GPUS, Quota, ValidationError

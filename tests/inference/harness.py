@@ -17,10 +17,10 @@ import aiohttp
 
 from hub_ext.host.accounts import Accounts, default_mode
 from hub_ext.host.process import Launcher
-from hub_ext.inference.activator import Server
-from hub_ext.inference.backends.embedded import EmbeddedBackend
-from hub_ext.inference.controller import Controller
-from hub_ext.inference.spec import parse_spec
+from hub_ext.serving.backends.embedded import EmbeddedBackend
+from hub_ext.serving.spec import parse_spec
+from inference.activator import Server
+from inference.controller import Controller
 from scheduler.embedded import EmbeddedScheduler
 from scheduler.model import DEFAULT_POOL, GPU, Department, Node, Project, Quota
 

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from hub_ext.host.process import Launcher
-from hub_ext.inference.spec import parse_spec
+from hub_ext.serving.spec import parse_spec
 
 from .harness import MODEL_SERVER, service, stack, until
 

@@ -15,15 +15,16 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
-from hub_ext import org
+from hub_ext.api import base
+from hub_ext.backends import replica_backend
 from hub_ext.config import Gpupool
 from hub_ext.host.accounts import Accounts, default_mode
 from hub_ext.host.process import Launcher
-from hub_ext.inference.hub import HubInference
+from hub_ext.org import projects as org
+from hub_ext.requests.store import DbStore
 from hub_ext.schema import make_sessionmaker
-from hub_ext.service import base
 from hub_ext.service.app import make_app
-from hub_ext.store import DbStore
+from hub_ext.serving.hub import HubInference
 from scheduler.embedded import EmbeddedScheduler
 from scheduler.model import GPU, Node
 from tests.hub.openapi_check import validate
@@ -59,7 +60,7 @@ def org_db(tmp_path):
 
 def test_submit_list_describe_delete_and_errors(tmp_path, fake_login, monkeypatch):
     """No activator runs here: a submission answers with an empty state at once."""
-    from hub_ext.inference import api
+    from hub_ext.api import inference as api
 
     monkeypatch.setattr(api, "PICKUP_S", 0.0)
     Session = org_db(tmp_path)
@@ -119,8 +120,8 @@ def test_hub_follows_the_table_and_describe_shows_why_a_replica_waits(tmp_path):
         rt = SimpleNamespace(scheduler=sched, store=store, cfg=cfg, Session=Session, delivery=None,
                              launcher=Launcher(tmp_path / "state" / "run"),
                              accounts=Accounts(mode=default_mode(), prefix=ACCOUNT_PREFIX))
-        hub = HubInference(rt, port=0, token="t")
-        from hub_ext.inference.db import InferenceRow
+        hub = HubInference(rt, port=0, token="t", backend=replica_backend(rt))
+        from hub_ext.serving.db import InferenceRow
 
         with Session() as s:  # what POST /inferences writes: a whole GPU over a 0.5 quota
             s.add(InferenceRow(name="big", owner="alice", project="serve", status={}, spec={
@@ -144,3 +145,21 @@ def test_hub_follows_the_table_and_describe_shows_why_a_replica_waits(tmp_path):
         await sched.stop()
 
     asyncio.run(main())
+
+
+def test_a_project_with_inference_services_is_not_deleted(tmp_path):
+    """The organisation store refuses while a project has services (the check inference
+    registers with it), and deletes the project once they are gone."""
+    from hub_ext.serving.db import InferenceRow
+
+    Session = org_db(tmp_path)
+    with Session() as s:
+        s.add(InferenceRow(name="chat", owner="alice", project="serve", status={}, spec={}))
+        s.commit()
+        with pytest.raises(org.Conflict, match=r"project 'serve' has 1 inference services: chat; delete"):
+            org.delete_project(s, "serve")
+        s.rollback()
+        s.delete(s.get(InferenceRow, "chat"))
+        org.delete_project(s, "serve")
+        s.commit()
+        assert "serve" not in [p["name"] for p in org.list_projects(s)]

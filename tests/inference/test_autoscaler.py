@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from hub_ext.inference.autoscaler import Autoscaler, IdleLimit, Policy
-from hub_ext.inference.service import Replica, RState, Service
-from hub_ext.inference.spec import FieldError, parse_spec
+from hub_ext.serving.spec import FieldError, parse_spec
+from inference.autoscaler import Autoscaler, IdleLimit, Policy
+from inference.service import Replica, RState, Service
 
 
 def feed(a: Autoscaler, start: float, end: float, value: float, requests: int = 1, step=1.0):

@@ -10,7 +10,7 @@ def run(argv, answer):
         calls.append((method, path, body))
         return answer
 
-    import hub_ext.inference.cli as icli
+    import hub_ext.serving.cli as icli
 
     p = parser()
     # re-register with our fake API (the real one calls the hub)

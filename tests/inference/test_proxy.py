@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from hub_ext.inference.proxy import Pool
+from inference.proxy import Pool
 
 PLAIN = (b"HTTP/1.1 200 OK\r\nServer: m\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n"
          b"\r\nhello")

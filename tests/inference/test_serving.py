@@ -9,7 +9,7 @@ import json
 import os
 import signal
 
-from hub_ext.inference.service import RState
+from inference.service import RState
 
 from .harness import stack, until
 

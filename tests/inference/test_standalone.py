@@ -1,4 +1,4 @@
-"""``python -m hub_ext.inference`` (the activator without the hub) stops its replicas when it is
+"""``python -m hub_ext.serving`` (the activator without the hub) stops its replicas when it is
 stopped: they run in sessions of their own, so nothing else would."""
 
 import json
@@ -56,7 +56,7 @@ def test_sigterm_stops_the_replicas(tmp_path):
     # its replicas' account is made under this test run's prefix (tests/conftest.py), which
     # the session removes at its end
     prefix = os.environ["GPUPOOL_TEST_ACCOUNT_PREFIX"]
-    act = subprocess.Popen([sys.executable, "-m", "hub_ext.inference", "--port", str(port),
+    act = subprocess.Popen([sys.executable, "-m", "hub_ext.serving", "--port", str(port),
                             "--services", str(tmp_path / "services.json"), "--loop", "asyncio"],
                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            env={**os.environ, "GPUPOOL_ACCOUNT_PREFIX": prefix})

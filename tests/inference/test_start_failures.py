@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hub_ext.inference.spec import parse_spec
+from hub_ext.serving.spec import parse_spec
 
 from .harness import service, stack, until
 

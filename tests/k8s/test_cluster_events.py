@@ -1,4 +1,4 @@
-"""The event log on Kubernetes (hub_ext/cluster_events.py): a pod gpupool-scheduler binds
+"""The event log on Kubernetes (hub_ext/cluster/events.py): a pod gpupool-scheduler binds
 and then is deleted gives ``placed`` at its bind and ``released`` at its deletion, and its
 GPU-hours are its GPUs times the time between the two; an evicted pod also gives
 ``preempted``, known from the mark gpupool-scheduler leaves on the pod: the follower never
@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from hub_ext import accounting
-from hub_ext.cluster_events import PodEvents, bind_time, end_time
-from hub_ext.db import EventRow, WorkloadRow
+from hub_ext.cluster.events import PodEvents, bind_time, end_time
+from hub_ext.db import accounting
+from hub_ext.db.tables import EventRow, WorkloadRow
 from hub_ext.schema import make_sessionmaker
 from scheduler.contract import waiting_reason, workload_annotations
 from scheduler.k8s.testcluster import ClusterInfo

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hub_ext.inference.backends.k8s import replica_pod
-from hub_ext.inference.spec import parse_spec
-from hub_ext.requests import WorkloadRequest
+from hub_ext.requests.rules import WorkloadRequest
+from hub_ext.serving.backends.k8s import replica_pod
+from hub_ext.serving.spec import parse_spec
 from hub_ext.training.k8s import K8sOptions, worker_pod
 from hub_ext.training.spec import TrainingSpec
 from scheduler.contract import (

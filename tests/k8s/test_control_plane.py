@@ -24,7 +24,7 @@ import urllib.request
 
 import pytest
 
-from hub_ext.cluster_events import bind_time
+from hub_ext.cluster.events import bind_time
 from scheduler.contract import A, L
 from scheduler.k8s.client import ApiError
 from tests.chart import procs

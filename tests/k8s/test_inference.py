@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from hub_ext.inference.backends.k8s import LABEL, K8sBackend, replica_pod
-from hub_ext.inference.controller import Controller
-from hub_ext.inference.db import InferenceRow
-from hub_ext.inference.published import Follower, Publisher
-from hub_ext.inference.spec import parse_spec
 from hub_ext.schema import make_sessionmaker
+from hub_ext.serving.backends.k8s import LABEL, K8sBackend, replica_pod
+from hub_ext.serving.db import InferenceRow
+from hub_ext.serving.published import Follower, Publisher
+from hub_ext.serving.spec import parse_spec
+from inference.controller import Controller
 from scheduler.k8s.testcluster import ClusterInfo
 
 from .helpers import (
@@ -153,17 +153,17 @@ def test_the_policy_idle_limit_is_published_with_the_service_and_its_stop_comes_
     a scale to zero by it comes back in the state the hub copies, as one event."""
     from sqlalchemy import select
 
-    from hub_ext.db import DepartmentRow, EventRow, PolicyRow, ProjectRow
-    from hub_ext.inference.autoscaler import IdleLimit
-    from hub_ext.inference.db import InferenceRow
-    from hub_ext.inference.published import (
+    from hub_ext.db.tables import DepartmentRow, EventRow, PolicyRow, ProjectRow
+    from hub_ext.schema import make_sessionmaker
+    from hub_ext.serving.db import InferenceRow
+    from hub_ext.serving.published import (
         Follower,
         Publisher,
         configmap_name,
         idle_limit_of,
         status_of,
     )
-    from hub_ext.schema import make_sessionmaker
+    from inference.autoscaler import IdleLimit
 
     Session = make_sessionmaker(f"sqlite:///{tmp_path}/hub.db")
     spec = parse_spec({"name": "idle-svc", "project": "p-idle", "command": ["serve"], "min_replicas": 0})

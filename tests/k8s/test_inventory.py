@@ -1,4 +1,4 @@
-"""The inventory on Kubernetes (hub_ext.k8s_inventory) against the local cluster: a change
+"""The inventory on Kubernetes (hub_ext.cluster.inventory) against the local cluster: a change
 rebuilds only the row of its node, a kubelet's heartbeat or a pod's phase rebuilds nothing,
 and the changed rows are written together."""
 
@@ -8,9 +8,9 @@ import asyncio
 import json
 import time
 
-from hub_ext import k8s_inventory
-from hub_ext.db import NodeRow
-from hub_ext.k8s_inventory import NODE_USAGE, InventorySync
+from hub_ext.cluster import inventory as k8s_inventory
+from hub_ext.cluster.inventory import NODE_USAGE, InventorySync
+from hub_ext.db.tables import NodeRow
 from hub_ext.schema import make_sessionmaker
 from scheduler.contract import A
 from scheduler.k8s.testcluster import ClusterInfo

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from hub_ext import humanize
-from hub_ext.requests import WorkloadRequest
+from hub_ext.requests.rules import WorkloadRequest
 from scheduler.k8s.objects import parse_pod
 from scheduler.k8s.testcluster import ClusterInfo
 
@@ -35,7 +35,7 @@ def manifest(tmp_path, monkeypatch):
     from kubernetes_asyncio.config import kube_config
     from traitlets.config import Config
 
-    from hub_ext.k8s_spawner import GpupoolKubeSpawner
+    from hub_ext.workspaces.k8s_spawner import GpupoolKubeSpawner
 
     (tmp_path / "kubeconfig").write_text(FAKE_KUBECONFIG)
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "kubeconfig"))
@@ -182,7 +182,7 @@ class _Runtime:
 
     def __init__(self, project: str):
         from hub_ext.config import Gpupool
-        from hub_ext.requests import Limits
+        from hub_ext.requests.rules import Limits
 
         self.cfg = Gpupool()  # its environments: name -> image
         self.store = _Store()
@@ -200,7 +200,7 @@ def test_spawner_start_through_kubespawner(k8s_cluster: ClusterInfo, ns, sched, 
     from kubernetes_asyncio.config import kube_config
     from traitlets.config import Config
 
-    from hub_ext.k8s_spawner import GpupoolKubeSpawner
+    from hub_ext.workspaces.k8s_spawner import GpupoolKubeSpawner
 
     rt = _Runtime("p-kstart")
 
@@ -287,7 +287,7 @@ PULL = _waiting("ErrImagePull", 'failed to pull image "busybox:nope": not found'
      "gpupool-scheduler rejected the request: gpupool.io/gpu-fraction: must be in (0, 1)"),
 ])  # fmt: skip
 def test_pod_failure(pod, expect):
-    from hub_ext.k8s_spawner import pod_failure
+    from hub_ext.workspaces.k8s_spawner import pod_failure
 
     assert pod_failure(pod) == expect
 
@@ -308,7 +308,7 @@ def _kspawner(k8s_cluster: ClusterInfo, ns: str, project: str, monkeypatch, **cf
     from kubernetes_asyncio.config import kube_config
     from traitlets.config import Config
 
-    from hub_ext.k8s_spawner import GpupoolKubeSpawner
+    from hub_ext.workspaces.k8s_spawner import GpupoolKubeSpawner
 
     rt = _Runtime(project)
 
@@ -328,7 +328,7 @@ def _kspawner(k8s_cluster: ClusterInfo, ns: str, project: str, monkeypatch, **cf
 
 
 async def _stop_reflectors():
-    from hub_ext.k8s_spawner import GpupoolKubeSpawner
+    from hub_ext.workspaces.k8s_spawner import GpupoolKubeSpawner
 
     for r in list(GpupoolKubeSpawner.reflectors.values()):
         await r.stop()
@@ -352,7 +352,7 @@ def test_fatal_pod_error_ends_the_spawn_at_once(k8s_cluster: ClusterInfo, ns, mo
     """The pod is bound (by the test) to a Node that no kubelet and no kwok runs; the test
     then reports, as that node's kubelet would, a container that cannot start. The spawn
     ends with that message although start_timeout is 15 minutes."""
-    from hub_ext.k8s_spawner import PodFailed
+    from hub_ext.workspaces.k8s_spawner import PodFailed
 
     node = f"no-kubelet-{ns[-8:]}"
     Spawner, c = _kspawner(k8s_cluster, ns, "p-fatal", monkeypatch,
@@ -437,8 +437,8 @@ class _DbRuntime(_Runtime):
     sealed with a real vault key, data sources, the audit log) and the delivery's vault."""
 
     def __init__(self, project: str, state_dir):
-        from hub_ext import attach, credentials, datasources
-        from hub_ext.db import DepartmentRow, ProjectRow
+        from hub_ext.attachments import attach, credentials, datasources
+        from hub_ext.db.tables import DepartmentRow, ProjectRow
         from hub_ext.schema import make_sessionmaker
 
         super().__init__(project)
@@ -470,8 +470,8 @@ def test_spawner_delivers_credentials_and_data_sources(k8s_cluster: ClusterInfo,
 
     from sqlalchemy import select
 
-    from hub_ext.audit import AuditRow
-    from hub_ext.k8s_spawner import GpupoolKubeSpawner
+    from hub_ext.db.audit import AuditRow
+    from hub_ext.workspaces.k8s_spawner import GpupoolKubeSpawner
     from scheduler.k8s.client import ApiError
 
     Spawner, c = _kspawner(k8s_cluster, ns, "p-kcred", monkeypatch)
@@ -561,7 +561,7 @@ def test_unknown_attachment_is_a_field_error(tmp_path, monkeypatch, manifest):
     (``manifest``: for its fake kubeconfig, which the spawner loads when constructed.)"""
     from traitlets.config import Config
 
-    from hub_ext.k8s_spawner import GpupoolKubeSpawner
+    from hub_ext.workspaces.k8s_spawner import GpupoolKubeSpawner
 
     rt = _DbRuntime("p-kbad", tmp_path)
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from playwright.sync_api import sync_playwright
 
-from hub_ext import k8s_org
+from hub_ext.cluster import org as k8s_org
 from hub_ext.validation import FieldError
 from scheduler.k8s.client import ApiError
 from scheduler.k8s.node_agent import NodeAgent, file_inventory
@@ -380,7 +380,7 @@ def test_api_server_refusal_names_the_field(k8s_cluster: ClusterInfo):
 def test_cluster_refusing_the_hub_is_a_403(k8s_cluster: ClusterInfo, ns, tmp_path):
     """A ServiceAccount without the chart's ClusterRole (an organisation kept in Git) gets
     the REST API's 403, not a failure."""
-    from hub_ext.roles import Forbidden
+    from hub_ext.org.roles import Forbidden
     from scheduler.k8s.client import KubeClient
 
     async def go():
@@ -406,8 +406,8 @@ def _obj(name: str, gpus: float, department: str | None = None, **quota) -> dict
 
 
 def test_copy_follows_the_objects(tmp_path):
-    from hub_ext import org
-    from hub_ext.db import MemberRow
+    from hub_ext.db.tables import MemberRow
+    from hub_ext.org import projects as org
     from hub_ext.schema import make_sessionmaker
 
     Session = make_sessionmaker(f"sqlite:///{tmp_path / 'db.sqlite'}")
@@ -439,7 +439,7 @@ def test_copy_follows_the_objects(tmp_path):
 
 
 def test_inventory_rows_from_nodes_and_bound_pods():
-    from hub_ext import k8s_inventory
+    from hub_ext.cluster import inventory as k8s_inventory
 
     node = {"metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "H100", "nvidia.com/gpu.memory": "80000"},
                          "annotations": {"gpupool.io/gpus": '[{"index": 1, "uuid": "GPU-1", "model": "NVIDIA H100", '

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from hub_ext.db import EventRow, WorkloadRow
+from hub_ext.db.tables import EventRow, WorkloadRow
 from hub_ext.schema import make_sessionmaker
 from hub_ext.training.controller import K8sTrainings, checkpoint_claim, gang_state
 from hub_ext.training.db import TrainingRow, add_training

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from hub_ext.activity import NONE, read_region
+from hub_ext.host.activity import NONE, read_region
 from hub_ext.service.culler import idle_servers
 
 from .conftest import base_env, start_probe, wait_for

@@ -1,5 +1,5 @@
 """``quota.ceilings``: the most GPUs one workload could ever hold, which the hub refuses
-above at submit (hub_ext.requests.check_can_run). Over random organisations (quotas within
+above at submit (hub_ext.requests.rules.check_can_run). Over random organisations (quotas within
 the limits, project quotas within the department's, as the organisation rules keep them)
 the ceilings agree with the scheduler: on an empty cluster large enough, a request below
 every ceiling is bound at once, and one above any is never bound."""

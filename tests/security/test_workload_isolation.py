@@ -280,7 +280,7 @@ def test_workload_cannot_read_the_environment_of_hub_processes(site):
 
 
 WRITE_TARGETS = {
-    "checkout_spawner": ROOT / "hub_ext" / "spawner.py",
+    "checkout_spawner": ROOT / "hub_ext" / "workspaces" / "spawner.py",
     "etc_shadow": Path("/etc/shadow"),
     "etc_passwd": Path("/etc/passwd"),
 }

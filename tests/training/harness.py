@@ -13,12 +13,13 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from hub_ext import launch, org
-from hub_ext.db import EventRow
+from hub_ext.db.tables import EventRow
+from hub_ext.host import launch
 from hub_ext.host.accounts import Account, Accounts, default_mode
 from hub_ext.host.process import Launcher
+from hub_ext.org import projects as org
+from hub_ext.requests.store import DbStore
 from hub_ext.schema import make_sessionmaker
-from hub_ext.store import DbStore
 from hub_ext.training.db import TrainingRow
 from hub_ext.training.runner import JobRunner
 from hub_ext.training.spec import TrainingSpec

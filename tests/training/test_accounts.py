@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_ext import attach, credentials
+from hub_ext.attachments import attach, credentials
 from hub_ext.host.cgroups import detect
 
 from .harness import Cluster

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_ext.db import WorkloadRow
+from hub_ext.db.tables import WorkloadRow
 
 from .harness import Cluster
 

@@ -11,8 +11,8 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from hub_ext.api import base
 from hub_ext.config import Gpupool
-from hub_ext.service import base
 from hub_ext.service.app import make_app
 from tests.hub.openapi_check import validate
 

@@ -8,8 +8,9 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from tornado import web
 
-from ... import humanize, roles
-from ..base import BaseHandler
+from ... import humanize
+from ...api.base import BaseHandler
+from ...org import roles
 
 _env = Environment(
     loader=FileSystemLoader(str(Path(__file__).parent.parent / "templates")),

@@ -5,8 +5,9 @@ from __future__ import annotations
 from sqlalchemy import select
 from tornado import web
 
-from ... import humanize, roles
-from ...db import EventRow
+from ... import humanize
+from ...db.tables import EventRow
+from ...org import roles
 from .base import PageHandler
 
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from tornado import web
 
-from ... import audit, credentials, datasources, humanize, org, roles
-from ...requests import FieldError
-from ..governance_api import audit_scope
+from ... import humanize
+from ...api.governance import audit_scope
+from ...attachments import credentials, datasources
+from ...db import audit
+from ...org import projects as org
+from ...org import roles
+from ...requests.rules import FieldError
 from .base import PageHandler
 
 

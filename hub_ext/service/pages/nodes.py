@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tornado import web
 
-from ... import roles
-from ...sharing import gpu_sharing
+from ...org import roles
+from ...org.sharing import gpu_sharing
 from .base import PageHandler
 
 

@@ -8,8 +8,9 @@ from tornado import web
 
 from scheduler.model import DEFAULT_POOL
 
-from ... import org, roles
-from ...db import NodeRow
+from ...db.tables import NodeRow
+from ...org import projects as org
+from ...org import roles
 from .base import PageHandler
 
 

@@ -7,8 +7,10 @@ import time
 from sqlalchemy import func, select
 from tornado import web
 
-from ... import humanize, org, roles
-from ...db import SampleRow, WorkloadRow
+from ... import humanize
+from ...db.tables import SampleRow, WorkloadRow
+from ...org import projects as org
+from ...org import roles
 from .base import PageHandler
 
 

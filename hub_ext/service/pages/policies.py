@@ -1,4 +1,4 @@
-"""Policies: each department's and project's policy (hub_ext/policy.py), edited here by who
+"""Policies: each department's and project's policy (hub_ext/org/policy.py), edited here by who
 may manage them (the page calls the REST API, which audits every change)."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import json
 
 from tornado import web
 
-from ... import org, policy, roles
+from ...org import policy, roles
+from ...org import projects as org
 from .base import PageHandler
 
 

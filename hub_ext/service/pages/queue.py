@@ -7,9 +7,10 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from tornado import web
 
-from ... import roles, validation
-from ...db import FINISHED, WorkloadRow
-from ...inference.db import InferenceRow
+from ... import validation
+from ...db.tables import FINISHED, WorkloadRow
+from ...org import roles
+from ...serving.db import InferenceRow
 from .base import PageHandler
 
 

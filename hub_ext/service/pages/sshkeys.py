@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tornado import web
 
-from ... import sshkeys
+from ...org import sshkeys
 from .base import PageHandler
 
 

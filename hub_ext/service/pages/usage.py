@@ -8,10 +8,10 @@ import time
 from sqlalchemy import select
 from tornado import web
 
-from ... import accounting
-from ...activity import is_fraction, reader
-from ...db import WorkloadRow
-from ...requests import FieldError
+from ...db import accounting
+from ...db.tables import WorkloadRow
+from ...host.activity import is_fraction, reader
+from ...requests.rules import FieldError
 from .base import PageHandler
 
 IDLE_PCT = 20.0  # rows under this measured utilization are marked idle

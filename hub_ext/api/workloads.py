@@ -1,0 +1,182 @@
+"""REST API v1 of workloads: list, submit, describe, delete, and their output. Members see
+the workloads of their own projects, admins all. Workspaces are JupyterHub servers, so
+stopping one goes through the hub's API."""
+
+from __future__ import annotations
+
+import pwd
+import time
+
+from sqlalchemy import delete, select
+
+from gpupool.errors import GpupoolError
+
+from .. import validation
+from ..attachments import attach
+from ..db.events import add_event
+from ..db.tables import WorkloadRow, bump_version
+from ..host.accounts import Accounts
+from ..host.launch import output_log, read_from
+from ..org import projects as org
+from ..org import roles
+from ..requests.limits import limits_for
+from ..requests.rules import parse_request, workload_name
+from ..training.db import TrainingRow
+from .base import ApiHandler
+
+MAX_LOG_BYTES = 1 << 20
+
+
+def workload_dict(w: WorkloadRow) -> dict:
+    spec = dict(w.spec or {})
+    return {
+        "name": w.name, "owner": w.owner, "project": w.project, "kind": w.kind, "state": w.state,
+        "server": w.server, "spec": spec,
+        "gpu_allocated": round(sum(p["gpu_milli"] * len(p["gpu_indices"]) for p in w.placement) / 1000, 3),
+        "placement": w.placement, "over_quota": w.over_quota, "reason": w.reason,
+        "queue_position": w.queue_position, "submit_time": w.submit_time, "start_time": w.start_time,
+    }
+
+
+class WorkloadLogsHandler(ApiHandler):
+    """A workload's output (a workspace's server log, a command workload's output.log):
+    the last ``tail`` lines, or with ``offset`` what was written after that byte (follow)."""
+
+    def get(self, name):
+        tail = validation.integer_arg(self.get_argument("tail", None), "tail", 200, 1, 10_000)
+        offset = self.get_argument("offset", None)
+        start = None if offset in (None, "") else validation.integer_arg(offset, "offset", 0, 0, 2**62)
+        with self.Session() as s:
+            w = self.viewable(s, WorkloadRow, name, "workload")
+            kind, owner = w.kind, w.owner
+            if kind == "workspace":  # a workspace's log is its owner's (URLs, kernel output)
+                self.require("read_workspace_log", project=w.project, owner=owner)
+        if kind == "training" and _has_job(self, name):
+            raise validation.FieldError("name", f"{name} is a training job: see /trainings/{name}/logs?rank=N")
+        cfg = self.ctx.cfg
+        try:
+            acct = pwd.getpwnam(Accounts(cfg.accounts, prefix=cfg.account_prefix, home_root=cfg.home_root,
+                                         template=cfg.account_template or None).name_for(owner))
+        except (KeyError, GpupoolError):
+            self.send({"name": name, "lines": [], "offset": 0})
+            return
+        kinds = ["workspace"] if kind == "workspace" else ["replica", "command"]
+        paths = [output_log(acct.pw_dir, k, name) for k in kinds]
+        path = next((p for p in paths if p.exists()), paths[-1])
+        text, end = read_from(path, acct.pw_uid, start, MAX_LOG_BYTES)
+        lines = text.splitlines()
+        self.send({"name": name, "lines": lines if start is not None else lines[-tail:], "offset": end})
+
+
+def _has_job(handler: ApiHandler, name: str) -> bool:
+    with handler.Session() as s:
+        return _training_job(handler, s, name) is not None
+
+
+class WorkloadsHandler(ApiHandler):
+    def get(self):
+        q = select(WorkloadRow).order_by(WorkloadRow.submit_time)
+        for key in ("kind", "project", "state", "owner"):
+            v = self.get_argument(key, None)
+            if v:
+                q = q.where(getattr(WorkloadRow, key) == v)
+        seen = roles.visible_projects(self.who)
+        if seen is not None:
+            q = q.where(WorkloadRow.project.in_(seen))
+        with self.Session() as s:
+            rows = s.scalars(q).all()
+        self.send({"items": [workload_dict(w) for w in rows]})
+
+    async def post(self):
+        data = self.body()
+        server = data.pop("server_name", "") if data.get("kind", "workspace") == "workspace" else ""
+        owner = validation.name(data.pop("owner", self.username), "owner", "user")
+        if owner != self.username:
+            self.require("submit_for_others", project=data.get("project"))
+        self.require_submit(data)
+        mine = tuple(roles.submit_projects(self.who)) if owner == self.username else None
+        with self.Session() as s:
+            req = parse_request(data, limits_for(s, self.ctx.cfg, owner, projects=mine))
+            attached = attach.check(s, req.project, req.credentials, req.datasources)
+        if req.kind == "workspace":
+            validation.name(server, "server_name", "server")
+            code, body = await self.ctx.hub.start_server(owner, server, req.to_dict())
+            if code >= 400:
+                self.send_error(code if code in (400, 403, 404, 409) else 502,
+                                message=(body or {}).get("message", "the hub refused to start the server"))
+                return
+            name = workload_name(owner, server)
+            row = await self._wait_row(name)
+            self.send(row or {"name": name, "kind": "workspace", "state": "starting"}, 202)
+            return
+        name = req.name or f"{req.kind[:5]}-{owner}-{int(time.time() * 1000) % 10**8}"
+        with self.Session() as s:
+            if s.get(WorkloadRow, name) is not None and s.get(WorkloadRow, name).state in (
+                "pending", "running", "releasing", "stopping"
+            ):
+                raise org.Conflict("name", f"workload {name!r} already exists")
+            s.execute(delete(WorkloadRow).where(WorkloadRow.name == name))
+            s.add(WorkloadRow(name=name, owner=owner, project=req.project, kind=req.kind,
+                              spec=req.to_dict(), state="pending", submit_time=time.time()))
+            add_event(s, "submitted", f"{owner} asked for {req.gpu_label()} ({req.kind})", name, req.project)
+            attach.record_use(s, self.username, name, attached, "attach")
+            bump_version(s)
+            s.commit()
+            self.send(workload_dict(s.get(WorkloadRow, name)), 201)
+
+    async def _wait_row(self, name: str, timeout: float = 5.0):
+        import asyncio
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.Session() as s:
+                w = s.get(WorkloadRow, name)
+                if w is not None:
+                    return workload_dict(w)
+            await asyncio.sleep(0.1)
+        return None
+
+
+class WorkloadHandler(ApiHandler):
+    def _get(self, s, name: str) -> WorkloadRow:
+        return self.viewable(s, WorkloadRow, name, "workload")
+
+    def get(self, name):
+        with self.Session() as s:
+            self.send(workload_dict(self._get(s, name)))
+
+    async def delete(self, name):
+        with self.Session() as s:
+            w = self._get(s, name)
+            self.require("manage_workload", project=w.project, owner=w.owner)
+            kind, owner, server, state = w.kind, w.owner, w.server, w.state
+            job = _training_job(self, s, name) if kind == "training" else None
+            if job is not None:  # the job runner's: it ends the job, as DELETE /trainings/NAME
+                job.request = "delete"
+                add_event(s, "stopped", f"{self.username} deleted training {name}", name, w.project,
+                          actor=self.username)
+                s.commit()
+            elif kind != "workspace":
+                if state in ("running", "releasing"):
+                    w.state = "stopping"
+                else:
+                    s.delete(w)
+                add_event(s, "stopped", f"{self.username} stopped {name}", name, w.project,
+                          actor=self.username)
+                bump_version(s)
+                s.commit()
+        if kind == "workspace":
+            code, body = await self.ctx.hub.stop_server(owner, server)
+            if code >= 400 and code != 404:
+                self.send_error(502, message=(body or {}).get("message", "the hub could not stop it"))
+                return
+        self.set_status(204)
+        self.finish()
+
+
+def _training_job(handler: ApiHandler, s, name: str):
+    """The trainings API's row of a job, if the job runner holds ``name``."""
+    return s.get(TrainingRow, name)
+
+
+__all__ = ["WorkloadHandler", "WorkloadLogsHandler", "WorkloadsHandler", "workload_dict"]

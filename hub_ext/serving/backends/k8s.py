@@ -1,0 +1,150 @@
+"""Replicas as pods placed by gpupool-scheduler (``schedulerName: gpupool``).
+
+``replica_pod`` is a plain function (tested by comparing dicts): kind ``inference`` and
+the project in annotations, the GPU ask as the workload contract writes it
+(``scheduler.contract.gpu_parts``: a share with the scheduler's ConfigMap and the
+interception library mounted, whole GPUs as ``nvidia.com/gpu``), a readiness probe on ``ready_path``. The backend polls
+each pod: ``PodScheduled=False`` gives the replica its pending reason (the core's), a
+binding makes it starting, ``Ready`` makes it routable at ``podIP:port``. Stop = delete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from hub_ext.attachments.attach import Attachments, pod_parts, secret_manifest, secret_name
+from inference.service import Replica, RState, Service
+from scheduler.contract import (
+    PRELOAD,
+    SCHEDULER_NAME,
+    L,
+    Preload,
+    gpu_parts,
+    pod_condition,
+    request_annotations,
+    waiting_reason,
+    workload_annotations,
+)
+from scheduler.k8s.client import ApiError, KubeClient
+
+from ..spec import ServiceSpec
+
+log = logging.getLogger("gpupool.inference")
+LABEL = L.INFERENCE
+
+
+def replica_pod(spec: ServiceSpec, name: str, namespace: str,
+                attachments: Attachments | None = None, preload: Preload = PRELOAD) -> dict:
+    """``attachments``: the service's credentials (by reference to the Secret
+    ``SERVICE-credentials``, ``credentials_secret``) and data sources."""
+    container: dict = {
+        "name": "server", "image": spec.image or "python:3.11-slim",
+        "command": list(spec.command),
+        "env": [{"name": "PORT", "value": str(spec.port)},
+                *({"name": k, "value": v} for k, v in sorted(spec.env.items()))],
+        "ports": [{"name": "http", "containerPort": spec.port}],
+        "readinessProbe": {"httpGet": {"path": spec.ready_path, "port": spec.port},
+                           "periodSeconds": 1},
+    }
+    ann = request_annotations(spec.project, "inference")
+    gpu = gpu_parts(name, spec.gpu, preload=preload)
+    ann.update(gpu.annotations)
+    ann.update(workload_annotations(name, spec.owner))
+    container["env"] += [{"name": k, "value": v} for k, v in gpu.env.items()]
+    if gpu.limits:
+        container["resources"] = {"limits": dict(gpu.limits)}
+    if gpu.shared:
+        container["envFrom"] = gpu.env_from
+    pod_spec: dict = {"schedulerName": SCHEDULER_NAME, "containers": [container],
+                      "restartPolicy": "Always", "terminationGracePeriodSeconds": 30}
+    mounts, volumes = list(gpu.mounts), list(gpu.volumes)
+    if attachments:
+        parts = pod_parts(attachments, secret_name(spec.name))
+        container["env"] += parts.env
+        mounts += parts.mounts
+        volumes += parts.volumes
+    if mounts:
+        container["volumeMounts"], pod_spec["volumes"] = mounts, volumes
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "annotations": ann,
+                         "labels": {LABEL: spec.name, L.MANAGED_BY: "gpupool"}},
+            "spec": pod_spec}
+
+
+def credentials_secret(spec: ServiceSpec, namespace: str, values: dict[str, dict[str, str]]) -> dict:
+    """The Secret every replica of ``spec`` references (hub_ext.attach.values)."""
+    return secret_manifest(secret_name(spec.name), namespace, values, {LABEL: spec.name})
+
+
+class K8sBackend:
+    def __init__(self, kc: KubeClient, namespace: str, poll_s: float = 0.5, attachments=None):
+        self.kc, self.namespace, self.poll_s = kc, namespace, poll_s
+        # attachments(spec) -> (Attachments, values): resolves a service's credentials and
+        # data sources (hub_ext.attach.check + values); None: services attach nothing
+        self.attachments = attachments
+        self.path = f"/api/v1/namespaces/{namespace}/pods"
+
+    def start(self, service: Service, replica: Replica) -> None:
+        replica.handle = asyncio.ensure_future(self._run(service, replica))
+
+    async def stop(self, service: Service, replica: Replica) -> None:
+        if replica.handle is not None:
+            replica.handle.cancel()
+        with contextlib.suppress(ApiError):
+            await self.kc.delete(f"{self.path}/{replica.name}")
+
+    async def _put_secret(self, secret: dict) -> None:
+        path = f"/api/v1/namespaces/{self.namespace}/secrets"
+        try:
+            await self.kc.post(path, secret)
+        except ApiError as e:
+            if e.status != 409:
+                raise
+            await self.kc.put(f"{path}/{secret['metadata']['name']}", secret)
+
+    async def _run(self, svc: Service, r: Replica) -> None:
+        try:
+            att = None
+            if self.attachments is not None and (svc.spec.credentials or svc.spec.datasources):
+                att, values = self.attachments(svc.spec)
+                if values:
+                    await self._put_secret(credentials_secret(svc.spec, self.namespace, values))
+            await self.kc.post(self.path, replica_pod(svc.spec, r.name, self.namespace, att))
+        except (ApiError, ValueError) as e:
+            svc.replica_gone(r, RState.FAILED, f"pod not created: {e}")
+            svc.on_activate(svc)
+            return
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                pod = await self.kc.get(f"{self.path}/{r.name}")
+            except ApiError as e:
+                if e.status == 404:
+                    svc.replica_gone(r, RState.FAILED, "pod deleted")
+                    svc.on_activate(svc)
+                    return
+                continue
+            ann = pod["metadata"].get("annotations", {})
+            if not pod["spec"].get("nodeName"):
+                r.reason = waiting_reason(pod) or r.reason
+                continue
+            if r.state == RState.PENDING:
+                r.state, r.reason = RState.STARTING, "model server starting"
+                r.where = (f"{pod['spec']['nodeName']} GPU {ann.get('gpupool.io/gpu-indices', '?')}"
+                           f" ({int(ann.get('gpupool.io/gpu-milli', '0')) / 1000:g} each)")
+            phase = pod.get("status", {}).get("phase")
+            if phase in ("Failed", "Succeeded"):
+                svc.replica_gone(r, RState.FAILED, f"pod {phase.lower()}")
+                svc.on_activate(svc)
+                with contextlib.suppress(ApiError):
+                    await self.kc.delete(f"{self.path}/{r.name}")
+                return
+            ready = pod_condition(pod, "Ready")
+            ip = pod.get("status", {}).get("podIP")
+            if r.state == RState.STARTING and ready and ready.get("status") == "True" and ip:
+                svc.replica_ready(r, ip, svc.spec.port)
+
+
+__all__ = ["K8sBackend", "credentials_secret", "replica_pod"]

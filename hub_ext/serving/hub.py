@@ -1,0 +1,244 @@
+"""Inference services of the hub process.
+
+``configure(c, cfg, rt)`` (called from ``hub_ext.hubconfig.configure``), on Kubernetes,
+publishes the services for the chart's activator (``published``); otherwise it registers the
+activator as the JupyterHub service ``gpupool-serve`` -- the proxy routes
+``/services/gpupool-serve/NAME/...`` to it -- and starts, on the hub's event loop, the
+controller with processes placed by the hub's scheduler, the activator's HTTP server,
+and a loop that follows the ``inference_services`` table the REST API writes.
+
+Authentication: a JupyterHub token (``Authorization: token ...``, ``Bearer``, or
+``?token=``) of a member of the service's project, or of a gpupool admin; a service with
+``public: true`` takes anyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy import select
+
+from hub_ext.org import projects as org
+from hub_ext.org import roles
+from inference import activator
+from inference.activator import Exchange
+from inference.controller import Backend, Controller
+from inference.service import Service
+
+from .backends.embedded import free_port
+from .db import REPLICA, InferenceRow, replica_rows
+from .idle import idle_limits, store_status
+from .spec import parse_spec
+
+log = logging.getLogger("gpupool.inference")
+NAME = "gpupool-serve"
+ADMIN = roles.ADMIN_SCOPE
+
+
+class HubTokenAuth:
+    """``activator.Authorizer`` with JupyterHub tokens (asked of the hub through
+    jupyterhub.services.auth.HubAuth) and project membership, both cached ``cache_s`` so
+    that a known token is checked without a round trip (and without a task)."""
+
+    def __init__(self, hub_auth, Session, cache_s: float = 30.0):
+        self.hub_auth = hub_auth
+        self.Session = Session
+        self.cache_s = cache_s
+        self._projects: dict[str, tuple[float, set[str]]] = {}
+        self._users: dict[str, tuple[float, dict | None]] = {}
+
+    @staticmethod
+    def _token(req: Exchange) -> str:
+        scheme, _, value = req.header("Authorization").partition(" ")
+        if scheme.lower() in ("token", "bearer") and value:
+            return value.strip()
+        return req.argument("token")
+
+    def projects_of(self, user: str) -> set[str]:
+        now = time.monotonic()
+        hit = self._projects.get(user)
+        if hit and now - hit[0] < self.cache_s:
+            return hit[1]
+        with self.Session() as s:
+            mine = set(org.projects_of(s, user))
+        self._projects[user] = (now, mine)
+        return mine
+
+    def check(self, req: Exchange, svc: Service):
+        token = self._token(req)
+        if not token:
+            return (401, ("authenticate with a JupyterHub token (Authorization: token ...); "
+                          "make one at /hub/token"), "Authorization")
+        hit = self._users.get(token)
+        if hit and time.monotonic() - hit[0] < self.cache_s:
+            return self._verdict(hit[1], svc)
+        return self._ask(token, svc)
+
+    async def _ask(self, token: str, svc: Service):
+        model = await self.hub_auth.user_for_token(token, sync=False)
+        if len(self._users) > 10_000:
+            self._users.clear()
+        self._users[token] = (time.monotonic(), model)
+        return self._verdict(model, svc)
+
+    def _verdict(self, model: dict | None, svc: Service):
+        if not model:
+            return (401, "the JupyterHub token is not valid", "Authorization")
+        who = roles.Who(model["name"], platform_admin=ADMIN in model.get("scopes", []),
+                        projects=frozenset(self.projects_of(model["name"])))
+        verdict = roles.allowed(who, "call_inference", project=svc.spec.project)
+        return None if verdict else (403, verdict.reason, None)
+
+
+class HubInference:
+    def __init__(self, rt, port: int, token: str, backend: Backend, poll_s: float = 1.0):
+        self.rt, self.port, self.token, self.poll_s = rt, port, token, poll_s
+        self.controller = Controller(backend)
+        self._status: dict[str, dict] = {}
+
+    def start(self) -> None:
+        from jupyterhub.services.auth import HubAuth
+
+        hub_auth = HubAuth(api_token=self.token, cache_max_age=60,
+                           api_url=f"http://127.0.0.1:{self.rt.cfg.hub_port}/hub/api")
+        self.server = activator.Server(self.controller, f"/services/{NAME}/",
+                                       HubTokenAuth(hub_auth, self.rt.Session), lookup=self.lookup)
+        asyncio.ensure_future(self.server.listen(self.port)).add_done_callback(self._listening)
+        if not self.rt.kubernetes:  # replica pods outlive the hub on their own
+            self.recover()
+        self.controller.start()
+        asyncio.ensure_future(self._follow())
+
+    def recover(self) -> None:
+        """After a hub restart, before the scheduler's first cycle: replicas that outlived
+        the hub serve again (once they answer their probe) instead of new ones; the rows
+        of the others go, so nothing else starts them."""
+        with self.rt.Session() as s:
+            services = s.scalars(select(InferenceRow)).all()
+            specs = {r.name: r.spec for r in services}
+            limits = idle_limits(s, services)
+            rows = replica_rows(s)
+        kept = 0
+        for name, row in rows.items():
+            service = REPLICA.match(name).group(1)
+            try:
+                spec = parse_spec(specs[service])
+            except Exception as e:  # a row written by an older version: say why, drop it
+                log.warning("inference service %s: %s", service, e)
+                spec = None
+            if (row.state == "running" and spec is not None
+                    and self.controller.adopt(spec, name, row, limits.get(service))):
+                kept += 1
+            else:
+                self.controller.backend.discard(name)
+        if rows:
+            log.info("inference: %d of %d replicas adopted after the restart", kept, len(rows))
+
+    def lookup(self, name: str) -> Service | None:
+        """A service the REST API has written since the last ``sync``: the activator asks
+        before it answers 404, so a submitted service is served at once."""
+        with self.rt.Session() as s:
+            row = s.get(InferenceRow, name)
+            if row is None:
+                return None
+            limit = idle_limits(s, [row])[name]
+            try:
+                spec = parse_spec(row.spec)
+            except Exception as e:  # a row written by an older version: say why, skip
+                log.warning("inference service %s: %s", name, e)
+                return None
+            svc = self.controller.put(spec, limit)
+            self._store(s, name, svc)
+            s.commit()
+        return svc
+
+    def _store(self, s, name: str, svc: Service) -> None:
+        """The service's state onto its row when it changed, or the row has none yet (a
+        service submitted again under the name of one deleted since the last pass)."""
+        st = svc.status()
+        st.pop("requests_total", None)
+        if (row := s.get(InferenceRow, name)) and (self._status.get(name) != st or not row.status):
+            store_status(s, row, st)
+            self._status[name] = st
+
+    def _listening(self, fut: asyncio.Future) -> None:
+        if fut.cancelled() or fut.exception() is None:
+            return
+        log.error("inference activator cannot listen on 127.0.0.1:%d (GPUPOOL_SERVE_PORT): %s",
+                  self.port, fut.exception())
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                await self.sync()
+            except Exception:
+                log.exception("following inference services failed")
+            await asyncio.sleep(self.poll_s)
+
+    async def sync(self) -> None:
+        with self.rt.Session() as s:
+            rows = {r.name: r for r in s.scalars(select(InferenceRow)).all()}
+            limits = idle_limits(s, rows.values())
+        for name in set(self.controller.services) - set(rows):
+            self._status.pop(name, None)
+            await self.controller.remove(name)
+        for name, row in rows.items():
+            try:
+                self.controller.put(parse_spec(row.spec), limits[name])
+            except Exception as e:  # a row written by an older version: say why, skip
+                log.warning("inference service %s: %s", name, e)
+        with self.rt.Session() as s:
+            for name, svc in list(self.controller.services.items()):
+                self._store(s, name, svc)
+            s.commit()
+
+
+class PublishedInference:
+    """On Kubernetes: the services are published for the chart's activator, which serves and
+    scales them (``published``); the hub runs no activator of its own. The hub's rows are
+    compared with the watched ConfigMaps at each change of one and every ``poll_s``."""
+
+    def __init__(self, rt, poll_s: float = 1.0):
+        from .published import Publisher
+
+        self.publisher, self.poll_s = Publisher(rt.kube, rt.cfg.namespace, rt.Session), poll_s
+
+    def start(self) -> None:
+        asyncio.ensure_future(self.publisher.follow(self.poll_s))
+
+
+def configure(c, cfg, rt, replica_backend: Callable[[object], Backend]) -> HubInference | PublishedInference:
+    """Runs the activator in the hub (embedded: its replicas from ``replica_backend(rt)``,
+    hub_ext.backends) or follows the chart's (Kubernetes)."""
+    if rt.kubernetes:
+        published = PublishedInference(rt)
+        try:
+            asyncio.get_running_loop().call_soon(published.start)
+        except RuntimeError:  # config loaded outside the hub: nothing to start
+            pass
+        return published
+    # a free port unless set: nothing but the hub's proxy (and a metrics scraper told the
+    # port) talks to the activator, and two hubs on one machine must not collide
+    port = int(os.environ.get("GPUPOOL_SERVE_PORT") or free_port())
+    token_file = Path(cfg.state_dir) / "gpupool-serve-token"
+    if not token_file.exists():
+        token_file.write_text(secrets.token_hex(32))
+        token_file.chmod(0o600)
+    token = token_file.read_text().strip()
+    c.JupyterHub.services.append({"name": NAME, "url": f"http://127.0.0.1:{port}",
+                                  "api_token": token, "display": False})
+    hub = HubInference(rt, port, token, replica_backend(rt))
+    try:
+        asyncio.get_running_loop().call_soon(hub.start)
+    except RuntimeError:  # config loaded outside the hub: nothing to start
+        pass
+    return hub
+
+
+__all__ = ["HubInference", "HubTokenAuth", "PublishedInference", "configure"]
