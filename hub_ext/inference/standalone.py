@@ -28,7 +28,7 @@ from hub_ext.host.accounts import Accounts, default_mode, default_prefix
 from hub_ext.host.cgroups import detect
 from hub_ext.host.process import Launcher
 from hub_ext.host.state import RUN_DIR
-from scheduler.embedded import EmbeddedScheduler
+from scheduler.embedded.adapter import EmbeddedScheduler
 from scheduler.model import DEFAULT_POOL, GPU, Department, Node, Project, Quota
 
 from . import activator

@@ -27,9 +27,9 @@ from typing import Any
 
 import aiohttp
 
-from .. import metrics
 from ..contract import DEFAULT_PRELOAD, SCHEDULER_NAME, A
 from ..core import decide
+from ..metrics import prometheus
 from ..model import MILLI, Decisions, PodPlacement, Project, State, ValidationError, Workload
 from ..quota import OverQuotaLedger, waiting_over_quota
 from ..snapshot import SchedulerConfig, Snapshot
@@ -435,7 +435,7 @@ class GpupoolScheduler:
                 self.stats["cycles"] += 1
                 self._apply(decisions)
                 self._observe_lag()
-                metrics.observe_cycle(self.snap, decisions, time.perf_counter() - t0)
+                prometheus.observe_cycle(self.snap, decisions, time.perf_counter() - t0)
                 self.stats["cycle_ms"] += round(1000 * (time.perf_counter() - t0))
             except Exception:  # a bug must not stop scheduling for good: log, back off, retry
                 log.exception("scheduling cycle failed")

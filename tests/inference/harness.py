@@ -21,7 +21,7 @@ from hub_ext.inference.activator import Server
 from hub_ext.inference.backends.embedded import EmbeddedBackend
 from hub_ext.inference.controller import Controller
 from hub_ext.inference.spec import parse_spec
-from scheduler.embedded import EmbeddedScheduler
+from scheduler.embedded.adapter import EmbeddedScheduler
 from scheduler.model import DEFAULT_POOL, GPU, Department, Node, Project, Quota
 
 MODEL_SERVER = str(Path(__file__).with_name("model_server.py"))
@@ -32,7 +32,7 @@ OWNER = "alice"
 
 
 class FakeStore:
-    """scheduler.embedded.Store with one project ``p`` of ``quota`` GPUs."""
+    """scheduler.embedded.adapter.Store with one project ``p`` of ``quota`` GPUs."""
 
     def __init__(self, quota: float = 2.0):
         self.quota = quota

@@ -40,7 +40,7 @@ from hub_ext.host.cgroups import Limits
 from hub_ext.host.process import Handle, Launcher, Spec
 from hub_ext.requests import WorkloadRequest
 from hub_ext.store import placement_from_json
-from scheduler.embedded import EmbeddedScheduler, gpu_env
+from scheduler.embedded.adapter import EmbeddedScheduler, gpu_env
 from scheduler.model import MILLI, Bind, Kind, State, ValidationError, Workload
 
 from ..service import Replica, RState, Service
