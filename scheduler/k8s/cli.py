@@ -15,8 +15,9 @@ import sys
 from ..contract import DEFAULT_PRELOAD
 from ..metrics import prometheus
 from ..snapshot import SchedulerConfig
-from .adapter import AdapterConfig, GpupoolScheduler
+from .adapter import GpupoolScheduler
 from .client import KubeClient
+from .config import AdapterConfig
 from .lease import LeaderElector
 
 __all__ = ["main", "parser"]
