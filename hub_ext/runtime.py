@@ -17,7 +17,7 @@ from pathlib import Path
 from sqlalchemy import delete, func, select
 
 from gpupool.errors import GpupoolError
-from scheduler.embedded import EmbeddedScheduler, gpu_env
+from scheduler.embedded.adapter import EmbeddedScheduler, gpu_env
 from scheduler.model import MILLI, Bind, State, ValidationError, Workload
 from scheduler.snapshot import SchedulerConfig
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,6 +169,44 @@ def test_hub_folders_import_one_way():
     found = cycles(parts)
     assert not found, "\n".join(
         f"{c}: " + "; ".join(parts[a][b] for a in c for b in parts[a] if b in c) for c in found)
+
+
+# scheduler's adapters, each a folder beside the core; the other folders are the core's
+SCHEDULER_ADAPTERS = ("scheduler.embedded", "scheduler.k8s", "scheduler.metrics", "scheduler.sim")
+SCHEDULER_CORE_FOLDERS = ("scheduler.actions", "scheduler.placement")
+CORE_THIRD_PARTY = {"numpy", "gpupool"}  # gpupool.errors imports nothing
+
+
+def _under(name: str, packages) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def test_scheduler_top_level_is_the_pure_core():
+    """scheduler's top-level modules (and actions/, placement/) are the pure core: they import
+    no adapter (embedded/, k8s/, sim/, the Prometheus metrics/) and nothing beyond the standard
+    library and numpy, so no I/O creeps into the core. Every folder of scheduler/ is either
+    the core's or an adapter."""
+    graph = import_graph(ROOT, PACKAGES)
+    folders = {".".join(p.relative_to(ROOT).parent.parts) for p in (ROOT / "scheduler").glob("*/__init__.py")}
+    assert folders == set(SCHEDULER_ADAPTERS) | set(SCHEDULER_CORE_FOLDERS), folders
+    core = {m for m in graph if m.startswith("scheduler") and not _under(m, SCHEDULER_ADAPTERS)}
+    assert {"scheduler.core", "scheduler.snapshot", "scheduler.actions.allocate"} <= core
+    wrong = [f"{m} -> {t} (line {line})" for m in sorted(core) for t, line in graph[m].items()
+             if _under(t, SCHEDULER_ADAPTERS)]
+    assert not wrong, "\n".join(wrong)
+    foreign, mods = [], modules(ROOT, ("scheduler",))
+    for name in sorted(core):
+        path = mods[name]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                tops = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                tops = [node.module.split(".")[0]]
+            else:
+                continue
+            foreign += [f"{name}:{node.lineno} imports {t}" for t in tops
+                        if t not in sys.stdlib_module_names and t not in CORE_THIRD_PARTY | {"scheduler"}]
+    assert not foreign, "\n".join(foreign)
 
 
 def test_every_imported_package_exists():

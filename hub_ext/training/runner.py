@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from gpupool.errors import GpupoolError
-from scheduler.embedded import EmbeddedScheduler, gpu_env
+from scheduler.embedded.adapter import EmbeddedScheduler, gpu_env
 from scheduler.model import Bind, Kind, Node, State, ValidationError, Workload
 
 from ..db.events import add_event

@@ -23,7 +23,7 @@ from jupyterhub.utils import random_port
 from traitlets import default
 
 from gpupool.errors import GpupoolError
-from scheduler.embedded import terminate
+from scheduler.embedded.adapter import terminate
 from scheduler.model import MILLI, Bind, ValidationError
 
 from .. import humanize

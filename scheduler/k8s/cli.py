@@ -12,11 +12,12 @@ import signal
 import socket
 import sys
 
-from .. import metrics
 from ..contract import DEFAULT_PRELOAD
+from ..metrics import prometheus
 from ..snapshot import SchedulerConfig
-from .adapter import AdapterConfig, GpupoolScheduler
+from .adapter import GpupoolScheduler
 from .client import KubeClient
+from .config import AdapterConfig
 from .lease import LeaderElector
 
 __all__ = ["main", "parser"]
@@ -73,7 +74,7 @@ async def _amain(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     if args.metrics_port:
-        await metrics.serve(args.metrics_port, args.metrics_host)
+        await prometheus.serve(args.metrics_port, args.metrics_host)
     async with kc:
         elector = LeaderElector(kc, args.lease_namespace, args.lease_name, args.identity,
                                 duration_s=args.lease_duration, renew_s=args.lease_renew,
@@ -90,8 +91,8 @@ async def _amain(args: argparse.Namespace) -> int:
             core=core_config(args),
         )  # fmt: skip
         sched = GpupoolScheduler(kc, cfg)
-        metrics.SNAPSHOT.watch(lambda: (sched.snap, sched.last))
-        metrics.LEADER.set(1)
+        prometheus.SNAPSHOT.watch(lambda: (sched.snap, sched.last))
+        prometheus.LEADER.set(1)
         lost = asyncio.create_task(elector.lost.wait())
         run = asyncio.create_task(sched.run(stop))
         await asyncio.wait([run, lost], return_when=asyncio.FIRST_COMPLETED)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler.metrics import pending_reason
+from scheduler.metrics.prometheus import pending_reason
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hub"))
 

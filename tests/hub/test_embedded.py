@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from scheduler.embedded import EmbeddedScheduler, gpu_env
+from scheduler.embedded.adapter import EmbeddedScheduler, gpu_env
 from scheduler.model import (
     DEFAULT_POOL,
     GPU,

@@ -23,7 +23,7 @@ from scheduler.contract import (
     request_annotations,
     share_env,
 )
-from scheduler.embedded import gpu_env
+from scheduler.embedded.adapter import gpu_env
 from scheduler.k8s.objects import fraction_config_map, parse_pod
 from scheduler.model import GPU, MILLI, Kind, Node, PodPlacement
 

@@ -1,6 +1,6 @@
 """The scheduler's promises as properties over random small clusters (hypothesis).
 
-A loop that mirrors the embedded adapter (``scheduler/embedded.py``) drives ``decide``:
+A loop that mirrors the embedded adapter (``scheduler/embedded/adapter.py``) drives ``decide``:
 binds start work at once, evicted work keeps its GPUs for its grace period, then goes back
 to the queue as resumed work. Over random clusters (1-4 nodes of 1-8 GPUs, 2-4 projects in
 1-2 departments, quotas summing to at most the capacity) and random work (trainings,

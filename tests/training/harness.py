@@ -23,7 +23,7 @@ from hub_ext.schema import make_sessionmaker
 from hub_ext.training.db import TrainingRow
 from hub_ext.training.runner import JobRunner
 from hub_ext.training.spec import TrainingSpec
-from scheduler.embedded import EmbeddedScheduler
+from scheduler.embedded.adapter import EmbeddedScheduler
 from scheduler.model import GPU, Node
 
 SCRIPT = Path(__file__).with_name("train_linear.py")

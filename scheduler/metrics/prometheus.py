@@ -20,8 +20,8 @@ from collections.abc import Callable
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from .model import MILLI, Decisions
-from .snapshot import Snapshot
+from ..model import MILLI, Decisions
+from ..snapshot import Snapshot
 
 __all__ = ["SNAPSHOT", "observe_cycle", "pending_reason", "serve"]
 

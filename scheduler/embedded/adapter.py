@@ -24,10 +24,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from . import metrics
-from .contract import share_env
-from .core import decide
-from .model import (
+from ..contract import share_env
+from ..core import decide
+from ..metrics import prometheus
+from ..model import (
     MILLI,
     Bind,
     Decisions,
@@ -40,8 +40,8 @@ from .model import (
     ValidationError,
     Workload,
 )
-from .quota import OverQuotaLedger, waiting_over_quota
-from .snapshot import SchedulerConfig, Snapshot
+from ..quota import OverQuotaLedger, waiting_over_quota
+from ..snapshot import SchedulerConfig, Snapshot
 
 log = logging.getLogger("gpupool.embedded")
 
@@ -119,8 +119,8 @@ class EmbeddedScheduler:
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
         if self._task is None:
-            metrics.SNAPSHOT.watch(lambda: (self.snapshot, self.last))
-            metrics.LEADER.set(1)
+            prometheus.SNAPSHOT.watch(lambda: (self.snapshot, self.last))
+            prometheus.LEADER.set(1)
             self._task = asyncio.ensure_future(self._loop())
 
     async def stop(self) -> None:
@@ -192,7 +192,7 @@ class EmbeddedScheduler:
             if keep_lag:
                 self.ledger.observe(self.snapshot.projects, self.snapshot.usage, waiting_over_quota(self.snapshot))
             self.store.record(decisions, self.snapshot)
-            metrics.observe_cycle(self.snapshot, decisions, time.perf_counter() - t0)
+            prometheus.observe_cycle(self.snapshot, decisions, time.perf_counter() - t0)
             for p in decisions.pending:
                 waiter = self.waiters.get(p.workload)
                 if waiter is not None:
