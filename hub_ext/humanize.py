@@ -93,7 +93,7 @@ def gpus(milli: int | float | None) -> str:
 
 
 def gpu_share(env: dict[str, str]) -> str:
-    """A workload's GPU share from its environment (scheduler/embedded.py gpu_env), as its
+    """A workload's GPU share from its environment (scheduler/embedded/adapter.py gpu_env), as its
     own tools show it: "no GPU", "1 GPU (local GPU 0)", "0.25 GPU of local GPU 0: 19.9 GiB
     GPU memory, 25% compute"."""
     indices = [i for i in env.get("GPUPOOL_GPU_INDICES", "").split(",") if i]

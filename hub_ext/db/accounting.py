@@ -83,7 +83,7 @@ def allocations(events) -> list[Allocation]:
 
 
 # "placed" events written before they carried ``gpus`` say it in words
-# (scheduler/embedded.py): "w placed on node GPU 0,1 (0.5 each); node2 GPU 3 (0.5 each)".
+# (scheduler/embedded/adapter.py): "w placed on node GPU 0,1 (0.5 each); node2 GPU 3 (0.5 each)".
 _PLACED_WORDS = re.compile(r"GPU ([\d,]+) \(([\d.]+) each\)")
 
 

@@ -66,6 +66,6 @@ def reader(state_dir: str | Path) -> Callable[[str], Activity | None]:
 
 
 def is_fraction(placement: list[dict] | None) -> bool:
-    """Placed on part of one GPU: the library enforces and counts it (scheduler/embedded.py
+    """Placed on part of one GPU: the library enforces and counts it (scheduler/embedded/adapter.py
     gpu_env preloads it only there)."""
     return bool(placement) and any(0 < int(p.get("gpu_milli", 0)) < 1000 for p in placement or [])

@@ -1,4 +1,4 @@
-"""The embedded scheduler's database side (``scheduler.embedded.Store``) and the
+"""The embedded scheduler's database side (``scheduler.embedded.adapter.Store``) and the
 workload rows the spawner and the service write."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class DbStore:
     def __init__(self, sessionmaker):
         self.Session = sessionmaker
 
-    # -- scheduler.embedded.Store --------------------------------------------------------
+    # -- scheduler.embedded.adapter.Store --------------------------------------------------------
     def version(self) -> int:
         with self.Session() as s:
             return version(s)

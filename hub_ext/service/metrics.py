@@ -4,7 +4,7 @@
 Read from the database when scraped: workloads by state and kind, and the latest NVML
 utilization of each GPU (absent on a hub whose GPUs are declared). The scheduler's metrics
 (queue, allocation, quota, preemptions, cycle time) and spawn durations are the hub
-process's: JupyterHub serves them at ``/hub/metrics`` (scheduler/metrics.py,
+process's: JupyterHub serves them at ``/hub/metrics`` (scheduler/metrics/prometheus.py,
 hub_ext/workspaces/metrics.py).
 """
 

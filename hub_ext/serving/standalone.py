@@ -30,7 +30,7 @@ from hub_ext.host.process import Launcher
 from hub_ext.host.state import RUN_DIR
 from inference import activator
 from inference.controller import Controller
-from scheduler.embedded import EmbeddedScheduler
+from scheduler.embedded.adapter import EmbeddedScheduler
 from scheduler.model import DEFAULT_POOL, GPU, Department, Node, Project, Quota
 
 from .backends.embedded import EmbeddedBackend
@@ -38,7 +38,7 @@ from .spec import parse_spec
 
 
 class OrgStore:
-    """scheduler.embedded.Store for one department and the projects the services name."""
+    """scheduler.embedded.adapter.Store for one department and the projects the services name."""
 
     def __init__(self, projects: set[str], quota: float):
         self.projects, self.quota = projects, quota

@@ -255,7 +255,7 @@ async def run(cfg, Session, hub_api: str, hub_url: str = "") -> asyncssh.SSHAcce
     if not cfg.ssh_port:
         return None
     if cfg.backend == "kubernetes":
-        from ..k8s_org import kubeconfig_path
+        from ..cluster.org import kubeconfig_path
         from .kube import KubeBackend
 
         backend: Backend = await KubeBackend.from_environment(cfg.namespace, kubeconfig_path(cfg.kubeconfig))

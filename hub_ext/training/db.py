@@ -116,7 +116,7 @@ def take_requests(s) -> list[tuple[str, str, str]]:
 
 def worker_region(job: str, rank: int) -> str:
     """The interception library's account of worker ``rank`` (GPUPOOL_SHARED_REGION via
-    ``scheduler.embedded.gpu_env``), where the culler reads its GPU activity."""
+    ``scheduler.embedded.adapter.gpu_env``), where the culler reads its GPU activity."""
     return f"{job}-{rank}"
 
 

@@ -17,7 +17,7 @@ job hands in. Workers are local processes, one per pod, started through the host
 (``hub_ext.host.process``) as ``JOB-wRANK`` under the owner's account, in its private folder
 ``~/.gpupool/workloads/JOB`` (logs ``worker-RANK.log``, default checkpoints), with an
 environment built from scratch: the account's (``hub_ext.launch``), the GPU environment of
-its placement (``scheduler.embedded.gpu_env``) and the ``torchrun`` environment
+its placement (``scheduler.embedded.adapter.gpu_env``) and the ``torchrun`` environment
 (``gang.py``); CPU, memory and GPU devices are limited by its cgroup. Control requests
 (suspend, resume, delete) arrive from the service process through
 ``TrainingRow.request``; the runner polls for them and for new jobs.

@@ -1,5 +1,5 @@
 """Prometheus metrics of the hub process that are not the scheduler's (those are in
-scheduler/metrics.py): how long a workspace takes to start. JupyterHub serves the hub's
+scheduler/metrics/prometheus.py): how long a workspace takes to start. JupyterHub serves the hub's
 registry at ``/hub/metrics``."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from hub_ext.serving.backends.embedded import EmbeddedBackend
 from hub_ext.serving.spec import parse_spec
 from inference.activator import Server
 from inference.controller import Controller
-from scheduler.embedded import EmbeddedScheduler
+from scheduler.embedded.adapter import EmbeddedScheduler
 from scheduler.model import DEFAULT_POOL, GPU, Department, Node, Project, Quota
 
 MODEL_SERVER = str(Path(__file__).with_name("model_server.py"))
@@ -32,7 +32,7 @@ OWNER = "alice"
 
 
 class FakeStore:
-    """scheduler.embedded.Store with one project ``p`` of ``quota`` GPUs."""
+    """scheduler.embedded.adapter.Store with one project ``p`` of ``quota`` GPUs."""
 
     def __init__(self, quota: float = 2.0):
         self.quota = quota

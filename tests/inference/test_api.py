@@ -25,7 +25,7 @@ from hub_ext.requests.store import DbStore
 from hub_ext.schema import make_sessionmaker
 from hub_ext.service.app import make_app
 from hub_ext.serving.hub import HubInference
-from scheduler.embedded import EmbeddedScheduler
+from scheduler.embedded.adapter import EmbeddedScheduler
 from scheduler.model import GPU, Node
 from tests.hub.openapi_check import validate
 

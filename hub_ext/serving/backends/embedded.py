@@ -41,7 +41,7 @@ from hub_ext.host.process import Handle, Launcher, Spec
 from hub_ext.requests.rules import WorkloadRequest
 from hub_ext.requests.store import placement_from_json
 from inference.service import Replica, RState, Service
-from scheduler.embedded import EmbeddedScheduler, gpu_env
+from scheduler.embedded.adapter import EmbeddedScheduler, gpu_env
 from scheduler.model import MILLI, Bind, Kind, State, ValidationError, Workload
 
 SOCKET = "{socket}"
