@@ -33,10 +33,9 @@ from traitlets import TraitError
 from hub_ext.inference import cli as inference_cli
 
 from . import humanize
-from .cli_common import name_arg
+from .cli_common import add_gpu_options, gpu_body, name_arg
 from .config import ROOT, Gpupool, load_config
 from .remote_cli import REMOTE, remote_action
-from .requests import FRACTION_MAX, FRACTION_MIN, FRACTION_STEP, WorkloadRequest
 from .training import cli as training_cli
 
 
@@ -48,6 +47,8 @@ def _api(args, method: str, path: str, body=None):
                                  headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
+            for warning in r.headers.get_all("Warning") or ():  # an older spelling (Deprecation)
+                print(f"gpupool: warning: {warning.split(' ', 2)[-1].strip(chr(34))}", file=sys.stderr)
             text = r.read()
             return json.loads(text) if text else {}
     except urllib.error.HTTPError as e:
@@ -301,14 +302,7 @@ def workspace_body(args) -> dict:
     body = {"kind": "workspace", "server_name": args.name or "", "workspace_kind": args.kind}
     if args.project:
         body["project"] = args.project
-    if args.no_gpu:
-        body["gpu_mode"] = "none"
-    elif args.gpus is not None:
-        body.update(gpu_mode="whole", gpus=args.gpus)
-    elif args.gpu_memory is not None:
-        body.update(gpu_mode="memory", gpu_memory_gib=args.gpu_memory)
-    elif args.fraction is not None:
-        body.update(gpu_mode="fraction", gpu_fraction=args.fraction)
+    body.update(gpu_body(args))
     for key in ("template", "environment", "node_pool", "gpu_model", "cpu", "memory_gib"):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
@@ -388,12 +382,7 @@ def parser() -> argparse.ArgumentParser:
     ws.add_argument("--tail", type=int, default=200, help="logs: lines from the end")
     ws.add_argument("--project", help="the workspace's project (default: your first)")
     ws.add_argument("--kind", default="jupyterlab", choices=["jupyterlab", "vscode"], help="the editor")
-    gpu = ws.add_mutually_exclusive_group()
-    gpu.add_argument("--fraction", help=f"a share of one GPU, from {FRACTION_MIN:g} to {FRACTION_MAX:g} "
-                     f"in steps of {FRACTION_STEP:g} (default: the project's or {WorkloadRequest.gpu_fraction:g})")
-    gpu.add_argument("--gpus", type=int, help="whole GPUs")
-    gpu.add_argument("--gpu-memory", type=float, help="GPU memory in GiB")
-    gpu.add_argument("--no-gpu", action="store_true", help="no GPU: CPUs and memory only")
+    add_gpu_options(ws)
     ws.add_argument("--preemptible", action="store_true", help="may run over quota (reclaimable)")
     ws.add_argument("--template", help="a compute template (e.g. small); other options override it")
     ws.add_argument("--environment", help="an environment (Gpupool.environments)")

@@ -37,3 +37,42 @@ def env_option(items: list[str]) -> dict[str, str]:
             sys.exit(f"gpupool: -e/--env: must be NAME=VALUE, got {item!r}")
         env[name] = value
     return env
+
+
+def add_gpu_options(p: argparse.ArgumentParser, per: str = "", memory: bool = True,
+                    none: bool = True, old: bool = False) -> None:
+    """The GPU ask's options, one set for every noun, in the request's one spelling
+    (hub_ext.request_reader): ``--fraction``, ``--gpus``, ``--gpu-memory``, ``--no-gpu``.
+    ``old``: ``--gpu``, the older spelling, sent as written (the hub answers a warning)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--fraction", help=f"a share of one GPU{per}, from 0.05 to 1 in steps of 0.05")
+    g.add_argument("--gpus", type=int, help=f"whole GPUs{per}")
+    if memory:
+        g.add_argument("--gpu-memory", help=f"GPU memory{per} in GiB, or a size such as 20GiB or 512MiB")
+    if none:
+        g.add_argument("--no-gpu", action="store_true", help="no GPU: CPUs and memory only")
+    if old:
+        g.add_argument("--gpu", "-g", type=float,
+                       help=f"deprecated (use --fraction or --gpus): GPUs{per}, below 1 a fraction")
+
+
+def gpu_body(args) -> dict:
+    """The GPU options given, as request fields (the values as typed, for the hub's rules
+    to check: ``--fraction 0`` is refused there, as in the form)."""
+    from .request_reader import gib
+
+    if getattr(args, "no_gpu", False):
+        return {"gpu_mode": "none"}
+    if getattr(args, "gpus", None) is not None:
+        return {"gpu_mode": "whole", "gpus": args.gpus}
+    if getattr(args, "gpu_memory", None) is not None:
+        try:
+            size = gib(args.gpu_memory, "--gpu-memory")
+        except validation.FieldError as e:
+            sys.exit(f"gpupool: {e}")
+        return {"gpu_mode": "memory", "gpu_memory_gib": size}
+    if getattr(args, "fraction", None) is not None:
+        return {"gpu_mode": "fraction", "gpu_fraction": args.fraction}
+    if getattr(args, "gpu", None) is not None:
+        return {"gpu": args.gpu}
+    return {}

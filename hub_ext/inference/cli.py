@@ -1,7 +1,7 @@
 """``gpupool inference ...``: inference services through the REST API (modelled on
 ``runai inference``).
 
-    gpupool inference submit NAME --project P [--gpu 0.25] [--min-replicas 0]
+    gpupool inference submit NAME --project P [--fraction 0.25 | --gpus 1] [--min-replicas 0]
         [--max-replicas 4] [--metric concurrency|throughput] [--target 10]
         [--scale-to-zero-after 300] [--port 8000] [--ready-path /] [--public]
         [-e NAME=VALUE ...] -- COMMAND...
@@ -22,10 +22,10 @@ import argparse
 import json
 import sys
 
-from hub_ext.cli_common import ApiCall, env_option, name_arg
+from hub_ext.cli_common import ApiCall, add_gpu_options, env_option, gpu_body, name_arg
 from hub_ext.remote_cli import remote_action
 
-OPTIONS = (("project", "project"), ("gpu", "gpu"), ("min_replicas", "min_replicas"),
+OPTIONS = (("project", "project"), ("min_replicas", "min_replicas"),
            ("max_replicas", "max_replicas"), ("metric", "metric"), ("target", "target"),
            ("scale_to_zero_after", "scale_to_zero_after_s"), ("port", "port"),
            ("ready_path", "ready_path"), ("image", "image"))
@@ -40,7 +40,7 @@ def _submit(args, api: ApiCall, parser: argparse.ArgumentParser) -> int:
     if not command:
         sys.exit("gpupool: inference submit needs the model server's command after -- "
                  "(for example: -- python serve.py --socket {socket})")
-    body: dict = {"name": args.name, "command": command}
+    body: dict = {"name": args.name, "command": command, **gpu_body(args)}
     for attr, key in OPTIONS:
         if getattr(args, attr) is not None:
             body[key] = getattr(args, attr)
@@ -110,7 +110,7 @@ def add_parser(sub, api: ApiCall) -> None:
     s = acts.add_parser("submit", help="create an inference service")
     s.add_argument("name", type=name_arg(), help="the service's name (its URL)")
     s.add_argument("--project", "-p", help="the service's project (required)")
-    s.add_argument("--gpu", "-g", type=float, help="GPU per replica: a fraction, or whole GPUs")
+    add_gpu_options(s, " per replica", memory=False, none=False, old=True)
     s.add_argument("--min-replicas", type=int, help="replicas kept while idle (0: scale to zero)")
     s.add_argument("--max-replicas", type=int, help="the most replicas under load")
     s.add_argument("--metric", choices=["concurrency", "throughput"], help="what the autoscaler keeps at --target")

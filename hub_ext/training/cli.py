@@ -1,7 +1,8 @@
 """``gpupool training ...``: training jobs through the REST API (modelled on
 ``runai training``).
 
-    gpupool training submit NAME --project P --gpu 0.5|1|4 [--gpu-memory 20GiB] [--workers N]
+    gpupool training submit NAME --project P [--fraction 0.5 | --gpus 4 | --gpu-memory 20GiB | --no-gpu]
+        [--workers N]
         [--preemptible | --non-preemptible] [--node-pool POOL] [--checkpoint-dir DIR]
         [--image IMAGE] [--grace-period S] [--restart-policy OnFailure|Never]
         [--backoff-limit N] [-e NAME=VALUE ...] -- COMMAND...
@@ -19,7 +20,7 @@ import json
 import sys
 import time
 
-from hub_ext.cli_common import ApiCall, env_option, name_arg
+from hub_ext.cli_common import ApiCall, add_gpu_options, env_option, gpu_body, name_arg
 from hub_ext.remote_cli import remote_action
 
 
@@ -32,11 +33,8 @@ def _submit(args, api: ApiCall) -> int:
     command = list(args.command)
     if not command:
         sys.exit("gpupool: training submit needs a command after -- (for example: -- python train.py)")
-    body: dict = {"name": args.name, "command": command}
-    if args.gpu_memory is not None and args.gpu is not None:
-        sys.exit("gpupool: give --gpu or --gpu-memory, not both")
-    for key, value in (("project", args.project), ("gpu", args.gpu), ("gpu_memory", args.gpu_memory),
-                       ("workers", args.workers), ("preemptible", args.preemptible),
+    body: dict = {"name": args.name, "command": command, **gpu_body(args)}
+    for key, value in (("project", args.project), ("workers", args.workers), ("preemptible", args.preemptible),
                        ("node_pool", args.node_pool), ("checkpoint_dir", args.checkpoint_dir),
                        ("image", args.image), ("grace_period_s", args.grace_period),
                        ("restart_policy", args.restart_policy), ("backoff_limit", args.backoff_limit)):
@@ -136,8 +134,7 @@ def add_parser(sub, api: ApiCall) -> None:
     s = acts.add_parser("submit", help="submit a training job")
     s.add_argument("name", type=name_arg(), help="the job's name")
     s.add_argument("--project", "-p", help="the job's project (default: your first)")
-    s.add_argument("--gpu", "-g", type=float, help="GPUs per worker: a fraction (0.05 steps) or whole GPUs")
-    s.add_argument("--gpu-memory", help="GPU memory per worker instead of --gpu, e.g. 20GiB")
+    add_gpu_options(s, " per worker", old=True)
     s.add_argument("--workers", type=int, help="gang size (all placed or none), default 1")
     s.add_argument("--preemptible", dest="preemptible", action="store_true", default=None,
                    help="may run over quota and be preempted (the default for training)")
