@@ -33,7 +33,7 @@ from traitlets import TraitError
 from hub_ext.inference import cli as inference_cli
 
 from . import humanize
-from .cli_common import add_gpu_options, gpu_body, name_arg
+from .cli_common import Resource, add_gpu_options, gpu_body, name_arg
 from .config import ROOT, Gpupool, load_config
 from .remote_cli import REMOTE, remote_action
 from .training import cli as training_cli
@@ -262,13 +262,27 @@ def _print_workspace(args, w: dict) -> None:
     print(f"  {workspace_url(args, w['owner'], w.get('server') or '')}")
 
 
+WORKSPACES = Resource(
+    path="/workloads?kind=workspace",
+    row="{name:<24} {owner:<16} {project:<12} {state:<9} {gpu}",
+    headers={"name": "NAME", "owner": "OWNER", "project": "PROJECT", "state": "STATE", "gpu": "GPU"},
+    cells=lambda w: {**{k: w[k] for k in ("name", "owner", "project", "state")},
+                     "gpu": f"{w['gpu_allocated']:g} GPU"
+                            + (f"  {humanize.row_waiting(w)}" if w["state"] == "pending" else "")},
+    deleted=lambda name, w: f"{name}: " + ("cancelled (it was waiting in the queue)"
+                                           if (w or {}).get("state") == "pending" else "stopping"),
+    look_first=True,
+)
+# The CLI's table of resources: list, describe and delete of each noun (hub_ext.cli_common.Resource).
+RESOURCES = {"workspace": WORKSPACES, "training": training_cli.RESOURCE, "inference": inference_cli.RESOURCE}
+
+
 def cmd_workspace(args) -> int:
     if args.action == "list":  # every workspace the caller may see: its own, its projects', all for admins
-        print(f"{'NAME':<24} {'OWNER':<16} {'PROJECT':<12} {'STATE':<9} GPU")
-        for w in _api(args, "GET", "/workloads?kind=workspace")["items"]:
-            why = f"  {humanize.row_waiting(w)}" if w["state"] == "pending" else ""
-            print(f"{w['name']:<24} {w['owner']:<16} {w['project']:<12} {w['state']:<9} {w['gpu_allocated']:g} GPU{why}")
-    elif args.action == "start":
+        return RESOURCES["workspace"].list(args, _api)
+    if args.action == "stop":
+        return RESOURCES["workspace"].delete(args, _api)
+    if args.action == "start":
         body = workspace_body(args)
         # The request rules first, as Start would answer them: a bad value is refused even
         # where a server of that name already runs.
@@ -289,10 +303,6 @@ def cmd_workspace(args) -> int:
         _print_workspace(args, {"owner": me, "server": server, **w})
     elif args.action in REMOTE:
         return remote_action(args, _api, "workspace")
-    else:
-        queued = _api(args, "GET", f"/workloads/{args.name}").get("state") == "pending"
-        _api(args, "DELETE", f"/workloads/{args.name}")
-        print(f"{args.name}: {'cancelled (it was waiting in the queue)' if queued else 'stopping'}")
     return 0
 
 
