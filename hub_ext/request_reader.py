@@ -53,13 +53,15 @@ class KindRules:
     cpu_memory: bool = True
     template_from_policy: bool = True  # a policy listing templates picks its first
     max_gpus: int | None = None  # whole GPUs at most; None: the largest node's (Limits.max_gpus)
+    # The older ``gpu`` of services took any fraction: stored services keep theirs.
+    any_old_fraction: bool = False
 
 
 WORKSPACE = KindRules()
 TRAINING = KindRules(mode="whole", template_from_policy=False)
 # A service's replicas wait for GPUs rather than being refused: its bound is static.
 INFERENCE = KindRules(modes=("fraction", "whole"), cpu_memory=False, template_from_policy=False,
-                      max_gpus=8)
+                      max_gpus=8, any_old_fraction=True)
 
 
 @dataclass
@@ -194,10 +196,13 @@ class Layered:
         if mode == "fraction":
             f = number("gpu_fraction", FRACTION_MIN, FRACTION_MAX)
             steps = f / FRACTION_STEP
-            if abs(steps - round(steps)) > 1e-6:
+            if rules.any_old_fraction and res.name("gpu_fraction") == "gpu":
+                res.gpu_fraction = f
+            elif abs(steps - round(steps)) > 1e-6:
                 raise FieldError(res.name("gpu_fraction"), f"must be a multiple of {FRACTION_STEP:g} "
                                  f"from {FRACTION_MIN:g} to {FRACTION_MAX:g}, got {f:g}")
-            res.gpu_fraction = round(round(steps) * FRACTION_STEP, 2)
+            else:
+                res.gpu_fraction = round(round(steps) * FRACTION_STEP, 2)
         elif mode == "memory":
             most = limits.gpu_memory_max_gib if limits is not None else validation.MAX_GPU_MEMORY_GIB
             res.gpu_memory_gib = number("gpu_memory_gib", GPU_MEMORY_MIN, most, unit=" GiB")

@@ -75,6 +75,11 @@ def test_each_older_spelling_still_works_and_warns(kind, old, new):
     assert len(notes) == 1 and notes[0].startswith(f"{field} is deprecated: write gpu_mode and "), notes
 
 
+def test_a_service_s_older_gpu_keeps_any_fraction():
+    """Services stored their fraction as ``gpu`` without steps; they are read back as they were."""
+    assert ask("inference", {"gpu": 0.33}) == 0.33
+
+
 def test_the_older_spelling_is_refused_in_its_own_name():
     with pytest.raises(FieldError, match=r"^gpu: must be from 0.05 to 8 GPUs"):
         ask("inference", {"gpu": 0})
