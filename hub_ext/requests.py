@@ -284,9 +284,10 @@ def parse_request(data: dict, limits: Limits, deprecated: list[str] | None = Non
     res = layered.resources()
     mode = res.gpu_mode
     req = WorkloadRequest(project=project, kind=kind, workspace_kind=workspace_kind, gpu_mode=mode,
-                          template=layered.template, gpu_fraction=res.gpu_fraction or WorkloadRequest.gpu_fraction,
-                          gpu_memory_gib=res.gpu_memory_gib, gpus=res.gpus, cpu=res.cpu,
-                          memory_gib=res.memory_gib)
+                          template=layered.template, gpu_memory_gib=res.gpu_memory_gib, gpus=res.gpus,
+                          cpu=res.cpu, memory_gib=res.memory_gib)
+    if mode == "fraction":
+        req.gpu_fraction = res.gpu_fraction
     envs = limits.allowed(project, "environments", limits.environments)
     req.environment = _choice(data, "environment", envs[0] if envs else limits.environments[0],
                               limits.environments)
