@@ -35,8 +35,7 @@ from hub_ext.serving import cli as inference_cli
 from . import humanize
 from .config import ROOT, Gpupool, load_config
 from .remote.commands import REMOTE, remote_action
-from .remote.common import name_arg
-from .requests.rules import FRACTION_MAX, FRACTION_MIN, FRACTION_STEP, WorkloadRequest
+from .remote.common import Resource, add_gpu_options, gpu_body, name_arg
 from .training import cli as training_cli
 
 
@@ -48,6 +47,8 @@ def _api(args, method: str, path: str, body=None):
                                  headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
+            for warning in r.headers.get_all("Warning") or ():  # an older spelling (Deprecation)
+                print(f"gpupool: warning: {warning.split(' ', 2)[-1].strip(chr(34))}", file=sys.stderr)
             text = r.read()
             return json.loads(text) if text else {}
     except urllib.error.HTTPError as e:
@@ -261,13 +262,27 @@ def _print_workspace(args, w: dict) -> None:
     print(f"  {workspace_url(args, w['owner'], w.get('server') or '')}")
 
 
+WORKSPACES = Resource(
+    path="/workloads?kind=workspace",
+    row="{name:<24} {owner:<16} {project:<12} {state:<9} {gpu}",
+    headers={"name": "NAME", "owner": "OWNER", "project": "PROJECT", "state": "STATE", "gpu": "GPU"},
+    cells=lambda w: {**{k: w[k] for k in ("name", "owner", "project", "state")},
+                     "gpu": f"{w['gpu_allocated']:g} GPU"
+                            + (f"  {humanize.row_waiting(w)}" if w["state"] == "pending" else "")},
+    deleted=lambda name, w: f"{name}: " + ("cancelled (it was waiting in the queue)"
+                                           if (w or {}).get("state") == "pending" else "stopping"),
+    look_first=True,
+)
+# The CLI's table of resources: list, describe and delete of each noun (hub_ext.cli_common.Resource).
+RESOURCES = {"workspace": WORKSPACES, "training": training_cli.RESOURCE, "inference": inference_cli.RESOURCE}
+
+
 def cmd_workspace(args) -> int:
     if args.action == "list":  # every workspace the caller may see: its own, its projects', all for admins
-        print(f"{'NAME':<24} {'OWNER':<16} {'PROJECT':<12} {'STATE':<9} GPU")
-        for w in _api(args, "GET", "/workloads?kind=workspace")["items"]:
-            why = f"  {humanize.row_waiting(w)}" if w["state"] == "pending" else ""
-            print(f"{w['name']:<24} {w['owner']:<16} {w['project']:<12} {w['state']:<9} {w['gpu_allocated']:g} GPU{why}")
-    elif args.action == "start":
+        return RESOURCES["workspace"].list(args, _api)
+    if args.action == "stop":
+        return RESOURCES["workspace"].delete(args, _api)
+    if args.action == "start":
         body = workspace_body(args)
         # The request rules first, as Start would answer them: a bad value is refused even
         # where a server of that name already runs.
@@ -288,10 +303,6 @@ def cmd_workspace(args) -> int:
         _print_workspace(args, {"owner": me, "server": server, **w})
     elif args.action in REMOTE:
         return remote_action(args, _api, "workspace")
-    else:
-        queued = _api(args, "GET", f"/workloads/{args.name}").get("state") == "pending"
-        _api(args, "DELETE", f"/workloads/{args.name}")
-        print(f"{args.name}: {'cancelled (it was waiting in the queue)' if queued else 'stopping'}")
     return 0
 
 
@@ -301,14 +312,7 @@ def workspace_body(args) -> dict:
     body = {"kind": "workspace", "server_name": args.name or "", "workspace_kind": args.kind}
     if args.project:
         body["project"] = args.project
-    if args.no_gpu:
-        body["gpu_mode"] = "none"
-    elif args.gpus is not None:
-        body.update(gpu_mode="whole", gpus=args.gpus)
-    elif args.gpu_memory is not None:
-        body.update(gpu_mode="memory", gpu_memory_gib=args.gpu_memory)
-    elif args.fraction is not None:
-        body.update(gpu_mode="fraction", gpu_fraction=args.fraction)
+    body.update(gpu_body(args))
     for key in ("template", "environment", "node_pool", "gpu_model", "cpu", "memory_gib"):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
@@ -388,12 +392,7 @@ def parser() -> argparse.ArgumentParser:
     ws.add_argument("--tail", type=int, default=200, help="logs: lines from the end")
     ws.add_argument("--project", help="the workspace's project (default: your first)")
     ws.add_argument("--kind", default="jupyterlab", choices=["jupyterlab", "vscode"], help="the editor")
-    gpu = ws.add_mutually_exclusive_group()
-    gpu.add_argument("--fraction", help=f"a share of one GPU, from {FRACTION_MIN:g} to {FRACTION_MAX:g} "
-                     f"in steps of {FRACTION_STEP:g} (default: the project's or {WorkloadRequest.gpu_fraction:g})")
-    gpu.add_argument("--gpus", type=int, help="whole GPUs")
-    gpu.add_argument("--gpu-memory", type=float, help="GPU memory in GiB")
-    gpu.add_argument("--no-gpu", action="store_true", help="no GPU: CPUs and memory only")
+    add_gpu_options(ws)
     ws.add_argument("--preemptible", action="store_true", help="may run over quota (reclaimable)")
     ws.add_argument("--template", help="a compute template (e.g. small); other options override it")
     ws.add_argument("--environment", help="an environment (Gpupool.environments)")

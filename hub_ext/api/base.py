@@ -14,6 +14,7 @@ import json
 from jupyterhub.services.auth import HubOAuthenticated
 from sqlalchemy.orm.exc import ObjectDeletedError, StaleDataError
 from tornado import web
+from tornado.log import app_log
 
 from .. import validation
 from ..org import roles
@@ -147,6 +148,16 @@ class ApiHandler(BaseHandler):
         """Run ``fn`` (database work that may be large: a project's member list) in a thread,
         so other users' requests are answered meanwhile."""
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    def deprecated(self, notes: list[str]) -> None:
+        """Answer the older spellings a request used (hub_ext.request_reader): a
+        ``Deprecation: true`` header, a ``Warning: 299`` header per note, and a log line."""
+        if not notes:
+            return
+        self.set_header("Deprecation", "true")
+        for note in notes:
+            self.add_header("Warning", f'299 gpupool "{note}"')
+        app_log.warning("%s %s: %s", self.request.method, self.request.path, "; ".join(notes))
 
     def send(self, data, status: int = 200) -> None:
         self.set_status(status)

@@ -20,6 +20,7 @@ from hub_ext.attachments import attach
 from hub_ext.db.events import add_event
 from hub_ext.org import projects as org
 from hub_ext.org import roles
+from hub_ext.requests.limits import limits_for
 from hub_ext.requests.rules import FieldError
 
 from ..serving.db import InferenceRow
@@ -59,8 +60,12 @@ class InferencesHandler(_Base):
         if "owner" in data:
             raise FieldError("owner", "is set by the server (the caller)")
         self.require_submit(data)
+        mine = tuple(roles.submit_projects(self.who))
+        notes: list[str] = []
         with self.Session() as s:
-            spec = parse_spec({**data, "owner": self.username}, tuple(roles.submit_projects(self.who)))
+            spec = parse_spec({**data, "owner": self.username}, mine,
+                              limits_for(s, self.ctx.cfg, self.username, projects=mine), notes)
+            self.deprecated(notes)
             if s.get(InferenceRow, spec.name) is not None:
                 raise org.Conflict("name", f"inference service {spec.name!r} already exists")
             att = attach.check(s, spec.project, spec.credentials, spec.datasources)

@@ -56,8 +56,10 @@ class TrainingsHandler(_Base):
             self.require("submit_for_others", project=data.get("project"))
         self.require_submit(data)
         mine = tuple(roles.submit_projects(self.who)) if owner == self.username else None
+        notes: list[str] = []
         with self.Session() as s:
-            spec = parse_training(data, limits_for(s, self.ctx.cfg, owner, projects=mine))
+            spec = parse_training(data, limits_for(s, self.ctx.cfg, owner, projects=mine), notes)
+            self.deprecated(notes)
             old = s.get(TrainingRow, spec.name)
             if is_active(old) or (old is None and _workload_active(s, spec.name)):
                 raise org.Conflict("name", f"a workload named {spec.name!r} already exists; "

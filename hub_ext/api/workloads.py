@@ -95,9 +95,11 @@ class WorkloadsHandler(ApiHandler):
             self.require("submit_for_others", project=data.get("project"))
         self.require_submit(data)
         mine = tuple(roles.submit_projects(self.who)) if owner == self.username else None
+        notes: list[str] = []
         with self.Session() as s:
-            req = parse_request(data, limits_for(s, self.ctx.cfg, owner, projects=mine))
+            req = parse_request(data, limits_for(s, self.ctx.cfg, owner, projects=mine), notes)
             attached = attach.check(s, req.project, req.credentials, req.datasources)
+        self.deprecated(notes)
         if req.kind == "workspace":
             validation.name(server, "server_name", "server")
             code, body = await self.ctx.hub.start_server(owner, server, req.to_dict())

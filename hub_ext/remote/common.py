@@ -4,8 +4,10 @@ nouns can import it without importing the CLI that registers them)."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .. import validation
 
@@ -37,3 +39,102 @@ def env_option(items: list[str]) -> dict[str, str]:
             sys.exit(f"gpupool: -e/--env: must be NAME=VALUE, got {item!r}")
         env[name] = value
     return env
+
+
+def add_gpu_options(p: argparse.ArgumentParser, per: str = "", memory: bool = True,
+                    none: bool = True, old: bool = False) -> None:
+    """The GPU ask's options, one set for every noun, in the request's one spelling
+    (hub_ext.request_reader): ``--fraction``, ``--gpus``, ``--gpu-memory``, ``--no-gpu``.
+    ``old``: ``--gpu``, the older spelling, sent as written (the hub answers a warning)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--fraction", help=f"a share of one GPU{per}, from 0.05 to 1 in steps of 0.05")
+    g.add_argument("--gpus", type=int, help=f"whole GPUs{per}")
+    if memory:
+        g.add_argument("--gpu-memory", help=f"GPU memory{per} in GiB, or a size such as 20GiB or 512MiB")
+    if none:
+        g.add_argument("--no-gpu", action="store_true", help="no GPU: CPUs and memory only")
+    if old:
+        g.add_argument("--gpu", "-g", type=float,
+                       help=f"deprecated (use --fraction or --gpus): GPUs{per}, below 1 a fraction")
+
+
+def gpu_body(args) -> dict:
+    """The GPU options given, as request fields (the values as typed, for the hub's rules
+    to check: ``--fraction 0`` is refused there, as in the form)."""
+    from .request_reader import gib
+
+    if getattr(args, "no_gpu", False):
+        return {"gpu_mode": "none"}
+    if getattr(args, "gpus", None) is not None:
+        return {"gpu_mode": "whole", "gpus": args.gpus}
+    if getattr(args, "gpu_memory", None) is not None:
+        try:
+            size = gib(args.gpu_memory, "--gpu-memory")
+        except validation.FieldError as e:
+            sys.exit(f"gpupool: {e}")
+        return {"gpu_mode": "memory", "gpu_memory_gib": size}
+    if getattr(args, "fraction", None) is not None:
+        return {"gpu_mode": "fraction", "gpu_fraction": args.fraction}
+    if getattr(args, "gpu", None) is not None:
+        return {"gpu": args.gpu}
+    return {}
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One row of the CLI's table of resources: what ``list``, ``describe`` and ``delete``
+    do for a noun (workspace, training, inference), from its REST path. ``row``: a
+    ``str.format`` line over the strings ``cells`` makes of one item (the header line is the
+    same format over ``headers``); ``show``: ``describe``'s text; ``deleted``: what
+    ``delete`` prints, given the name and (where ``look_first``) the item before it went."""
+
+    path: str
+    row: str
+    headers: dict[str, str]
+    cells: Callable[[dict], dict[str, str]]
+    deleted: Callable[[str, dict | None], str]
+    show: Callable[[dict], None] | None = None
+    filters: tuple[str, ...] = ()  # list's query options (args attributes)
+    look_first: bool = False
+
+    def list(self, args, api: ApiCall) -> int:
+        q = "&".join(f"{k}={v}" for k in self.filters if (v := getattr(args, k, None)))
+        path = self.path + (("&" if "?" in self.path else "?") + q if q else "")
+        print(self.row.format(**self.headers))
+        for item in api(args, "GET", path)["items"]:
+            print(self.row.format(**self.cells(item)))
+        return 0
+
+    def describe(self, args, api: ApiCall) -> int:
+        item = api(args, "GET", f"{self.item_path}/{args.name}")
+        if args.json or self.show is None:
+            print(json.dumps(item, indent=2))
+        else:
+            self.show(item)
+        return 0
+
+    def delete(self, args, api: ApiCall) -> int:
+        before = api(args, "GET", f"{self.item_path}/{args.name}") if self.look_first else None
+        api(args, "DELETE", f"{self.item_path}/{args.name}")
+        print(self.deleted(args.name, before))
+        return 0
+
+    @property
+    def item_path(self) -> str:
+        return self.path.split("?")[0]
+
+    def add_actions(self, acts, api: ApiCall, noun: str, helps: dict[str, str],
+                    filters: dict[str, str]) -> None:
+        """``list``, ``describe`` and ``delete`` on a noun's subparsers. ``helps``: each
+        action's help; ``filters``: list's options (name -> help)."""
+        ls = acts.add_parser("list", help=helps["list"])
+        for key, what in filters.items():
+            ls.add_argument(f"--{key}", *(("-p",) if key == "project" else ()), help=what)
+        ls.set_defaults(fn=lambda a: self.list(a, api))
+        d = acts.add_parser("describe", help=helps["describe"])
+        d.add_argument("name", type=name_arg(), help=f"the {noun}")
+        d.add_argument("--json", action="store_true", help="the REST API's JSON")
+        d.set_defaults(fn=lambda a: self.describe(a, api))
+        rm = acts.add_parser("delete", help=helps["delete"])
+        rm.add_argument("name", type=name_arg(), help=f"the {noun}")
+        rm.set_defaults(fn=lambda a: self.delete(a, api))

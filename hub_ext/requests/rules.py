@@ -1,7 +1,8 @@
 """What a user asks for (a workload request) and the one set of rules that checks it.
 
 The spawn form, the REST API and the CLI all go through ``parse_request``; every bad
-value raises ``FieldError`` naming the field and the allowed range.
+value raises ``FieldError`` naming the field and the allowed range. The GPU, CPU and memory
+ask is read by the reader every kind shares (hub_ext.request_reader).
 """
 
 from __future__ import annotations
@@ -17,12 +18,19 @@ from scheduler.quota import ceilings
 from .. import validation
 from ..org.policy import Effective
 from ..validation import FieldError, check_fields
+from . import reader as request_reader
+from .reader import (  # noqa: F401 (the request's constants, as the form and CLI read them)
+    FRACTION_MAX,
+    FRACTION_MIN,
+    FRACTION_STEP,
+    GPU_MEMORY_MIN,
+    GPU_MEMORY_STEP,
+    GPU_MODES,
+    TEMPLATE_FIELDS,
+)
 
 KINDS = ("workspace", "training", "inference")
 WORKSPACE_KINDS = {"jupyterlab": "JupyterLab", "vscode": "VS Code"}
-GPU_MODES = ("fraction", "memory", "whole", "none")
-FRACTION_MIN, FRACTION_MAX, FRACTION_STEP = 0.05, 1.0, 0.05
-GPU_MEMORY_MIN, GPU_MEMORY_STEP = 0.5, 0.1  # GiB; the form's field steps by GPU_MEMORY_STEP
 
 
 @dataclass(frozen=True)
@@ -124,6 +132,22 @@ class WorkloadRequest:
     def gpu_field(self) -> str:
         return {"fraction": "gpu_fraction", "memory": "gpu_memory_gib"}.get(self.gpu_mode, "gpus")
 
+    def workload(self, name: str, submit_time: float, grace_period_s: float = 30.0) -> Workload:
+        """The scheduler's workload for this request: what the spawner submits, and what a
+        stored row makes again (hub_ext.store.to_workload)."""
+        return Workload(
+            name=name,
+            project=self.project,
+            kind=self.kind_enum,
+            demand=self.demand(),
+            preemptible=self.preemptible if self.kind != "inference" else False,
+            allow_over_quota=self.preemptible or None,
+            submit_time=submit_time,
+            grace_period_s=grace_period_s,
+            node_pool=self.node_pool if self.node_pool != DEFAULT_POOL else None,
+            gpu_models=(self.gpu_model,) if self.gpu_model else (),
+        )
+
 
 def project_ceilings(limits: Limits, project: str, may_go_over_quota: bool,
                      pool: str = DEFAULT_POOL) -> list[tuple[int, str]]:
@@ -203,17 +227,7 @@ def cpu_memory_refusal(limits: Limits, project: str, demand: PodDemand, pods: in
     return None
 
 
-def _one(data: dict, key: str, default=None):
-    """Form data arrives as lists of strings, JSON as plain values: take one value."""
-    v = data.get(key, default)
-    if isinstance(v, list):
-        v = v[0] if v else default
-    if isinstance(v, bytes):
-        try:
-            v = v.decode()
-        except UnicodeDecodeError:
-            raise FieldError(key, "must be UTF-8 text") from None
-    return v
+_one = request_reader.one
 
 
 def check_name(name) -> str:
@@ -230,10 +244,6 @@ def check_number(raw, key: str, lo: float, hi: float, integer: bool = False, uni
 def check_names(raw, key: str, most: int = 16) -> list[str]:
     """A list of names (credentials, data sources): JSON list, form list or 'a,b'."""
     return validation.names(raw, key, "name", most)
-
-
-def _number(data, key, default, lo, hi, integer=False, unit=""):
-    return check_number(_one(data, key, default), key, lo, hi, integer, unit)
 
 
 def _choice(data, key, default, allowed, what=""):
@@ -255,84 +265,30 @@ def _bool(data, key, default=False):
     raise FieldError(key, f"must be true or false, got {v!r}")
 
 
-TEMPLATE_FIELDS = ("gpu_mode", "gpu_fraction", "gpu_memory_gib", "gpus", "cpu", "memory_gib")
-
-
-def check_policy(limits: Limits, project: str, values: dict[str, tuple[str, float]]) -> None:
-    """The policy's limits on resources: ``values`` maps a policy resource (policy.RESOURCES)
-    to (the request's field, its value); beyond the limit is a FieldError naming both."""
-    pol = limits.policy(project)
-    for resource, (field_name, v) in values.items():
-        pol.check_max(field_name, resource, v)
-
-
-def _template(data: dict, limits: Limits, project: str) -> tuple[str, dict]:
-    """The compute template named (or the first the policy allows when it lists some) and
-    the fields it fills."""
-    pol = limits.policy(project)
-    allowed = limits.allowed(project, "templates", limits.templates)
-    name = _one(data, "template", "") or ""
-    if not name and pol.allowed("templates") is not None:
-        name = allowed[0] if allowed else ""
-        if not name:
-            raise FieldError("template", f"{pol.whose('templates')} allows no template here")
-    if not name:
-        return "", {}
-    if name not in limits.templates:
-        raise FieldError("template", f"must be one of {', '.join(limits.templates) or '(none)'}, "
-                         f"got {validation.show(name)}")
-    pol.check_in("template", "templates", name)
-    return name, {k: v for k, v in limits.templates[name].items() if k in TEMPLATE_FIELDS}
-
-
-def parse_request(data: dict, limits: Limits) -> WorkloadRequest:
+def parse_request(data: dict, limits: Limits, deprecated: list[str] | None = None) -> WorkloadRequest:
     """Check a request (form data or JSON) and return it typed; raise FieldError on the
-    first bad field. A value left out comes from the compute template, else the project's
-    policy's default, else the built-in default; every value is then held to the policy."""
-    known = set(WorkloadRequest.__dataclass_fields__)
+    first bad field. Resources are read by request_reader (a value left out comes from the
+    compute template, else the project's policy's default, else the built-in default; every
+    value is then held to its range and the policy); an older spelling adds a note to
+    ``deprecated``."""
+    known = set(WorkloadRequest.__dataclass_fields__) | set(request_reader.DEPRECATED)
     check_fields(data, known | {k for k in data if isinstance(k, str) and k.startswith("_")})
     if not limits.projects:
         raise FieldError("project", "you are not a member of any project; ask an admin")
     project = _choice(data, "project", limits.projects[0], limits.projects, " (your projects)")
     pol = limits.policy(project)
-    template, filled = _template(data, limits, project)
-    data = {**filled, **{k: v for k, v in data.items()
-                         if k not in filled or _one(data, k) not in (None, "")}}
-
-    def dflt(key, builtin):
-        d = pol.default(key)
-        return builtin if d is None else d
-
+    layered = request_reader.layer(data, request_reader.WORKSPACE, limits, project, deprecated)
+    data = layered.data
     kind = _choice(data, "kind", "workspace", KINDS)
     ws_allowed = tuple(k for k in WORKSPACE_KINDS if k != "vscode" or limits.vscode)
     workspace_kind = _choice(data, "workspace_kind", "jupyterlab", ws_allowed)
-    mode = _choice(data, "gpu_mode", "fraction", GPU_MODES)
+    res = layered.resources()
+    mode = res.gpu_mode
     req = WorkloadRequest(project=project, kind=kind, workspace_kind=workspace_kind, gpu_mode=mode,
-                          template=template)
+                          template=layered.template, gpu_memory_gib=res.gpu_memory_gib, gpus=res.gpus,
+                          cpu=res.cpu, memory_gib=res.memory_gib)
     if mode == "fraction":
-        f = _number(data, "gpu_fraction", dflt("gpu_fraction", 0.25), FRACTION_MIN, FRACTION_MAX)
-        steps = f / FRACTION_STEP
-        if abs(steps - round(steps)) > 1e-6:
-            raise FieldError(
-                "gpu_fraction", f"must be a multiple of {FRACTION_STEP:g} from "
-                f"{FRACTION_MIN:g} to {FRACTION_MAX:g}, got {f:g}",
-            )
-        req.gpu_fraction = round(round(steps) * FRACTION_STEP, 2)
-    elif mode == "memory":
-        req.gpu_memory_gib = _number(
-            data, "gpu_memory_gib", pol.default("gpu_memory_gib"), GPU_MEMORY_MIN, limits.gpu_memory_max_gib,
-            unit=" GiB"
-        )
-    elif mode == "whole":
-        req.gpus = _number(data, "gpus", dflt("gpus", 1), 1, limits.max_gpus, integer=True,
-                           unit=" (GPUs of the largest node)")
-    req.cpu = _number(data, "cpu", dflt("cpu", 1), 0.1, limits.max_cpu)
-    req.memory_gib = _number(data, "memory_gib", dflt("memory_gib", 4), 0.25, limits.max_memory_gib, unit=" GiB")
-    check_policy(limits, project, {
-        **({"gpu_fraction": ("gpu_fraction", req.gpu_fraction)} if mode == "fraction" else {}),
-        **({"gpu_memory_gib": ("gpu_memory_gib", req.gpu_memory_gib)} if mode == "memory" else {}),
-        **({"gpus": ("gpus", req.gpus)} if mode == "whole" else {}),
-        "cpu": ("cpu", req.cpu), "memory_gib": ("memory_gib", req.memory_gib)})
+        req.gpu_fraction = res.gpu_fraction
     envs = limits.allowed(project, "environments", limits.environments)
     req.environment = _choice(data, "environment", envs[0] if envs else limits.environments[0],
                               limits.environments)
@@ -360,7 +316,7 @@ def parse_request(data: dict, limits: Limits) -> WorkloadRequest:
     req.command = command
     req.credentials = check_names(data.get("credentials"), "credentials")
     req.datasources = check_names(data.get("datasources"), "datasources")
-    check_can_run(limits, project, req.demand(), req.gpu_field, may_go_over_quota=req.may_go_over_quota,
+    check_can_run(limits, project, req.demand(), res.gpu_field, may_go_over_quota=req.may_go_over_quota,
                   pool=req.node_pool)
     return req
 

@@ -8,7 +8,7 @@ import time
 
 from sqlalchemy import delete, func, select, true, update
 
-from scheduler.model import DEFAULT_POOL, MILLI, Kind, PodPlacement, State, Workload
+from scheduler.model import MILLI, PodPlacement, State, Workload
 
 from ..db.events import add_event
 from ..db.tables import EventRow, NodeRow, WorkloadRow, bump_version, get_meta, set_meta, version
@@ -19,19 +19,9 @@ ACTIVE = ("pending", "running", "releasing")  # what the scheduler loop holds
 
 
 def to_workload(row: WorkloadRow) -> Workload:
-    req = WorkloadRequest(**row.spec)
-    w = Workload(
-        name=row.name,
-        project=row.project,
-        kind=Kind(row.kind),
-        demand=req.demand(),
-        preemptible=req.preemptible if row.kind != "inference" else False,
-        allow_over_quota=req.preemptible or None,
-        submit_time=row.submit_time,
-        grace_period_s=float(row.spec.get("grace_period_s", 30.0)) if isinstance(row.spec, dict) else 30.0,
-        node_pool=req.node_pool if req.node_pool != DEFAULT_POOL else None,
-        gpu_models=(req.gpu_model,) if req.gpu_model else (),
-    )
+    req = WorkloadRequest(**{**row.spec, "project": row.project, "kind": row.kind})
+    w = req.workload(row.name, row.submit_time,
+                     float(row.spec.get("grace_period_s", 30.0)) if isinstance(row.spec, dict) else 30.0)
     if row.state in ("running", "releasing") and row.placement:
         w.state = State.RUNNING if row.state == "running" else State.RELEASING
         w.placement = placement_from_json(row.placement)
@@ -141,16 +131,19 @@ class DbStore:
 
     # -- spawner / service ---------------------------------------------------------------
     def add_workload(self, name: str, owner: str, req: WorkloadRequest, notify: bool,
-                     server: str = "") -> None:
+                     server: str = "") -> float:
+        """Store a pending workload's row; return its submit time."""
+        submitted = time.time()
         with self.Session() as s:
             s.execute(delete(WorkloadRow).where(WorkloadRow.name == name))
             s.add(WorkloadRow(name=name, owner=owner, project=req.project, kind=req.kind,
-                              spec=req.to_dict(), state="pending", submit_time=time.time(),
+                              spec=req.to_dict(), state="pending", submit_time=submitted,
                               server=server))
             add_event(s, "submitted", f"{owner} asked for {req.gpu_label()} ({req.kind})", name, req.project)
             if notify:
                 bump_version(s)
             s.commit()
+        return submitted
 
     def remove_workload(self, name: str) -> None:
         with self.Session() as s:

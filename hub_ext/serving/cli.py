@@ -1,7 +1,7 @@
 """``gpupool inference ...``: inference services through the REST API (modelled on
 ``runai inference``).
 
-    gpupool inference submit NAME --project P [--gpu 0.25] [--min-replicas 0]
+    gpupool inference submit NAME --project P [--fraction 0.25 | --gpus 1] [--min-replicas 0]
         [--max-replicas 4] [--metric concurrency|throughput] [--target 10]
         [--scale-to-zero-after 300] [--port 8000] [--ready-path /] [--public]
         [-e NAME=VALUE ...] -- COMMAND...
@@ -19,13 +19,12 @@ can reach. The service answers at ``$GPUPOOL_URL/services/gpupool-serve/NAME/`` 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from hub_ext.remote.commands import remote_action
-from hub_ext.remote.common import ApiCall, env_option, name_arg
+from hub_ext.remote.common import ApiCall, Resource, add_gpu_options, env_option, gpu_body, name_arg
 
-OPTIONS = (("project", "project"), ("gpu", "gpu"), ("min_replicas", "min_replicas"),
+OPTIONS = (("project", "project"), ("min_replicas", "min_replicas"),
            ("max_replicas", "max_replicas"), ("metric", "metric"), ("target", "target"),
            ("scale_to_zero_after", "scale_to_zero_after_s"), ("port", "port"),
            ("ready_path", "ready_path"), ("image", "image"))
@@ -40,7 +39,7 @@ def _submit(args, api: ApiCall, parser: argparse.ArgumentParser) -> int:
     if not command:
         sys.exit("gpupool: inference submit needs the model server's command after -- "
                  "(for example: -- python serve.py --socket {socket})")
-    body: dict = {"name": args.name, "command": command}
+    body: dict = {"name": args.name, "command": command, **gpu_body(args)}
     for attr, key in OPTIONS:
         if getattr(args, attr) is not None:
             body[key] = getattr(args, attr)
@@ -53,20 +52,7 @@ def _submit(args, api: ApiCall, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-def _list(args, api: ApiCall) -> int:
-    items = api(args, "GET", "/inferences" + (f"?project={args.project}" if args.project else ""))["items"]
-    print(f"{'NAME':<24} {'PROJECT':<12} {'READY':>5} {'DESIRED':>7}  {'GPU':>5}  URL")
-    for s in items:
-        print(f"{s['name']:<24} {s['project']:<12} {s['ready']:>5} {s['desired']:>7}  "
-              f"{s['spec']['gpu']:>5g}  {s['url']}")
-    return 0
-
-
-def _describe(args, api: ApiCall) -> int:
-    s = api(args, "GET", f"/inferences/{args.name}")
-    if args.json:
-        print(json.dumps(s, indent=2))
-        return 0
+def _show(s: dict) -> None:
     sp, st = s["spec"], s["status"]
     print(f"Name:      {s['name']}\nProject:   {s['project']}\nOwner:     {s['owner']}")
     print(f"URL:       {s['url']}{'  (public)' if sp.get('public') else ''}")
@@ -86,13 +72,19 @@ def _describe(args, api: ApiCall) -> int:
         print("\nRecently stopped:")
         for r in st["recent"]:
             print(f"  {r['name']:<24} {r['state']:<9} {r['reason']}")
-    return 0
 
 
-def _delete(args, api: ApiCall) -> int:
-    api(args, "DELETE", f"/inferences/{args.name}")
-    print(f"{args.name}: deleted (replicas drain and stop)")
-    return 0
+RESOURCE = Resource(
+    path="/inferences",
+    row="{name:<24} {project:<12} {ready:>5} {desired:>7}  {gpu:>5}  {url}",
+    headers={"name": "NAME", "project": "PROJECT", "ready": "READY", "desired": "DESIRED", "gpu": "GPU",
+             "url": "URL"},
+    cells=lambda s: {**{k: str(s[k]) for k in ("name", "project", "ready", "desired", "url")},
+                     "gpu": f"{s['spec']['gpu']:g}"},
+    deleted=lambda name, _: f"{name}: deleted (replicas drain and stop)",
+    show=_show,
+    filters=("project",),
+)
 
 
 def _replica(args) -> str:
@@ -110,7 +102,7 @@ def add_parser(sub, api: ApiCall) -> None:
     s = acts.add_parser("submit", help="create an inference service")
     s.add_argument("name", type=name_arg(), help="the service's name (its URL)")
     s.add_argument("--project", "-p", help="the service's project (required)")
-    s.add_argument("--gpu", "-g", type=float, help="GPU per replica: a fraction, or whole GPUs")
+    add_gpu_options(s, " per replica", memory=False, none=False, old=True)
     s.add_argument("--min-replicas", type=int, help="replicas kept while idle (0: scale to zero)")
     s.add_argument("--max-replicas", type=int, help="the most replicas under load")
     s.add_argument("--metric", choices=["concurrency", "throughput"], help="what the autoscaler keeps at --target")
@@ -123,13 +115,9 @@ def add_parser(sub, api: ApiCall) -> None:
     s.add_argument("-e", "--env", action="append", help="NAME=VALUE for the server")
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND...")
     s.set_defaults(fn=lambda a: _submit(a, api, s))
-    ls = acts.add_parser("list", help="your services")
-    ls.add_argument("--project", "-p", help="only this project's services")
-    ls.set_defaults(fn=lambda a: _list(a, api))
-    d = acts.add_parser("describe", help="one service, its replicas and why they wait")
-    d.add_argument("name", type=name_arg(), help="the service")
-    d.add_argument("--json", action="store_true", help="the REST API's JSON")
-    d.set_defaults(fn=lambda a: _describe(a, api))
+    RESOURCE.add_actions(acts, api, "service", {
+        "list": "your services", "describe": "one service, its replicas and why they wait",
+        "delete": "delete a service"}, {"project": "only this project's services"})
     ex = acts.add_parser("exec", help="run a command in a running replica (through the SSH gateway)")
     ex.add_argument("name", type=name_arg(), help="the service")
     ex.add_argument("--replica", required=True, type=name_arg(), help="the replica (see describe)")
@@ -141,6 +129,3 @@ def add_parser(sub, api: ApiCall) -> None:
     lg.add_argument("--tail", type=int, default=200, help="lines from the end")
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing new output")
     lg.set_defaults(fn=lambda a: remote_action(a, api, "inference", _replica(a)))
-    rm = acts.add_parser("delete", help="delete a service")
-    rm.add_argument("name", type=name_arg(), help="the service")
-    rm.set_defaults(fn=lambda a: _delete(a, api))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from hub_ext import validation
+from hub_ext.requests import reader as request_reader
 from hub_ext.requests.rules import FieldError, check_fields, check_name, check_names, check_number
 from scheduler.model import PodDemand
 
@@ -54,9 +55,12 @@ class ServiceSpec:
         return PodDemand(gpu_fraction=self.gpu)
 
 
+# What a request may hold besides the spec's fields: the one spelling of the GPU ask
+# (request_reader) and a compute template. ``gpu`` is the spec's own field and the older
+# spelling of the ask.
+REQUEST_FIELDS = {"gpu_mode", "gpu_fraction", "gpus", "template"}
 # field -> (default, lo, hi, integer, unit)
 _NUMBERS = {
-    "gpu": (0.25, 0.05, 8, False, " GPUs (below 1: a fraction; 1 and up: whole GPUs)"),
     "min_replicas": (0, 0, 100, True, ""),
     "max_replicas": (4, 1, 100, True, ""),
     "target": (10.0, 0.01, 100_000, False, " per replica"),
@@ -76,10 +80,13 @@ def _number(data: dict, key: str):
     return check_number(data.get(key, default), key, lo, hi, integer, unit)
 
 
-def parse_spec(data: dict, projects: tuple[str, ...] | None = None) -> ServiceSpec:
+def parse_spec(data: dict, projects: tuple[str, ...] | None = None, limits=None,
+               deprecated: list[str] | None = None) -> ServiceSpec:
     """Check a service description (JSON) and return it typed. ``projects``: the ones
-    the caller may use (None: any)."""
-    check_fields(data, set(ServiceSpec.__dataclass_fields__))
+    the caller may use (None: any). The GPU per replica is read by request_reader, under
+    the hub's ``limits`` (hub_ext.requests.Limits: templates, policy) where given; an older
+    spelling adds a note to ``deprecated``."""
+    check_fields(data, set(ServiceSpec.__dataclass_fields__) | REQUEST_FIELDS)
     name = check_name(data.get("name"))
     project = data.get("project")
     if not validation.is_name(project):
@@ -91,9 +98,8 @@ def parse_spec(data: dict, projects: tuple[str, ...] | None = None) -> ServiceSp
     command = validation.command(data.get("command"))
     if not all(command):
         raise FieldError("command", "must be a non-empty list of non-empty strings (the model server)")
-    nums = {k: _number(data, k) for k in _NUMBERS}
-    if nums["gpu"] >= 1 and nums["gpu"] != int(nums["gpu"]):
-        raise FieldError("gpu", f"from 1 up must be a whole number of GPUs, got {nums['gpu']:g}")
+    nums = {"gpu": request_reader.read(data, request_reader.INFERENCE, limits, project, deprecated).gpu,
+            **{k: _number(data, k) for k in _NUMBERS}}
     if nums["min_replicas"] > nums["max_replicas"]:
         raise FieldError("min_replicas", f"must be <= max_replicas ({nums['max_replicas']}), "
                          f"got {nums['min_replicas']}")

@@ -1,7 +1,8 @@
 """``gpupool training ...``: training jobs through the REST API (modelled on
 ``runai training``).
 
-    gpupool training submit NAME --project P --gpu 0.5|1|4 [--gpu-memory 20GiB] [--workers N]
+    gpupool training submit NAME --project P [--fraction 0.5 | --gpus 4 | --gpu-memory 20GiB | --no-gpu]
+        [--workers N]
         [--preemptible | --non-preemptible] [--node-pool POOL] [--checkpoint-dir DIR]
         [--image IMAGE] [--grace-period S] [--restart-policy OnFailure|Never]
         [--backoff-limit N] [-e NAME=VALUE ...] -- COMMAND...
@@ -15,12 +16,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 from hub_ext.remote.commands import remote_action
-from hub_ext.remote.common import ApiCall, env_option, name_arg
+from hub_ext.remote.common import ApiCall, Resource, add_gpu_options, env_option, gpu_body, name_arg
 
 
 def _age(ts: float) -> str:
@@ -32,11 +32,8 @@ def _submit(args, api: ApiCall) -> int:
     command = list(args.command)
     if not command:
         sys.exit("gpupool: training submit needs a command after -- (for example: -- python train.py)")
-    body: dict = {"name": args.name, "command": command}
-    if args.gpu_memory is not None and args.gpu is not None:
-        sys.exit("gpupool: give --gpu or --gpu-memory, not both")
-    for key, value in (("project", args.project), ("gpu", args.gpu), ("gpu_memory", args.gpu_memory),
-                       ("workers", args.workers), ("preemptible", args.preemptible),
+    body: dict = {"name": args.name, "command": command, **gpu_body(args)}
+    for key, value in (("project", args.project), ("workers", args.workers), ("preemptible", args.preemptible),
                        ("node_pool", args.node_pool), ("checkpoint_dir", args.checkpoint_dir),
                        ("image", args.image), ("grace_period_s", args.grace_period),
                        ("restart_policy", args.restart_policy), ("backoff_limit", args.backoff_limit)):
@@ -49,21 +46,7 @@ def _submit(args, api: ApiCall) -> int:
     return 0
 
 
-def _list(args, api: ApiCall) -> int:
-    q = "&".join(f"{k}={v}" for k, v in (("project", args.project), ("status", args.status)) if v)
-    items = api(args, "GET", "/trainings" + (f"?{q}" if q else ""))["items"]
-    print(f"{'NAME':<24} {'PROJECT':<12} {'STATUS':<10} {'GPU':<22} {'AGE':>5}  REASON")
-    for t in items:
-        print(f"{t['name']:<24} {t['project']:<12} {t['status']:<10} {t['gpu']:<22} "
-              f"{_age(t['created']):>5}  {t['reason']}")
-    return 0
-
-
-def _describe(args, api: ApiCall) -> int:
-    t = api(args, "GET", f"/trainings/{args.name}")
-    if args.json:
-        print(json.dumps(t, indent=2))
-        return 0
+def _show(t: dict) -> None:
     spec = t["spec"]
     print(f"Name:        {t['name']}\nProject:     {t['project']}\nOwner:       {t['owner']}")
     print(f"Status:      {t['status']}" + (f" ({t['reason']})" if t["reason"] else ""))
@@ -81,7 +64,19 @@ def _describe(args, api: ApiCall) -> int:
     print("\nEvents:")
     for e in t.get("events", []):
         print(f"  {time.strftime('%H:%M:%S', time.localtime(e['ts']))}  {e['kind']:<10} {e['message']}")
-    return 0
+
+
+RESOURCE = Resource(
+    path="/trainings",
+    row="{name:<24} {project:<12} {status:<10} {gpu:<22} {age:>5}  {reason}",
+    headers={"name": "NAME", "project": "PROJECT", "status": "STATUS", "gpu": "GPU", "age": "AGE",
+             "reason": "REASON"},
+    cells=lambda t: {**{k: t[k] for k in ("name", "project", "status", "gpu", "reason")},
+                     "age": _age(t["created"])},
+    deleted=lambda name, _: f"{name}: deleting",
+    show=_show,
+    filters=("project", "status"),
+)
 
 
 def _logs(args, api: ApiCall) -> int:
@@ -103,12 +98,8 @@ def _logs(args, api: ApiCall) -> int:
 
 
 def _control(args, api: ApiCall) -> int:
-    if args.action == "delete":
-        api(args, "DELETE", f"/trainings/{args.name}")
-        print(f"{args.name}: deleting")
-    else:
-        t = api(args, "POST", f"/trainings/{args.name}/{args.action}")
-        print(f"{args.name}: {args.action} requested (was {t['status']})")
+    t = api(args, "POST", f"/trainings/{args.name}/{args.action}")
+    print(f"{args.name}: {args.action} requested (was {t['status']})")
     return 0
 
 
@@ -136,8 +127,7 @@ def add_parser(sub, api: ApiCall) -> None:
     s = acts.add_parser("submit", help="submit a training job")
     s.add_argument("name", type=name_arg(), help="the job's name")
     s.add_argument("--project", "-p", help="the job's project (default: your first)")
-    s.add_argument("--gpu", "-g", type=float, help="GPUs per worker: a fraction (0.05 steps) or whole GPUs")
-    s.add_argument("--gpu-memory", help="GPU memory per worker instead of --gpu, e.g. 20GiB")
+    add_gpu_options(s, " per worker", old=True)
     s.add_argument("--workers", type=int, help="gang size (all placed or none), default 1")
     s.add_argument("--preemptible", dest="preemptible", action="store_true", default=None,
                    help="may run over quota and be preempted (the default for training)")
@@ -152,14 +142,9 @@ def add_parser(sub, api: ApiCall) -> None:
     s.add_argument("-e", "--env", action="append", help="NAME=VALUE for every worker (repeatable)")
     s.usage = "gpupool training submit NAME [options] -- COMMAND..."
     s.set_defaults(fn=lambda a: _submit(a, api))
-    ls = acts.add_parser("list", help="training jobs of your projects")
-    ls.add_argument("--project", "-p", help="only this project's jobs")
-    ls.add_argument("--status", help="only jobs in this status")
-    ls.set_defaults(fn=lambda a: _list(a, api))
-    d = acts.add_parser("describe", help="status, transitions and events of a job")
-    d.add_argument("name", type=name_arg(), help="the job")
-    d.add_argument("--json", action="store_true", help="the REST API's JSON")
-    d.set_defaults(fn=lambda a: _describe(a, api))
+    RESOURCE.add_actions(acts, api, "job", {
+        "list": "training jobs of your projects", "describe": "status, transitions and events of a job",
+        "delete": "delete a job"}, {"project": "only this project's jobs", "status": "only jobs in this status"})
     lg = acts.add_parser("logs", help="a worker's output")
     lg.add_argument("name", type=name_arg(), help="the job")
     lg.add_argument("--rank", type=int, default=0, help="the worker")
@@ -171,8 +156,7 @@ def add_parser(sub, api: ApiCall) -> None:
     ex.add_argument("--rank", type=int, default=0, help="the worker")
     ex.usage = f"gpupool {ex.prog.split()[1]} exec NAME [options] -- COMMAND..."
     ex.set_defaults(fn=lambda a: remote_action(a, api, "training", f"{a.name}-w{a.rank}"))
-    for action, what in (("delete", "delete a job"), ("suspend", "stop a job and free its GPUs"),
-                         ("resume", "queue a suspended job again")):
+    for action, what in (("suspend", "stop a job and free its GPUs"), ("resume", "queue a suspended job again")):
         c = acts.add_parser(action, help=what)
         c.add_argument("name", type=name_arg(), help="the job")
         c.set_defaults(fn=lambda a: _control(a, api))

@@ -6,14 +6,13 @@ value raises ``FieldError`` naming the field and the allowed range.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 
 from scheduler.model import DEFAULT_PRIORITY, Kind, PodDemand
 
 from .. import validation
+from ..requests import reader as request_reader
 from ..requests.rules import (
-    GPU_MEMORY_MIN,
     FieldError,
     Limits,
     WorkloadRequest,
@@ -22,14 +21,15 @@ from ..requests.rules import (
     check_name,
     check_names,
     check_number,
-    check_policy,
 )
 
 RESTART_POLICIES = ("OnFailure", "Never")
 MAX_WORKERS = 64
 MAX_GRACE_S = 3600.0
 MAX_BACKOFF_LIMIT = 100
-_MEM_RE = re.compile(r"\s*([0-9]{0,12}\.?[0-9]{1,12})\s*(GiB|GB|G|MiB|MB|M)?\s*", re.IGNORECASE)
+# What a request may hold besides the spec's fields: the one spelling of the GPU ask
+# (request_reader), its older one, and a compute template.
+REQUEST_FIELDS = {"gpu_mode", "gpu_fraction", "gpus", "template", *request_reader.DEPRECATED}
 
 
 @dataclass
@@ -89,15 +89,7 @@ class TrainingSpec:
 
 def parse_gpu_memory(raw) -> float:
     """``20GiB``, ``20G``, ``512MiB`` or a number of GiB -> GiB."""
-    if isinstance(raw, bool):
-        raise FieldError("gpu_memory", f"must be a size like 20GiB or 512MiB, got {raw!r}")
-    if isinstance(raw, (int, float)):
-        return validation.number(raw, "gpu_memory", 0, validation.MAX_GPU_MEMORY_GIB, unit=" GiB")
-    m = _MEM_RE.fullmatch(validation.text(raw, "gpu_memory", 32))
-    if not m:
-        raise FieldError("gpu_memory", f"must be a size like 20GiB or 512MiB, got {raw!r}")
-    value, unit = float(m.group(1)), (m.group(2) or "GiB").lower()
-    return value / 1024 if unit.startswith("m") else value
+    return request_reader.gib(raw)
 
 
 def _number(data: dict, key: str, default, lo: float, hi: float, integer: bool = False,
@@ -114,9 +106,11 @@ def _bool(data: dict, key: str, default: bool) -> bool:
     raise FieldError(key, f"must be true or false, got {validation.show(v)}")
 
 
-def parse_training(data: dict, limits: Limits) -> TrainingSpec:
-    """Check a training request (JSON) against the user's limits; return it typed."""
-    check_fields(data, set(TrainingSpec.__dataclass_fields__) | {"gpu_memory"})
+def parse_training(data: dict, limits: Limits, deprecated: list[str] | None = None) -> TrainingSpec:
+    """Check a training request (JSON) against the user's limits; return it typed. The GPU,
+    CPU and memory per worker are read by request_reader; an older spelling adds a note to
+    ``deprecated``."""
+    check_fields(data, set(TrainingSpec.__dataclass_fields__) | REQUEST_FIELDS)
     name = check_name(data.get("name"))
     if not limits.projects:
         raise FieldError("project", "you are not a member of any project; ask an admin")
@@ -126,30 +120,12 @@ def parse_training(data: dict, limits: Limits) -> TrainingSpec:
                          f"got {validation.show(project)}")
     command = validation.command(data.get("command"))
     spec = TrainingSpec(name=name, project=project, command=command)
-    if "gpu_memory" in data and "gpu_memory_gib" in data:
-        raise FieldError("gpu_memory", "give gpu_memory or gpu_memory_gib, not both")
-    mem = data.get("gpu_memory", data.get("gpu_memory_gib"))
-    if mem is not None:
-        if "gpu" in data:
-            raise FieldError("gpu", "give gpu or gpu_memory, not both")
-        gib = parse_gpu_memory(mem)
-        spec.gpu_memory_gib = _number({"gpu_memory": gib}, "gpu_memory", None, GPU_MEMORY_MIN,
-                                      limits.gpu_memory_max_gib, unit=" GiB")
-        spec.gpu = 0.0
-    else:
-        gpu = _number(data, "gpu", 1, 0, max(limits.max_gpus, 1))
-        if 0 < gpu < 1:
-            steps = gpu / 0.05
-            if abs(steps - round(steps)) > 1e-6:
-                raise FieldError("gpu", f"a fraction must be a multiple of 0.05 from 0.05 to 0.95, got {gpu:g}")
-            gpu = round(round(steps) * 0.05, 2)
-        elif gpu >= 1 and gpu != int(gpu):
-            raise FieldError("gpu", f"must be a fraction below 1 or a whole number of GPUs "
-                             f"from 1 to {limits.max_gpus}, got {gpu:g}")
-        if gpu > limits.max_gpus:
-            raise FieldError("gpu", f"must be from 0 to {limits.max_gpus} (GPUs of the largest node), got {gpu:g}")
-        spec.gpu = gpu
+    layered = request_reader.layer(data, request_reader.TRAINING, limits, project, deprecated)
+    data = layered.data
     spec.workers = _number(data, "workers", 1, 1, MAX_WORKERS, integer=True)
+    res = layered.resources(pods=spec.workers)
+    spec.gpu, spec.gpu_memory_gib = res.gpu, res.gpu_memory_gib
+    spec.cpu, spec.memory_gib = res.cpu, res.memory_gib
     spec.preemptible = _bool(data, "preemptible", True)
     pool = data.get("node_pool")
     spec.node_pool = None if pool is None else validation.name(pool, "node_pool")
@@ -165,8 +141,6 @@ def parse_training(data: dict, limits: Limits) -> TrainingSpec:
     spec.backoff_limit = _number(data, "backoff_limit", 3, 0, MAX_BACKOFF_LIMIT, integer=True)
     spec.backoff_s = _number(data, "backoff_s", 10.0, 0, 300, unit=" s")
     spec.grace_period_s = _number(data, "grace_period_s", 60.0, 0, MAX_GRACE_S, unit=" s")
-    spec.cpu = _number(data, "cpu", 1, 0.1, limits.max_cpu)
-    spec.memory_gib = _number(data, "memory_gib", 4, 0.25, limits.max_memory_gib, unit=" GiB")
     spec.priority = _number(data, "priority", DEFAULT_PRIORITY[Kind.TRAINING], 0, 99, integer=True)
     spec.credentials = check_names(data.get("credentials"), "credentials")
     spec.datasources = check_names(data.get("datasources"), "datasources")
@@ -176,10 +150,6 @@ def parse_training(data: dict, limits: Limits) -> TrainingSpec:
         spec.node_pool = pools[0] if pools else None
     if spec.node_pool is not None:
         pol.check_in("node_pool", "node_pools", spec.node_pool)
-    gpu = ({"gpu_memory_gib": ("gpu_memory", spec.gpu_memory_gib)} if spec.gpu_memory_gib else
-           {"gpu_fraction": ("gpu", spec.gpu)} if 0 < spec.gpu < 1 else
-           {"gpus": ("gpu", spec.gpu * spec.workers)} if spec.gpu else {})
-    check_policy(limits, project, {**gpu, "cpu": ("cpu", spec.cpu), "memory_gib": ("memory_gib", spec.memory_gib)})
-    check_can_run(limits, project, spec.demand(), "gpu_memory" if spec.gpu_memory_gib else "gpu",
+    check_can_run(limits, project, spec.demand(), res.gpu_field,
                   may_go_over_quota=spec.preemptible, pods=spec.workers, pool=spec.node_pool)
     return spec

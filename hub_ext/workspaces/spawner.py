@@ -86,7 +86,10 @@ class GpupoolSpawnerMixin(Spawner):
             return set()
 
     def options_from_form(self, formdata):  # traitlets allow overriding by method
-        req = parse_request(formdata, self.gpupool.limits(self.user.name, self.hub_scopes))
+        notes: list[str] = []
+        req = parse_request(formdata, self.gpupool.limits(self.user.name, self.hub_scopes), notes)
+        if notes:
+            self.log.warning("spawn form of %s: %s", self.user.name, "; ".join(notes))
         return req.to_dict()
 
     def request(self) -> WorkloadRequest:
@@ -130,8 +133,8 @@ class GpupoolSpawnerMixin(Spawner):
         kind = WORKSPACE_KINDS[req.workspace_kind]
         self._emit(5, f"Submitted {kind} to project {req.project}: {req.gpu_label()}, "
                       f"{req.cpu:g} CPU, {humanize.gib(req.memory_gib)} memory", "submitted")
-        rt.store.add_workload(self.workload, self.user.name, req, notify=False, server=self.name)
-        w = to_workload(rt.store.get(self.workload))
+        submitted = rt.store.add_workload(self.workload, self.user.name, req, notify=False, server=self.name)
+        w = req.workload(self.workload, submitted)
         try:
             waiter = rt.scheduler.submit(w, evict=self._evict)
         except ValidationError as e:
