@@ -187,11 +187,10 @@ class K8sTrainings:
     async def _post(self, obj: dict) -> None:
         plural = {"Pod": "pods", "Service": "services", "Secret": "secrets",
                   "PersistentVolumeClaim": "persistentvolumeclaims"}[obj["kind"]]
-        try:
+        if obj["kind"] == "Pod":
             await self.kc.post(f"{self.api}/{plural}", obj)
-        except ApiError as e:
-            if e.status != 409 or obj["kind"] == "Pod":  # the Service and claim outlive pods
-                raise
+        else:  # the Service and claim outlive pods
+            await self.kc.ensure(f"{self.api}/{plural}", obj)
 
     async def launch(self, name: str, resumed: bool = False) -> None:
         """Create the job's claim, Service and worker pods; its priority is raised by one per
