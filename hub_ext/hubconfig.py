@@ -14,9 +14,10 @@ from sqlalchemy import select
 from . import roles
 from .config import ROOT, Gpupool
 from .db import MemberRow
+from .embedded import personal_notice
 from .home import home_context
 from .org import org_users
-from .runtime import Runtime, personal_notice
+from .runtime import Runtime
 
 SCOPES = roles.SCOPES  # custom:gpupool:admin, :department-admin, :use, :view
 
@@ -70,7 +71,7 @@ def configure(c) -> Runtime:
         c.SharedPasswordAuthenticator.admin_password = cfg.admin_password
         c.Authenticator.admin_users = admins
         c.Authenticator.allowed_users = users - admins
-    if not rt.kubernetes and rt.accounts.mode == "personal":
+    if rt.backend.single_account:
         # Every workload would run as the hub's own account: only its owner may log in.
         me = pwd.getpwuid(os.geteuid()).pw_name
         admins = {me}
@@ -82,7 +83,7 @@ def configure(c) -> Runtime:
     c.JupyterHub.template_vars = {**c.JupyterHub.get("template_vars", {}),
                                   "gpupool_ssh": {"port": cfg.ssh_port, "host": cfg.ssh_host}}
 
-    c.JupyterHub.spawner_class = "hub_ext.spawner.GpupoolLocalSpawner"
+    c.JupyterHub.spawner_class = rt.backend.spawner_class
     c.Spawner.start_timeout = cfg.start_timeout_s
     c.Spawner.http_timeout = 180
     c.Spawner.default_url = "/lab"

@@ -25,7 +25,6 @@ from sqlalchemy import select
 
 from hub_ext import org, roles
 
-from ..backends import replica_backend
 from . import activator
 from .activator import Exchange
 from .backends.embedded import free_port
@@ -96,9 +95,12 @@ class HubTokenAuth:
 
 
 class HubInference:
+    """Where the hub serves (``Backend.serves_inference``): its activator and controller, with
+    the backend's replicas; those that outlived the hub are adopted at the start."""
+
     def __init__(self, rt, port: int, token: str, poll_s: float = 1.0):
         self.rt, self.port, self.token, self.poll_s = rt, port, token, poll_s
-        self.controller = Controller(replica_backend(rt))
+        self.controller = Controller(rt.backend.replicas())
         self._status: dict[str, dict] = {}
 
     def start(self) -> None:
@@ -109,8 +111,7 @@ class HubInference:
         self.server = activator.Server(self.controller, f"/services/{NAME}/",
                                        HubTokenAuth(hub_auth, self.rt.Session), lookup=self.lookup)
         asyncio.ensure_future(self.server.listen(self.port)).add_done_callback(self._listening)
-        if not self.rt.kubernetes:  # replica pods outlive the hub on their own
-            self.recover()
+        self.recover()
         self.controller.start()
         asyncio.ensure_future(self._follow())
 
@@ -206,14 +207,14 @@ class PublishedInference:
     def __init__(self, rt, poll_s: float = 1.0):
         from .published import Publisher
 
-        self.publisher, self.poll_s = Publisher(rt.kube, rt.cfg.namespace, rt.Session), poll_s
+        self.publisher, self.poll_s = Publisher(rt.backend.kube, rt.cfg.namespace, rt.Session), poll_s
 
     def start(self) -> None:
         asyncio.ensure_future(self.publisher.follow(self.poll_s))
 
 
 def configure(c, cfg, rt) -> HubInference | PublishedInference:
-    if rt.kubernetes:
+    if not rt.backend.serves_inference:
         published = PublishedInference(rt)
         try:
             asyncio.get_running_loop().call_soon(published.start)

@@ -21,6 +21,7 @@ from gpupool.errors import GpupoolError
 from hub_ext.inference import api as inference_api
 
 from .. import attach, audit, capacity, org, roles, sshkeys, validation
+from ..backends import mode
 from ..db import EventRow, SampleRow, WorkloadRow, bump_version
 from ..events import add_event
 from ..host.accounts import Accounts
@@ -131,7 +132,7 @@ class OrgWriter(ApiHandler):
     kind = "project"
 
     async def change_org(self, change, name: str | None, *args, deleted: bool = False):
-        if self.ctx.cfg.backend != "kubernetes":
+        if not mode(self.ctx.cfg).org_in_cluster:
             return await self.off_loop(self._commit, change, args)
         from .. import k8s_org  # aiohttp and kubernetes_asyncio: the k8s extra
 

@@ -25,7 +25,8 @@ from datetime import datetime
 from sqlalchemy import select
 
 from .. import policy
-from ..activity import Activity, is_fraction, reader
+from ..activity import Activity, is_fraction
+from ..backends import mode
 from ..db import WorkloadRow, bump_version
 from ..events import add_event
 from ..inventory import gpu_utilization
@@ -209,8 +210,7 @@ async def run(ctx) -> None:
     workers_busy: dict[str, float] = {}
     workers_counts: dict[str, int] = {}
     ended: set[str] = set()
-    # on Kubernetes the interception accounts are on the nodes, not beside this process
-    activity = _unseen if ctx.cfg.backend == "kubernetes" else reader(ctx.cfg.state_dir)
+    activity = mode(ctx.cfg).activity(ctx.cfg)
     while True:
         await asyncio.sleep(ctx.cfg.cull_every_s)
         try:

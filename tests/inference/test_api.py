@@ -19,6 +19,7 @@ from hub_ext import org
 from hub_ext.config import Gpupool
 from hub_ext.host.accounts import Accounts, default_mode
 from hub_ext.host.process import Launcher
+from hub_ext.inference.backends.embedded import EmbeddedBackend
 from hub_ext.inference.hub import HubInference
 from hub_ext.schema import make_sessionmaker
 from hub_ext.service import base
@@ -116,9 +117,11 @@ def test_hub_follows_the_table_and_describe_shows_why_a_replica_waits(tmp_path):
         sched = EmbeddedScheduler(store, nodes, period_s=0.05)
         sched.start()
         cfg = Gpupool(state_dir=str(tmp_path / "state"))
-        rt = SimpleNamespace(scheduler=sched, store=store, cfg=cfg, Session=Session, delivery=None,
-                             launcher=Launcher(tmp_path / "state" / "run"),
-                             accounts=Accounts(mode=default_mode(), prefix=ACCOUNT_PREFIX))
+        replicas = EmbeddedBackend(sched, launcher=Launcher(tmp_path / "state" / "run"),
+                                   accounts=Accounts(mode=default_mode(), prefix=ACCOUNT_PREFIX),
+                                   state_dir=tmp_path / "state" / "inference", rows=store,
+                                   preload=cfg.preload_library)
+        rt = SimpleNamespace(cfg=cfg, Session=Session, backend=SimpleNamespace(replicas=lambda: replicas))
         hub = HubInference(rt, port=0, token="t")
         from hub_ext.inference.db import InferenceRow
 
