@@ -120,7 +120,7 @@ def claim_manifest(spec: TrainingSpec, namespace: str, size: str, storage_class:
 
 
 class K8sTrainings:
-    """The training backend on Kubernetes; one per hub process (``Runtime.trainings``)."""
+    """The training backend on Kubernetes; one per hub process (``KubernetesMode.trainings``)."""
 
     def __init__(self, kc: KubeClient, Session, namespace: str, poll_s: float = 0.5,
                  checkpoint_size: str = "10Gi", storage_class: str = ""):
