@@ -23,14 +23,16 @@ built: logs, exec, activity. Every pod the Kubernetes implementations write foll
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scheduler.model import Node
 
 from .activity import Activity
 from .config import Gpupool
-from .embedded import EmbeddedMode
-from .kubernetes import KubernetesMode
+
+if TYPE_CHECKING:
+    from .embedded import EmbeddedMode
+    from .kubernetes import KubernetesMode
 
 __all__ = ["Backend", "Trainings", "build", "mode"]
 
@@ -73,13 +75,16 @@ class Backend(Protocol):
         """``workload region -> Activity``: what the interception library saw (the culler)."""
 
 
-MODES: dict[str, type[EmbeddedMode] | type[KubernetesMode]] = {
-    "embedded": EmbeddedMode, "kubernetes": KubernetesMode}
-
-
 def mode(cfg: Gpupool) -> type[EmbeddedMode] | type[KubernetesMode]:
-    """The class of ``cfg``'s mode: its static parts (logs, exec, activity) need nothing built."""
-    return MODES[cfg.backend]
+    """The class of ``cfg``'s mode: its static parts (logs, exec, activity) need nothing built.
+    Only that mode's modules are imported."""
+    if cfg.backend == "kubernetes":
+        from .kubernetes import KubernetesMode
+
+        return KubernetesMode
+    from .embedded import EmbeddedMode
+
+    return EmbeddedMode
 
 
 def build(cfg: Gpupool, Session, store, delivery) -> EmbeddedMode | KubernetesMode:

@@ -13,7 +13,6 @@ from scheduler.k8s.client import KubeClient
 
 from .cluster_events import PodEvents
 from .config import Gpupool
-from .k8s_org import kubeconfig_path
 from .training.controller import K8sTrainings, worker_logs
 
 log = logging.getLogger("gpupool")
@@ -21,6 +20,8 @@ log = logging.getLogger("gpupool")
 
 def kube_client(cfg: Gpupool) -> KubeClient:
     """The hub's client of the API server (``k8s_org.kubeconfig_path``)."""
+    from .k8s_org import kubeconfig_path
+
     return KubeClient.from_file_or_pod(kubeconfig_path(cfg.kubeconfig))
 
 
