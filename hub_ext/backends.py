@@ -1,30 +1,40 @@
-"""Where workloads run (``Gpupool.backend``): one interface per concern, an embedded and a
-Kubernetes implementation of each. The hub builds only those of the chosen backend.
+"""Where workloads run (``Gpupool.backend``): one ``Backend`` object per mode, built once at
+the hub's start-up (``Runtime.backend``), with one implementation of each concern.
 
 =================  ====================================  ===========================================
-concern            embedded                              kubernetes
+concern            embedded (``hub_ext.embedded``)       kubernetes (``hub_ext.kubernetes``)
 =================  ====================================  ===========================================
 placement          ``EmbeddedScheduler`` on the hub's    gpupool-scheduler (its own Deployment)
                    GPUs (NVML or ``declared_gpus``)      on the cluster's nodes; no declared GPUs
 workspaces         ``GpupoolLocalSpawner``               ``GpupoolKubeSpawner``
 trainings          ``training.runner.JobRunner``         ``training.controller.K8sTrainings``
-inference replicas ``inference.backends.embedded``       ``inference.backends.k8s.K8sBackend``
+inference replicas the hub's activator, replicas as      published for the chart's activator, whose
+                   processes (``inference.backends.      replicas are pods (``inference.backends.
+                   embedded``)                           k8s``)
 logs               the owner's files                     the API server (pods/NAME/log)
+exec (SSH)         ``ssh.embedded.HostBackend``          ``ssh.kube.KubeBackend``
 =================  ====================================  ===========================================
 
-Every pod the Kubernetes implementations write follows ``scheduler.contract``.
+The gpupool service process asks only the mode's class (``mode``) for what needs nothing
+built: logs, exec, activity. Every pod the Kubernetes implementations write follows
+``scheduler.contract``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
-from scheduler.k8s.client import KubeClient
+from scheduler.model import Node
 
 from .config import Gpupool
+from .host.activity import Activity
 
-__all__ = ["Trainings", "kube_client", "replica_backend"]
+if TYPE_CHECKING:
+    from .embedded import EmbeddedMode
+    from .kubernetes import KubernetesMode
+
+__all__ = ["Backend", "Trainings", "build", "mode"]
 
 
 class Trainings(Protocol):
@@ -35,22 +45,48 @@ class Trainings(Protocol):
     async def stop(self) -> None: ...
 
 
-def kube_client(cfg: Gpupool) -> KubeClient:
-    """The hub's client of the API server (``k8s_org.kubeconfig_path``)."""
-    from .cluster.org import kubeconfig_path
+class Backend(Protocol):
+    """What the hub asks of the mode it runs in."""
 
-    return KubeClient.from_file_or_pod(kubeconfig_path(cfg.kubeconfig))
+    nodes: list[Node]  # placement: the GPUs the hub places on itself (none on Kubernetes)
+    inventory_source: str  # "nvml", "declared" or "kubernetes"
+    trainings: Trainings
+    spawner_class: str  # workspaces: JupyterHub's spawner_class
+    serves_inference: bool  # the hub runs the activator (else the chart's runs, published to)
+    single_account: bool  # every workload runs as the hub's own account (personal mode)
+    org_in_cluster: bool  # departments and projects are objects in the cluster (the truth)
+
+    def start(self) -> None:
+        """Start what follows the mode's workloads (on the hub's event loop)."""
+
+    def free_per_gpu(self) -> list[int]:
+        """Free milli-GPUs of each GPU the hub places on."""
+
+    @staticmethod
+    async def worker_log(cfg: Gpupool, name: str, rank: int, tail: int) -> list[str]:
+        """The last ``tail`` lines of training ``name``'s worker ``rank``."""
+
+    @staticmethod
+    async def ssh(cfg: Gpupool, Session) -> Any:
+        """The SSH gateway's backend (``ssh.gateway.Backend``)."""
+
+    @staticmethod
+    def activity(cfg: Gpupool) -> Callable[[str], Activity | None]:
+        """``workload region -> Activity``: what the interception library saw (the culler)."""
 
 
-def replica_backend(rt):
-    """The inference controller's backend (``inference.controller.Backend``) for ``rt``."""
-    if rt.cfg.backend == "kubernetes":
-        from .serving.backends.k8s import K8sBackend
+def mode(cfg: Gpupool) -> type[EmbeddedMode] | type[KubernetesMode]:
+    """The class of ``cfg``'s mode: its static parts (logs, exec, activity) need nothing built.
+    Only that mode's modules are imported."""
+    if cfg.backend == "kubernetes":
+        from .kubernetes import KubernetesMode
 
-        return K8sBackend(rt.kube, rt.cfg.namespace)
-    from .serving.backends.embedded import EmbeddedBackend
+        return KubernetesMode
+    from .embedded import EmbeddedMode
 
-    return EmbeddedBackend(rt.scheduler, launcher=rt.launcher, accounts=rt.accounts,
-                           state_dir=Path(rt.cfg.state_dir) / "inference", rows=rt.store,
-                           preload=rt.cfg.preload_library, delivery=rt.delivery)
+    return EmbeddedMode
 
+
+def build(cfg: Gpupool, Session, store, delivery) -> EmbeddedMode | KubernetesMode:
+    """The hub's backend for ``cfg.backend``; once per hub process (``Runtime``)."""
+    return mode(cfg)(cfg, Session, store, delivery)

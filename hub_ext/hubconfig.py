@@ -11,12 +11,12 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from .backends import replica_backend
 from .config import ROOT, Gpupool
 from .db.tables import MemberRow
+from .embedded import personal_notice
 from .org import roles
 from .org.projects import org_users
-from .runtime import Runtime, personal_notice
+from .runtime import Runtime
 from .workspaces.home import home_context
 
 SCOPES = roles.SCOPES  # custom:gpupool:admin, :department-admin, :use, :view
@@ -71,7 +71,7 @@ def configure(c) -> Runtime:
         c.SharedPasswordAuthenticator.admin_password = cfg.admin_password
         c.Authenticator.admin_users = admins
         c.Authenticator.allowed_users = users - admins
-    if not rt.kubernetes and rt.accounts.mode == "personal":
+    if rt.backend.single_account:
         # Every workload would run as the hub's own account: only its owner may log in.
         me = pwd.getpwuid(os.geteuid()).pw_name
         admins = {me}
@@ -83,7 +83,7 @@ def configure(c) -> Runtime:
     c.JupyterHub.template_vars = {**c.JupyterHub.get("template_vars", {}),
                                   "gpupool_ssh": {"port": cfg.ssh_port, "host": cfg.ssh_host}}
 
-    c.JupyterHub.spawner_class = "hub_ext.workspaces.spawner.GpupoolLocalSpawner"
+    c.JupyterHub.spawner_class = rt.backend.spawner_class
     c.Spawner.start_timeout = cfg.start_timeout_s
     c.Spawner.http_timeout = 180
     c.Spawner.default_url = "/lab"
@@ -118,7 +118,7 @@ def configure(c) -> Runtime:
     ]
     from .serving import hub as inference_hub  # scale-to-zero inference services
 
-    inference_hub.configure(c, cfg, rt, replica_backend)
+    inference_hub.configure(c, cfg, rt)
     return rt
 
 

@@ -2,8 +2,9 @@
 # 1. gpupool's settings: gpupool_config.py, rendered from the chart's values;
 # 2. hub_ext.hubconfig.configure: what `gpupool up` derives from them (roles, the gpupool
 #    service, the proxy, state files, the shared-password authenticator);
-# 3. what differs on Kubernetes: GpupoolKubeSpawner, the hub API reachable from workspace
-#    pods, and the authenticator the values chose.
+#    and the spawner of the mode (GpupoolKubeSpawner: hub_ext/kubernetes.py);
+# 3. what differs on Kubernetes: the hub API reachable from workspace pods, and the
+#    authenticator the values chose.
 # Everything that differs between the cluster and a test run comes from the environment.
 import os
 
@@ -14,7 +15,6 @@ from hub_ext.hubconfig import configure  # noqa: E402
 
 configure(c)
 
-c.JupyterHub.spawner_class = "hub_ext.workspaces.k8s_spawner.GpupoolKubeSpawner"
 c.JupyterHub.hub_ip = "0.0.0.0"
 c.JupyterHub.hub_connect_ip = os.environ["GPUPOOL_HUB_CONNECT_IP"]
 c.JupyterHub.cleanup_servers = False  # workspace pods outlive a hub restart (as in z2jh)

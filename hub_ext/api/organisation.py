@@ -6,6 +6,7 @@ from __future__ import annotations
 from sqlalchemy.exc import IntegrityError
 from tornado.web import HTTPError
 
+from ..backends import mode
 from ..db import audit
 from ..org import projects as org
 from ..org import roles
@@ -20,7 +21,7 @@ class OrgWriter(ApiHandler):
     kind = "project"
 
     async def change_org(self, change, name: str | None, *args, deleted: bool = False):
-        if self.ctx.cfg.backend != "kubernetes":
+        if not mode(self.ctx.cfg).org_in_cluster:
             return await self.off_loop(self._commit, change, args)
         from ..cluster import org as k8s_org  # aiohttp and kubernetes_asyncio: the k8s extra
 

@@ -12,19 +12,21 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from .. import validation
-from ..backends import kube_client
+from ..backends import mode
 from ..db.tables import EventRow, WorkloadRow
-from ..host.launch import read_tail
 from ..org import projects as org
 from ..org import roles
 from ..requests.limits import limits_for
-from ..training.controller import worker_logs
-from ..training.db import STATUSES, TrainingRow, add_training, is_active, training_dict, worker_log
+from ..training.db import (
+    STATUSES,
+    TrainingRow,
+    add_training,
+    is_active,
+    training_dict,
+)
 from ..training.spec import MAX_WORKERS, parse_training
 from ..validation import FieldError
 from .base import ApiHandler
-
-MAX_LOG_BYTES = 1 << 20
 
 
 class _Base(ApiHandler):
@@ -125,14 +127,7 @@ class TrainingLogsHandler(_Base):
             workers = int(t.spec.get("workers", 1))
         if not 0 <= rank < workers:
             raise FieldError("rank", f"must be from 0 to {workers - 1}, got {rank}")
-        cfg = self.ctx.cfg
-        if cfg.backend == "kubernetes":  # the worker pod's log, through the API server
-            async with kube_client(cfg) as kc:
-                lines = await worker_logs(kc, cfg.namespace, name, rank, tail)
-        else:
-            where = worker_log(cfg.state_dir, name, rank)
-            text = read_tail(*where, MAX_LOG_BYTES) if where else ""  # the account's file, read safely
-            lines = text.splitlines()[-tail:]
+        lines = await mode(self.ctx.cfg).worker_log(self.ctx.cfg, name, rank, tail)
         self.send({"name": name, "rank": rank, "lines": lines})
 
 

@@ -1,5 +1,5 @@
 """What the hub follows in the cluster when ``Gpupool.backend`` is kubernetes: the
-organisation (hub_ext.k8s_org) and the inventory (hub_ext.k8s_inventory)."""
+organisation (hub_ext.cluster.org) and the inventory (hub_ext.cluster.inventory)."""
 
 from __future__ import annotations
 

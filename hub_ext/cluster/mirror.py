@@ -1,6 +1,6 @@
 """A copy of some Kubernetes objects kept current by list and watch, shared by the hub's
-followers of the cluster (hub_ext.k8s_org: the organisation; hub_ext.k8s_inventory: nodes
-and pods; hub_ext.training.controller: training pods; hub_ext.inference.published: the
+followers of the cluster (hub_ext.cluster.org: the organisation; hub_ext.cluster.inventory: nodes
+and pods; hub_ext.training.controller: training pods; hub_ext.serving.published: the
 published services) so that none of them lists the API server in a loop.
 
 Each path is listed (``selectors``: a label selector per path), then watched from the list's

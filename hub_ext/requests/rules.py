@@ -124,7 +124,7 @@ class WorkloadRequest:
 
     @property
     def may_go_over_quota(self) -> bool:
-        """The scheduler's rule for this request (as hub_ext.store.to_workload submits it)."""
+        """The scheduler's rule for this request (as hub_ext.requests.store.to_workload submits it)."""
         return Workload("-", self.project, self.kind_enum, preemptible=self.preemptible,
                         allow_over_quota=self.preemptible or None).may_go_over_quota
 
@@ -134,7 +134,7 @@ class WorkloadRequest:
 
     def workload(self, name: str, submit_time: float, grace_period_s: float = 30.0) -> Workload:
         """The scheduler's workload for this request: what the spawner submits, and what a
-        stored row makes again (hub_ext.store.to_workload)."""
+        stored row makes again (hub_ext.requests.store.to_workload)."""
         return Workload(
             name=name,
             project=self.project,

@@ -169,7 +169,7 @@ class DbStore:
     def reset_after_restart(self, running: set[str] = frozenset()) -> None:
         """After a hub restart: a workspace whose server did not outlive the hub (not in
         ``running``) is dropped. Other work is settled by its owner as it starts (the job
-        runner, the inference controller, ``Runtime._recover_processes``): taken back,
+        runner, the inference controller, ``EmbeddedMode.recover_processes``): taken back,
         reported as ended, or queued again."""
         gone = WorkloadRow.name.not_in(running) if running else true()
         with self.Session() as s:

@@ -15,6 +15,7 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 
 from ..api import routes as api
+from ..backends import mode
 from ..config import Gpupool, load_config
 from ..schema import make_sessionmaker
 from ..ssh import gateway as ssh_gateway
@@ -82,7 +83,7 @@ def main() -> None:
         # The SSH gateway runs here: this process is the hub's user (root in embedded mode),
         # holds the database and reaches the hub's API (hub_ext/ssh/gateway.py).
         gateway = await ssh_gateway.run(cfg, app.settings["gpupool"].Session, app.settings["gpupool"].hub.url,
-                                        os.environ.get("JUPYTERHUB_PUBLIC_URL", ""))
+                                        os.environ.get("JUPYTERHUB_PUBLIC_URL", ""), backend_for=mode(cfg).ssh)
         # idle culling (cull_idle_s, policies' idle timeouts) and policies' maximum runtimes
         asyncio.ensure_future(culler.run(app.settings["gpupool"]))
         asyncio.ensure_future(_end_with_hub(stop))

@@ -24,9 +24,10 @@ from datetime import datetime
 
 from sqlalchemy import select
 
+from ..backends import mode
 from ..db.events import add_event
 from ..db.tables import WorkloadRow, bump_version
-from ..host.activity import Activity, is_fraction, reader
+from ..host.activity import Activity, is_fraction
 from ..host.inventory import gpu_utilization
 from ..org import policy
 from ..requests.rules import workload_name
@@ -209,8 +210,7 @@ async def run(ctx) -> None:
     workers_busy: dict[str, float] = {}
     workers_counts: dict[str, int] = {}
     ended: set[str] = set()
-    # on Kubernetes the interception accounts are on the nodes, not beside this process
-    activity = _unseen if ctx.cfg.backend == "kubernetes" else reader(ctx.cfg.state_dir)
+    activity = mode(ctx.cfg).activity(ctx.cfg)
     while True:
         await asyncio.sleep(ctx.cfg.cull_every_s)
         try:

@@ -19,7 +19,6 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import select
@@ -28,7 +27,7 @@ from hub_ext.org import projects as org
 from hub_ext.org import roles
 from inference import activator
 from inference.activator import Exchange
-from inference.controller import Backend, Controller
+from inference.controller import Controller
 from inference.service import Service
 
 from .backends.embedded import free_port
@@ -97,9 +96,12 @@ class HubTokenAuth:
 
 
 class HubInference:
-    def __init__(self, rt, port: int, token: str, backend: Backend, poll_s: float = 1.0):
+    """Where the hub serves (``Backend.serves_inference``): its activator and controller, with
+    the backend's replicas; those that outlived the hub are adopted at the start."""
+
+    def __init__(self, rt, port: int, token: str, poll_s: float = 1.0):
         self.rt, self.port, self.token, self.poll_s = rt, port, token, poll_s
-        self.controller = Controller(backend)
+        self.controller = Controller(rt.backend.replicas())
         self._status: dict[str, dict] = {}
 
     def start(self) -> None:
@@ -110,8 +112,7 @@ class HubInference:
         self.server = activator.Server(self.controller, f"/services/{NAME}/",
                                        HubTokenAuth(hub_auth, self.rt.Session), lookup=self.lookup)
         asyncio.ensure_future(self.server.listen(self.port)).add_done_callback(self._listening)
-        if not self.rt.kubernetes:  # replica pods outlive the hub on their own
-            self.recover()
+        self.recover()
         self.controller.start()
         asyncio.ensure_future(self._follow())
 
@@ -207,16 +208,16 @@ class PublishedInference:
     def __init__(self, rt, poll_s: float = 1.0):
         from .published import Publisher
 
-        self.publisher, self.poll_s = Publisher(rt.kube, rt.cfg.namespace, rt.Session), poll_s
+        self.publisher, self.poll_s = Publisher(rt.backend.kube, rt.cfg.namespace, rt.Session), poll_s
 
     def start(self) -> None:
         asyncio.ensure_future(self.publisher.follow(self.poll_s))
 
 
-def configure(c, cfg, rt, replica_backend: Callable[[object], Backend]) -> HubInference | PublishedInference:
-    """Runs the activator in the hub (embedded: its replicas from ``replica_backend(rt)``,
-    hub_ext.backends) or follows the chart's (Kubernetes)."""
-    if rt.kubernetes:
+def configure(c, cfg, rt) -> HubInference | PublishedInference:
+    """Runs the activator in the hub, with the replicas of ``rt.backend`` (embedded), or
+    follows the chart's (Kubernetes)."""
+    if not rt.backend.serves_inference:
         published = PublishedInference(rt)
         try:
             asyncio.get_running_loop().call_soon(published.start)
@@ -233,7 +234,7 @@ def configure(c, cfg, rt, replica_backend: Callable[[object], Backend]) -> HubIn
     token = token_file.read_text().strip()
     c.JupyterHub.services.append({"name": NAME, "url": f"http://127.0.0.1:{port}",
                                   "api_token": token, "display": False})
-    hub = HubInference(rt, port, token, replica_backend(rt))
+    hub = HubInference(rt, port, token)
     try:
         asyncio.get_running_loop().call_soon(hub.start)
     except RuntimeError:  # config loaded outside the hub: nothing to start

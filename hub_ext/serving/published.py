@@ -119,12 +119,8 @@ class Publisher(_Following):
                     raise
         for name, spec in specs.items():
             want = manifest(spec, self.namespace, limits[name])
-            if name not in cms:
-                try:
-                    await self.kc.post(self.path, want)
-                except ApiError as e:
-                    if e.status != 409:  # made just now, not yet in the copy
-                        raise
+            if name not in cms:  # one made just now, not yet in the copy, is left as it is
+                await self.kc.ensure(self.path, want)
             elif cms[name].get("data") != want["data"]:
                 await self.kc.patch(f"{self.path}/{configmap_name(name)}", {"data": want["data"]})
         with self.Session() as s:

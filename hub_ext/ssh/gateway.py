@@ -250,20 +250,12 @@ class Gateway:
             login_timeout=60, keepalive_interval=60)
 
 
-async def run(cfg, Session, hub_api: str, hub_url: str = "") -> asyncssh.SSHAcceptor | None:
-    """Start the gateway when ``Gpupool.ssh_port`` is set (the backend by ``Gpupool.backend``)."""
+async def run(cfg, Session, hub_api: str, hub_url: str = "", *, backend_for) -> asyncssh.SSHAcceptor | None:
+    """Start the gateway when ``Gpupool.ssh_port`` is set; ``await backend_for(cfg, Session)``
+    gives its ``Backend`` (the mode's: ``hub_ext.backends.mode(cfg).ssh``)."""
     if not cfg.ssh_port:
         return None
-    if cfg.backend == "kubernetes":
-        from ..cluster.org import kubeconfig_path
-        from .kube import KubeBackend
-
-        backend: Backend = await KubeBackend.from_environment(cfg.namespace, kubeconfig_path(cfg.kubeconfig))
-    else:
-        from ..host.state import RUN_DIR
-        from .embedded import HostBackend
-
-        backend = HostBackend(Path(cfg.state_dir) / RUN_DIR, Session)
+    backend: Backend = await backend_for(cfg, Session)
     gw = Gateway(Session, backend, hub_api, Throttle(cfg.ssh_max_failures, cfg.ssh_lockout_s), hub_url)
     acceptor = await gw.start(cfg.ssh_ip, cfg.ssh_port, cfg.state_dir)
     log.info("ssh gateway listening on %s:%d", cfg.ssh_ip, cfg.ssh_port)

@@ -120,7 +120,7 @@ def claim_manifest(spec: TrainingSpec, namespace: str, size: str, storage_class:
 
 
 class K8sTrainings:
-    """The training backend on Kubernetes; one per hub process (``Runtime.trainings``)."""
+    """The training backend on Kubernetes; one per hub process (``KubernetesMode.trainings``)."""
 
     def __init__(self, kc: KubeClient, Session, namespace: str, poll_s: float = 0.5,
                  checkpoint_size: str = "10Gi", storage_class: str = ""):
@@ -187,11 +187,10 @@ class K8sTrainings:
     async def _post(self, obj: dict) -> None:
         plural = {"Pod": "pods", "Service": "services", "Secret": "secrets",
                   "PersistentVolumeClaim": "persistentvolumeclaims"}[obj["kind"]]
-        try:
+        if obj["kind"] == "Pod":
             await self.kc.post(f"{self.api}/{plural}", obj)
-        except ApiError as e:
-            if e.status != 409 or obj["kind"] == "Pod":  # the Service and claim outlive pods
-                raise
+        else:  # the Service and claim outlive pods
+            await self.kc.ensure(f"{self.api}/{plural}", obj)
 
     async def launch(self, name: str, resumed: bool = False) -> None:
         """Create the job's claim, Service and worker pods; its priority is raised by one per

@@ -57,7 +57,7 @@ def form_context(rt, user: str, scopes=(), workload: str = "", live_url: str = "
         # what Start would answer to the choices the form opens with (the form asks again
         # for every change)
         live = {**capacity.status(s, limits), "request": capacity.answer(s, limits, _as_form(choice))}
-    gpu = max((g for n in rt.nodes for g in n.gpus), key=lambda g: g.memory_mib, default=None)
+    gpu = max((g for n in rt.backend.nodes for g in n.gpus), key=lambda g: g.memory_mib, default=None)
     allowed = {p: {"templates": list(limits.allowed(p, "templates", limits.templates)),
                    "environments": list(limits.allowed(p, "environments", limits.environments)),
                    "node_pools": list(limits.allowed(p, "node_pools", limits.node_pools)),

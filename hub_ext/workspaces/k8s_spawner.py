@@ -115,7 +115,7 @@ def _merged(configured, ours: list[dict]):
 
 
 class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
-    """``c.JupyterHub.spawner_class = "hub_ext.k8s_spawner.GpupoolKubeSpawner"``."""
+    """``c.JupyterHub.spawner_class = "hub_ext.workspaces.k8s_spawner.GpupoolKubeSpawner"``."""
 
     gpupool_scheduler_name = Unicode(
         SCHEDULER_NAME, config=True, help="schedulerName of workspace pods (gpupool-scheduler's)"

@@ -136,7 +136,7 @@ class GpupoolSpawnerMixin(Spawner):
         submitted = rt.store.add_workload(self.workload, self.user.name, req, notify=False, server=self.name)
         w = req.workload(self.workload, submitted)
         try:
-            waiter = rt.scheduler.submit(w, evict=self._evict)
+            waiter = rt.embedded.scheduler.submit(w, evict=self._evict)
         except ValidationError as e:
             rt.store.remove_workload(self.workload)
             raise Refused(f"Cannot schedule: {e}", reason="invalid") from None
@@ -153,7 +153,7 @@ class GpupoolSpawnerMixin(Spawner):
                    "placed")
         self._emit(70, f"Starting {kind}", "starting")
         try:
-            self.gpupool_env = {**rt.env_for(w, bind), **rt.delivery.env(
+            self.gpupool_env = {**rt.embedded.env_for(w, bind), **rt.delivery.env(
                 self.workload, self.user.name, req.project, req.credentials, req.datasources,
                 getattr(self, "home_dir", None), account=getattr(self, "account", None))}
             if req.credentials or req.datasources:
@@ -163,7 +163,7 @@ class GpupoolSpawnerMixin(Spawner):
         except BaseException:
             SPAWN_SECONDS.labels(req.project, "failed").observe(time.monotonic() - t0)
             rt.delivery.cleanup(self.workload)
-            rt.scheduler.release(self.workload, "failed to start")
+            rt.embedded.scheduler.release(self.workload, "failed to start")
             rt.store.remove_workload(self.workload)
             if isinstance(sys.exc_info()[1], asyncio.CancelledError):
                 self.server = None  # stopped while starting: not ready (see _cancel_queued)
@@ -201,7 +201,7 @@ class GpupoolSpawnerMixin(Spawner):
         why = ("stopped while it waited in the queue" if stopped
                else f"still waiting in the queue after start_timeout ({self.start_timeout} s)")
         SPAWN_SECONDS.labels(req.project, "cancelled").observe(waited)
-        rt.scheduler.release(self.workload, "cancelled")
+        rt.embedded.scheduler.release(self.workload, "cancelled")
         rt.store.remove_workload(self.workload)
         rt.store.event("cancelled", f"{self.workload} cancelled: {why} ({waited:.0f} s)",
                        self.workload, req.project)
@@ -213,7 +213,7 @@ class GpupoolSpawnerMixin(Spawner):
         pid = getattr(self, "pid", 0)
         if pid:
             await terminate(pid, grace_s, lambda: _alive(pid))
-        self.gpupool.scheduler.release(self.workload, "evicted")
+        self.gpupool.embedded.scheduler.release(self.workload, "evicted")
         self.gpupool.store.remove_workload(self.workload)
         self.gpupool.delivery.cleanup(self.workload)
 
@@ -221,7 +221,7 @@ class GpupoolSpawnerMixin(Spawner):
         try:
             await super().stop(now=now)
         finally:
-            self.gpupool.scheduler.release(self.workload, "stopped")
+            self.gpupool.embedded.scheduler.release(self.workload, "stopped")
             self.gpupool.store.remove_workload(self.workload)
             self.gpupool.delivery.cleanup(self.workload)
 
@@ -300,7 +300,7 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
     async def start(self):
         try:  # first: attached files and links go into the account's home
             self.account = await asyncio.get_running_loop().run_in_executor(
-                None, self.gpupool.accounts.for_user, self.user.name)
+                None, self.gpupool.embedded.accounts.for_user, self.user.name)
         except AccountError as e:
             raise RuntimeError(f"No OS account for {self.user.name}: {e}") from None
         return await super().start()
@@ -325,9 +325,9 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
                     cwd=str(self.account.home), account=self.account,
                     limits=Limits(cpu=req.cpu, memory_bytes=self.mem_limit,
                                   gpu_devices=tuple(d for p in bind.pods for d in launch.gpu_devices(
-                                      rt.scheduler.snapshot.nodes[p.node], p))),
+                                      rt.embedded.scheduler.snapshot.nodes[p.node], p))),
                     log_path=str(launch.output_log(self.account.home, "workspace", self.workload)))
-        self._handle = await launch.start(rt.launcher, spec)
+        self._handle = await launch.start(rt.embedded.launcher, spec)
         self.pid = self._handle.pid
         self._watch = asyncio.ensure_future(self._watch_exit(self._handle))
         self.log.info("gpupool: %s launched in %.2fs as %s", self.workload, time.monotonic() - t0,
@@ -352,7 +352,7 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
             await asyncio.sleep(poll_s)
         kind = "oom-killed" if end.oom else "exited"
         rt.store.event(kind, f"{self.workload} ended: {end.describe()}", self.workload, project)
-        rt.scheduler.release(self.workload, end.describe())
+        rt.embedded.scheduler.release(self.workload, end.describe())
         rt.store.remove_workload(self.workload)
         rt.delivery.cleanup(self.workload, getattr(self, "account", None))
 
@@ -360,11 +360,11 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
         """The handle of the running process, found again after a hub restart."""
         handle = getattr(self, "_handle", None)
         if handle is None and self.pid:
-            handle = self._handle = self.gpupool.launcher.adopt(self.workload)
+            handle = self._handle = self.gpupool.embedded.launcher.adopt(self.workload)
             row = self.gpupool.store.get(self.workload)
             if handle is not None and row is not None:
-                self.account = self.gpupool.accounts.for_user(self.user.name)
-                self.gpupool.scheduler.adopt(to_workload(row), self._evict)
+                self.account = self.gpupool.embedded.accounts.for_user(self.user.name)
+                self.gpupool.embedded.scheduler.adopt(to_workload(row), self._evict)
                 self._watch = asyncio.ensure_future(self._watch_exit(handle))
         return handle
 
@@ -402,12 +402,12 @@ class GpupoolLocalSpawner(GpupoolSpawnerMixin, Spawner):
             if handle is not None and handle.alive():
                 await handle.terminate(grace_s)
         finally:
-            self.gpupool.scheduler.release(self.workload, reason)
+            self.gpupool.embedded.scheduler.release(self.workload, reason)
             self.gpupool.store.remove_workload(self.workload)
             self.gpupool.delivery.cleanup(self.workload, getattr(self, "account", None))
         if handle is not None:
             with contextlib.suppress(LaunchError):  # still running: its run folder stays
-                self.gpupool.launcher.forget(handle.name)
+                self.gpupool.embedded.launcher.forget(handle.name)
 
     async def stop(self, now=False):
         await self._end(0 if now else 5.0, "stopped")

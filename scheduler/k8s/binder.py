@@ -109,13 +109,8 @@ class Binder:
                 if node is None:
                     raise ApiError(404, f"node {pl.node} went away")
                 cm = fraction_config_map(pod, pl, node, self.cfg.preload_path)
-                base = f"/api/v1/namespaces/{pod.namespace}/configmaps"
-                try:
-                    await self.kc.post(base, cm)
-                except ApiError as e:
-                    if e.status != 409:
-                        raise
-                    await self.kc.put(f"{base}/{pod.config_map}", cm)  # left by a crash
+                # one of that name is left by a crash: replaced
+                await self.kc.apply(f"/api/v1/namespaces/{pod.namespace}/configmaps", cm)
             try:
                 await self.kc.request("POST", pod_path(pod.namespace, pod.name, "binding"),
                                       binding(pod, pl, over_quota), decode=False)

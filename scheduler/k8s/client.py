@@ -173,6 +173,32 @@ class KubeClient:
                  "json": "application/json-patch+json"}[kind]
         return await self.request("PATCH", path, body, content_type=ctype)
 
+    async def apply(self, path: str, obj: JSON, versioned: bool = False) -> JSON:
+        """Create ``obj`` in the collection ``path``, or replace the object of its name there
+        (POST, then PUT on 409). ``versioned``: the kind's updates must name the version they
+        replace (CustomResourceDefinitions, custom resources), read from the object there."""
+        try:
+            return await self.post(path, obj)
+        except ApiError as e:
+            if e.status != 409:
+                raise
+        at = f"{path}/{obj['metadata']['name']}"
+        if versioned:
+            old = await self.get(at)
+            obj = {**obj, "metadata": {**obj["metadata"],
+                                       "resourceVersion": old["metadata"]["resourceVersion"]}}
+        return await self.put(at, obj)
+
+    async def ensure(self, path: str, obj: JSON) -> JSON | None:
+        """Create ``obj`` in the collection ``path`` unless an object of its name is there
+        (left as it is: None)."""
+        try:
+            return await self.post(path, obj)
+        except ApiError as e:
+            if e.status != 409:
+                raise
+            return None
+
     async def delete(self, path: str, body: JSON | None = None, **params: Any) -> JSON:
         return await self.request("DELETE", path, body, params=params)
 

@@ -179,8 +179,6 @@ async def apply_crds(info: ClusterInfo, crd_dir: Path = CRD_DIR, timeout_s: floa
 
     import yaml
 
-    from .client import ApiError
-
     base = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     async with client_for(info) as kc:
         names = []
@@ -188,14 +186,7 @@ async def apply_crds(info: ClusterInfo, crd_dir: Path = CRD_DIR, timeout_s: floa
             crd = yaml.safe_load(f.read_text())
             name = crd["metadata"]["name"]
             names.append(name)
-            try:
-                await kc.post(base, crd)
-            except ApiError as e:
-                if e.status != 409:
-                    raise
-                old = await kc.get(f"{base}/{name}")
-                crd["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-                await kc.put(f"{base}/{name}", crd)
+            await kc.apply(base, crd, versioned=True)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         for name in names:

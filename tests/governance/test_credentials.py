@@ -445,7 +445,7 @@ def test_k8s_pods_reference_the_secret(k8s_cluster):  # noqa: F811
     """Training workers and an inference replica built with attachments: applied as they
     are, the pods name the Secret's keys and volumes, and the Secret holds the values."""
     from hub_ext.attachments.attach import Attachments, CredentialRef, DataSourceRef, secret_name
-    from hub_ext.serving.backends.k8s import K8sBackend, credentials_secret, replica_pod
+    from hub_ext.serving.backends.k8s import credentials_secret, replica_pod
     from hub_ext.serving.spec import parse_spec
     from hub_ext.training.k8s import K8sOptions, training_objects
     from hub_ext.training.spec import TrainingSpec
@@ -479,13 +479,13 @@ def test_k8s_pods_reference_the_secret(k8s_cluster):  # noqa: F811
             for o in objs:
                 plural = {"Secret": "secrets", "Service": "services", "Pod": "pods"}[o["kind"]]
                 await kc.post(f"/api/v1/namespaces/{ns}/{plural}", o)
-            # the inference backend writes the service's Secret again on every replica start
-            backend = K8sBackend(kc, ns)
+            # the inference backend writes the service's Secret again on every replica start (apply)
+            secrets_path = f"/api/v1/namespaces/{ns}/secrets"
             rotated = {**values, "registry": {"password": PASSWORD + "-2"}}
-            await backend._put_secret(credentials_secret(svc, ns, rotated))
-            kept = await kc.get(f"/api/v1/namespaces/{ns}/secrets/{secret_name('kserve')}")
+            await kc.apply(secrets_path, credentials_secret(svc, ns, rotated))
+            kept = await kc.get(f"{secrets_path}/{secret_name('kserve')}")
             assert base64.b64decode(kept["data"]["registry.password"]).decode() == PASSWORD + "-2"
-            await backend._put_secret(credentials_secret(svc, ns, values))
+            await kc.apply(secrets_path, credentials_secret(svc, ns, values))
             pods = [await kc.get(f"/api/v1/namespaces/{ns}/pods/{n}") for n in ("ktrain-0", "ktrain-1", "kserve-1")]
             secrets = {n: await kc.get(f"/api/v1/namespaces/{ns}/secrets/{n}")
                        for n in (secret_name("ktrain"), secret_name("kserve"))}

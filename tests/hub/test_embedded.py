@@ -289,4 +289,4 @@ def test_the_hub_s_consolidate_in_quota_option_reaches_the_scheduler(tmp_path, o
 
     options = {"state_dir": str(tmp_path), **({"consolidate_in_quota": True} if on else {})}
     cfg = Gpupool(config=Config({"Gpupool": options}))
-    assert Runtime(cfg).scheduler.snapshot.config.consolidate_in_quota is on
+    assert Runtime(cfg).embedded.scheduler.snapshot.config.consolidate_in_quota is on

@@ -234,7 +234,7 @@ def test_work_asked_to_stop_before_a_hub_restart_is_stopped_after_it(tmp_path):
         s.add(WorkloadRow(name="halfway", owner="alice", project="nlp", kind="training", spec={},
                           state="stopping", placement=placement, pid=2**22 + 1))
         s.commit()
-    Runtime(cfg)._recover_processes()  # what a restarted hub does first: no process runs it
+    Runtime(cfg).embedded.recover_processes()  # what a restarted hub does first: no process runs it
     with Session() as s:
         w = s.get(WorkloadRow, "halfway")
         assert (w.state, w.placement, w.pid) == ("stopped", [], None)

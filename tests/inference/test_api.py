@@ -16,7 +16,6 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from hub_ext.api import base
-from hub_ext.backends import replica_backend
 from hub_ext.config import Gpupool
 from hub_ext.host.accounts import Accounts, default_mode
 from hub_ext.host.process import Launcher
@@ -24,6 +23,7 @@ from hub_ext.org import projects as org
 from hub_ext.requests.store import DbStore
 from hub_ext.schema import make_sessionmaker
 from hub_ext.service.app import make_app
+from hub_ext.serving.backends.embedded import EmbeddedBackend
 from hub_ext.serving.hub import HubInference
 from scheduler.embedded.adapter import EmbeddedScheduler
 from scheduler.model import GPU, Node
@@ -117,10 +117,12 @@ def test_hub_follows_the_table_and_describe_shows_why_a_replica_waits(tmp_path):
         sched = EmbeddedScheduler(store, nodes, period_s=0.05)
         sched.start()
         cfg = Gpupool(state_dir=str(tmp_path / "state"))
-        rt = SimpleNamespace(scheduler=sched, store=store, cfg=cfg, Session=Session, delivery=None,
-                             launcher=Launcher(tmp_path / "state" / "run"),
-                             accounts=Accounts(mode=default_mode(), prefix=ACCOUNT_PREFIX))
-        hub = HubInference(rt, port=0, token="t", backend=replica_backend(rt))
+        replicas = EmbeddedBackend(sched, launcher=Launcher(tmp_path / "state" / "run"),
+                                   accounts=Accounts(mode=default_mode(), prefix=ACCOUNT_PREFIX),
+                                   state_dir=tmp_path / "state" / "inference", rows=store,
+                                   preload=cfg.preload_library)
+        rt = SimpleNamespace(cfg=cfg, Session=Session, backend=SimpleNamespace(replicas=lambda: replicas))
+        hub = HubInference(rt, port=0, token="t")
         from hub_ext.serving.db import InferenceRow
 
         with Session() as s:  # what POST /inferences writes: a whole GPU over a 0.5 quota

@@ -1,3 +1,3 @@
 """Where replicas run: ``embedded`` (local processes placed by the hub's embedded
 scheduler) and ``k8s`` (pods with ``schedulerName: gpupool``). Both implement
-``hub_ext.inference.controller.Backend``."""
+``inference.controller.Backend``."""

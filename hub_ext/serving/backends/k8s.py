@@ -95,22 +95,14 @@ class K8sBackend:
         with contextlib.suppress(ApiError):
             await self.kc.delete(f"{self.path}/{replica.name}")
 
-    async def _put_secret(self, secret: dict) -> None:
-        path = f"/api/v1/namespaces/{self.namespace}/secrets"
-        try:
-            await self.kc.post(path, secret)
-        except ApiError as e:
-            if e.status != 409:
-                raise
-            await self.kc.put(f"{path}/{secret['metadata']['name']}", secret)
-
     async def _run(self, svc: Service, r: Replica) -> None:
         try:
             att = None
             if self.attachments is not None and (svc.spec.credentials or svc.spec.datasources):
                 att, values = self.attachments(svc.spec)
                 if values:
-                    await self._put_secret(credentials_secret(svc.spec, self.namespace, values))
+                    await self.kc.apply(f"/api/v1/namespaces/{self.namespace}/secrets",
+                                        credentials_secret(svc.spec, self.namespace, values))
             await self.kc.post(self.path, replica_pod(svc.spec, r.name, self.namespace, att))
         except (ApiError, ValueError) as e:
             svc.replica_gone(r, RState.FAILED, f"pod not created: {e}")
