@@ -145,7 +145,7 @@ def test_cpu_and_memory_come_in_the_same_order(kind):
 def test_the_spawner_s_workload_is_the_stored_rows():
     """The spawner submits the workload its typed request makes; a stored row makes the
     same one again (adoption, the scheduler loop)."""
-    from hub_ext.db import WorkloadRow
+    from hub_ext.db.tables import WorkloadRow
 
     req = parse_request({"project": "p", "gpus": 2, "preemptible": "on"}, limits())
     row = WorkloadRow(name="ws-a", owner="a", project="p", kind="workspace", spec=req.to_dict(),
