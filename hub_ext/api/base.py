@@ -150,7 +150,7 @@ class ApiHandler(BaseHandler):
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
     def deprecated(self, notes: list[str]) -> None:
-        """Answer the older spellings a request used (hub_ext.request_reader): a
+        """Answer the older spellings a request used (hub_ext.requests.reader): a
         ``Deprecation: true`` header, a ``Warning: 299`` header per note, and a log line."""
         if not notes:
             return

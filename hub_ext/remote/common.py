@@ -44,7 +44,7 @@ def env_option(items: list[str]) -> dict[str, str]:
 def add_gpu_options(p: argparse.ArgumentParser, per: str = "", memory: bool = True,
                     none: bool = True, old: bool = False) -> None:
     """The GPU ask's options, one set for every noun, in the request's one spelling
-    (hub_ext.request_reader): ``--fraction``, ``--gpus``, ``--gpu-memory``, ``--no-gpu``.
+    (hub_ext.requests.reader): ``--fraction``, ``--gpus``, ``--gpu-memory``, ``--no-gpu``.
     ``old``: ``--gpu``, the older spelling, sent as written (the hub answers a warning)."""
     g = p.add_mutually_exclusive_group()
     g.add_argument("--fraction", help=f"a share of one GPU{per}, from 0.05 to 1 in steps of 0.05")
@@ -61,7 +61,7 @@ def add_gpu_options(p: argparse.ArgumentParser, per: str = "", memory: bool = Tr
 def gpu_body(args) -> dict:
     """The GPU options given, as request fields (the values as typed, for the hub's rules
     to check: ``--fraction 0`` is refused there, as in the form)."""
-    from .request_reader import gib
+    from ..requests.reader import gib
 
     if getattr(args, "no_gpu", False):
         return {"gpu_mode": "none"}

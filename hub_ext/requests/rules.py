@@ -2,7 +2,7 @@
 
 The spawn form, the REST API and the CLI all go through ``parse_request``; every bad
 value raises ``FieldError`` naming the field and the allowed range. The GPU, CPU and memory
-ask is read by the reader every kind shares (hub_ext.request_reader).
+ask is read by the reader every kind shares (hub_ext.requests.reader).
 """
 
 from __future__ import annotations
