@@ -1,5 +1,5 @@
 """One spelling of the GPU ask for workspaces, trainings and inference services, read by one
-reader (hub_ext/request_reader.py): the same fields, the same range errors, the same order
+reader (hub_ext/requests/reader.py): the same fields, the same range errors, the same order
 of defaults, template and policy; the older spellings still read, with a note."""
 
 import pytest
