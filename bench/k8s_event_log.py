@@ -28,7 +28,7 @@ from hub_ext.cluster.events import PodEvents  # noqa: E402
 from hub_ext.db.tables import EventRow  # noqa: E402
 from hub_ext.schema import make_sessionmaker  # noqa: E402
 from scheduler.contract import A, workload_annotations  # noqa: E402
-from scheduler.k8s.testcluster import TestCluster, client_for  # noqa: E402
+from scheduler.kubernetes.testcluster import TestCluster, client_for  # noqa: E402
 
 NS = "bench-event-log"
 

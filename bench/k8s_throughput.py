@@ -55,8 +55,8 @@ import uvloop
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scheduler.k8s.client import ApiError, KubeClient  # noqa: E402
-from scheduler.k8s.testcluster import (  # noqa: E402
+from scheduler.kubernetes.client import ApiError, KubeClient  # noqa: E402
+from scheduler.kubernetes.testcluster import (  # noqa: E402
     ClusterInfo,
     TestCluster,
     apply_crds,
@@ -413,11 +413,11 @@ def start_gpupool(info: ClusterInfo, log_dir: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     # cProfile with the CPU clock: wall time would charge the others' load to whatever
     # function was running when the scheduler was preempted
-    prof = ["-c", ("import cProfile, sys, time; from scheduler.k8s.cli import main; "
+    prof = ["-c", ("import cProfile, sys, time; from scheduler.kubernetes.cli import main; "
             "p = cProfile.Profile(time.process_time); sys.argv[0] = 'gpupool-scheduler'; "
             "rc = p.runcall(main); "
             f"p.dump_stats({str(Path(PROFILE) / f'gpupool-{time.time():.0f}.prof')!r}); "
-            "sys.exit(rc)")] if PROFILE else ["-m", "scheduler.k8s"]
+            "sys.exit(rc)")] if PROFILE else ["-m", "scheduler.kubernetes"]
     return subprocess.Popen([sys.executable, *prof, "--kubeconfig",
                              str(info.kubeconfig), "--lease-name", "gpupool-bench", "-v",
                              "--bind-concurrency", str(BIND_CONCURRENCY)],

@@ -35,7 +35,7 @@ from hub_ext.org import projects as org  # noqa: E402
 from hub_ext.requests.store import DbStore  # noqa: E402
 from hub_ext.schema import make_sessionmaker  # noqa: E402
 from hub_ext.training.db import TrainingRow  # noqa: E402
-from hub_ext.training.runner import JobRunner  # noqa: E402
+from hub_ext.training.embedded import JobRunner  # noqa: E402
 from hub_ext.training.spec import TrainingSpec  # noqa: E402
 from scheduler.embedded.adapter import EmbeddedScheduler  # noqa: E402
 from scheduler.model import GPU, Node  # noqa: E402

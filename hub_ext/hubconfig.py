@@ -11,9 +11,9 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from .backends.embedded import personal_notice
 from .config import ROOT, Gpupool
 from .db.tables import MemberRow
-from .embedded import personal_notice
 from .org import roles
 from .org.projects import org_users
 from .runtime import Runtime

@@ -11,9 +11,9 @@ from scheduler.model import MILLI
 
 from .attachments import attach, credentials, datasources
 from .backends import Backend, build
+from .backends.embedded import EmbeddedMode
 from .config import Gpupool
 from .db.tables import WorkloadRow
-from .embedded import EmbeddedMode
 from .org import projects as org
 from .org import roles
 from .requests.limits import limits_for

@@ -1,7 +1,7 @@
 """The workload contract: what a gpupool workload carries and what it is given, in one place.
 
 Every pod builder writes it (the workspace spawner, training gangs, inference replicas),
-gpupool-scheduler reads it back (``scheduler.k8s.objects.parse_pod``), and the embedded
+gpupool-scheduler reads it back (``scheduler.kubernetes.objects.parse_pod``), and the embedded
 scheduler uses the same fractional environment for processes. Plain data and pure
 functions, no I/O:
 
@@ -14,7 +14,7 @@ functions, no I/O:
 - ``share_env``: the fractional environment the interception library reads (memory cap in
   bytes, compute share in percent rounded up);
 - ``waiting_reason``: why a pod still waits, as gpupool-scheduler wrote it on the pod
-  (``PodScheduled=False``, ``scheduler.k8s.objects.scheduled_condition``);
+  (``PodScheduled=False``, ``scheduler.kubernetes.objects.scheduled_condition``);
 - ``preemption_condition`` / ``preempted``: gpupool-scheduler marks a pod it evicts with
   ``DisruptionTarget=True`` (reason ``PreemptionByScheduler``, as kube-scheduler does) before
   it deletes it, so whoever watches the pod sees why it goes in its last state.

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.k8s.testcluster import (
+from scheduler.kubernetes.testcluster import (
     ClusterInfo,
     TestCluster,
     apply_crds,

@@ -172,7 +172,7 @@ def test_hub_folders_import_one_way():
 
 
 # scheduler's adapters, each a folder beside the core; the other folders are the core's
-SCHEDULER_ADAPTERS = ("scheduler.embedded", "scheduler.k8s", "scheduler.metrics", "scheduler.sim")
+SCHEDULER_ADAPTERS = ("scheduler.embedded", "scheduler.kubernetes", "scheduler.metrics", "scheduler.sim")
 SCHEDULER_CORE_FOLDERS = ("scheduler.actions", "scheduler.placement")
 CORE_THIRD_PARTY = {"numpy", "gpupool"}  # gpupool.errors imports nothing
 

@@ -1,5 +1,5 @@
 """The chart's inference activator: inference.activator's HTTP front, with replicas as pods
-that gpupool-scheduler places (hub_ext.serving.backends.k8s.K8sBackend) in $GPUPOOL_NAMESPACE.
+that gpupool-scheduler places (hub_ext.serving.kubernetes.K8sBackend) in $GPUPOOL_NAMESPACE.
 The services are the chart's values (activator.services), mounted as services.json, and
 those the hub publishes (hub_ext.serving.published: one ConfigMap each, followed by a
 watch; additions and removals take effect without a restart, the services' state is
@@ -19,12 +19,12 @@ import signal
 import sys
 
 from hub_ext.requests.rules import FieldError
-from hub_ext.serving.backends.k8s import K8sBackend
+from hub_ext.serving.kubernetes import K8sBackend
 from hub_ext.serving.published import Follower
 from hub_ext.serving.spec import parse_spec
 from inference import activator
 from inference.controller import Controller
-from scheduler.k8s.client import KubeClient
+from scheduler.kubernetes.client import KubeClient
 
 
 async def serve(args) -> None:

@@ -2,7 +2,7 @@
 # 1. gpupool's settings: gpupool_config.py, rendered from the chart's values;
 # 2. hub_ext.hubconfig.configure: what `gpupool up` derives from them (roles, the gpupool
 #    service, the proxy, state files, the shared-password authenticator);
-#    and the spawner of the mode (GpupoolKubeSpawner: hub_ext/kubernetes.py);
+#    and the spawner of the mode (GpupoolKubeSpawner: hub_ext/backends/kubernetes.py);
 # 3. what differs on Kubernetes: the hub API reachable from workspace pods, and the
 #    authenticator the values chose.
 # Everything that differs between the cluster and a test run comes from the environment.

@@ -165,8 +165,8 @@ def parsers() -> list[argparse.ArgumentParser]:
     """Every console command's parser (pyproject's [project.scripts] and ``python -m hub_ext.serving``)."""
     from hub_ext import cli as hub_cli
     from hub_ext.serving import standalone
-    from scheduler.k8s import cli as k8s_cli
-    from scheduler.k8s import node_agent
+    from scheduler.kubernetes import cli as k8s_cli
+    from scheduler.kubernetes import node_agent
     from scheduler.sim import cli as sim_cli
 
     return [hub_cli.parser(), sim_cli.parser(), k8s_cli.parser(), node_agent.parser(), standalone.parser()]

@@ -25,7 +25,7 @@ from datetime import datetime
 from sqlalchemy import select
 
 from scheduler.contract import SCHEDULER_NAME, A, preempted, waiting_reason
-from scheduler.k8s.client import ApiError, KubeClient
+from scheduler.kubernetes.client import ApiError, KubeClient
 
 from ..db.events import add_event
 from ..db.tables import EventRow, WorkloadRow
@@ -156,7 +156,7 @@ class PodEvents:
                              + (f" GPU {','.join(map(str, placement[0]['gpu_indices']))} "
                                 f"({placement[0]['gpu_milli'] / 1000:g} each)" if placement else ""),
                              gpus=gpus, placement=placement)
-            if not ann.get(A.GANG):  # a gang's row is its controller's (training/controller.py)
+            if not ann.get(A.GANG):  # a gang's row is its controller's (training/kubernetes.py)
                 self._running(ann.get(A.WORKLOAD), placement, bound)
             done.add("placed")
         end = end_time(pod, time.time() if deleted else None)

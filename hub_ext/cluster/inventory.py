@@ -16,8 +16,8 @@ import logging
 
 from sqlalchemy import delete, select
 
-from scheduler.k8s.client import KubeClient
-from scheduler.k8s.objects import A, parse_node
+from scheduler.kubernetes.client import KubeClient
+from scheduler.kubernetes.objects import A, parse_node
 from scheduler.model import MILLI
 
 from ..db.tables import NodeRow

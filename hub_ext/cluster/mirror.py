@@ -1,6 +1,6 @@
 """A copy of some Kubernetes objects kept current by list and watch, shared by the hub's
 followers of the cluster (hub_ext.cluster.org: the organisation; hub_ext.cluster.inventory: nodes
-and pods; hub_ext.training.controller: training pods; hub_ext.serving.published: the
+and pods; hub_ext.training.kubernetes: training pods; hub_ext.serving.published: the
 published services) so that none of them lists the API server in a loop.
 
 Each path is listed (``selectors``: a label selector per path), then watched from the list's
@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from scheduler.k8s.client import ApiError, KubeClient
+from scheduler.kubernetes.client import ApiError, KubeClient
 
 log = logging.getLogger("gpupool")
 

@@ -24,7 +24,7 @@ import aiohttp
 from sqlalchemy import delete, select
 
 from gpupool.errors import GpupoolError
-from scheduler.k8s.client import ApiError, KubeClient
+from scheduler.kubernetes.client import ApiError, KubeClient
 from scheduler.model import DEFAULT_POOL
 
 from ..db.events import add_event

@@ -30,8 +30,8 @@ from inference.activator import Exchange
 from inference.controller import Controller
 from inference.service import Service
 
-from .backends.embedded import free_port
 from .db import REPLICA, InferenceRow, replica_rows
+from .embedded import free_port
 from .idle import idle_limits, store_status
 from .spec import parse_spec
 

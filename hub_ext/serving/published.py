@@ -24,7 +24,7 @@ from sqlalchemy import select
 
 from inference.autoscaler import IdleLimit
 from inference.controller import Controller
-from scheduler.k8s.client import ApiError, KubeClient
+from scheduler.kubernetes.client import ApiError, KubeClient
 
 from ..cluster.mirror import Mirror
 from .db import InferenceRow

@@ -33,7 +33,7 @@ from inference.controller import Controller
 from scheduler.embedded.adapter import EmbeddedScheduler
 from scheduler.model import DEFAULT_POOL, GPU, Department, Node, Project, Quota
 
-from .backends.embedded import EmbeddedBackend
+from .embedded import EmbeddedBackend
 from .spec import parse_spec
 
 

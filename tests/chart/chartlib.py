@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from scheduler.k8s.client import ApiError, KubeClient
-from scheduler.k8s.testcluster import ClusterInfo
+from scheduler.kubernetes.client import ApiError, KubeClient
+from scheduler.kubernetes.testcluster import ClusterInfo
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "chart"

@@ -58,7 +58,7 @@ class Proc:
 
 
 def scheduler(workdir: Path, kubeconfig: Path, args: list[str]) -> Proc:
-    return Proc("gpupool-scheduler", [sys.executable, "-m", "scheduler.k8s", *args,
+    return Proc("gpupool-scheduler", [sys.executable, "-m", "scheduler.kubernetes", *args,
                                       "--kubeconfig", str(kubeconfig), "-v"], workdir, {})
 
 

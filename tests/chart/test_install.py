@@ -16,8 +16,8 @@ import urllib.request
 import pytest
 import yaml
 
-from scheduler.k8s.client import ApiError
-from scheduler.k8s.testcluster import ClusterInfo, client_for
+from scheduler.kubernetes.client import ApiError
+from scheduler.kubernetes.testcluster import ClusterInfo, client_for
 from tests.hub.hubclient import HubClient
 from tests.k8s.helpers import wait_until
 

@@ -11,7 +11,7 @@ import json
 import pytest
 import yaml
 
-from scheduler.k8s.testcluster import ClusterInfo, client_for
+from scheduler.kubernetes.testcluster import ClusterInfo, client_for
 
 from .chartlib import CHART, RELEASE, Discovery, by_kind, dry_run_apply, helm_run, render
 

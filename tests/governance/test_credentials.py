@@ -445,11 +445,11 @@ def test_k8s_pods_reference_the_secret(k8s_cluster):  # noqa: F811
     """Training workers and an inference replica built with attachments: applied as they
     are, the pods name the Secret's keys and volumes, and the Secret holds the values."""
     from hub_ext.attachments.attach import Attachments, CredentialRef, DataSourceRef, secret_name
-    from hub_ext.serving.backends.k8s import credentials_secret, replica_pod
+    from hub_ext.serving.kubernetes import credentials_secret, replica_pod
     from hub_ext.serving.spec import parse_spec
-    from hub_ext.training.k8s import K8sOptions, training_objects
+    from hub_ext.training.pods import K8sOptions, training_objects
     from hub_ext.training.spec import TrainingSpec
-    from scheduler.k8s.client import ApiError
+    from scheduler.kubernetes.client import ApiError
     from tests.k8s.helpers import create_namespace, delete_pods, kube
 
     att = Attachments("nlp", (CredentialRef("s3", "env", ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")),

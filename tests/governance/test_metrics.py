@@ -281,7 +281,7 @@ def test_scheduler_metrics_on_kubernetes(k8s_cluster, ns, tmp_path):  # noqa: F8
     (port,) = free_ports(1)
     log = open(tmp_path / "scheduler.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scheduler.k8s", "--kubeconfig", str(k8s_cluster.kubeconfig),
+        [sys.executable, "-m", "scheduler.kubernetes", "--kubeconfig", str(k8s_cluster.kubeconfig),
          "--lease-name", "gpupool-metrics-test", "--lease-duration", "3", "--lease-renew", "0.5",
          "--metrics-port", str(port), "--metrics-host", "127.0.0.1"],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT)

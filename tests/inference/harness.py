@@ -17,7 +17,7 @@ import aiohttp
 
 from hub_ext.host.accounts import Accounts, default_mode
 from hub_ext.host.process import Launcher
-from hub_ext.serving.backends.embedded import EmbeddedBackend
+from hub_ext.serving.embedded import EmbeddedBackend
 from hub_ext.serving.spec import parse_spec
 from inference.activator import Server
 from inference.controller import Controller

@@ -23,7 +23,7 @@ from hub_ext.org import projects as org
 from hub_ext.requests.store import DbStore
 from hub_ext.schema import make_sessionmaker
 from hub_ext.service.app import make_app
-from hub_ext.serving.backends.embedded import EmbeddedBackend
+from hub_ext.serving.embedded import EmbeddedBackend
 from hub_ext.serving.hub import HubInference
 from scheduler.embedded.adapter import EmbeddedScheduler
 from scheduler.model import GPU, Node

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.k8s.testcluster import ClusterInfo
+from scheduler.kubernetes.testcluster import ClusterInfo
 from tests.conftest import GPUS_PER_NODE, NODES
 
 __all__ = ["GPUS_PER_NODE", "NODES"]

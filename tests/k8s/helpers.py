@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scheduler.k8s.client import ApiError, KubeClient
-from scheduler.k8s.testcluster import REPO, ClusterInfo, client_for
+from scheduler.kubernetes.client import ApiError, KubeClient
+from scheduler.kubernetes.testcluster import REPO, ClusterInfo, client_for
 
 GROUP = "/apis/gpupool.io/v1alpha1"
 WAIT_S = 300  # generous: a slow shared machine must not fail a correct scheduler
@@ -206,7 +206,7 @@ class SchedulerProcess:
     def start(self) -> None:
         self.starts += 1
         log = open(self.log_dir / f"gpupool-scheduler-{self.starts}.log", "wb")  # noqa: SIM115
-        cmd = [sys.executable, "-m", "scheduler.k8s", "--kubeconfig", str(self.info.kubeconfig),
+        cmd = [sys.executable, "-m", "scheduler.kubernetes", "--kubeconfig", str(self.info.kubeconfig),
                "--lease-name", self.lease_name, "--lease-duration", "3", "--lease-renew", "0.5",
                "-v"]
         env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.k8s.client import ApiError
-from scheduler.k8s.testcluster import ClusterInfo
+from scheduler.kubernetes.client import ApiError
+from scheduler.kubernetes.testcluster import ClusterInfo
 
 from .helpers import GROUP, kube, run
 

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from scheduler.k8s.client import ApiError
-from scheduler.k8s.testcluster import ClusterInfo, client_for
+from scheduler.kubernetes.client import ApiError
+from scheduler.kubernetes.testcluster import ClusterInfo, client_for
 
 from .conftest import GPUS_PER_NODE, NODES
 
@@ -123,7 +123,7 @@ def test_client_reads_the_kubeconfig_both_ways(k8s_cluster: ClusterInfo, tmp_pat
     the same API server, and a wrong token is refused."""
     import yaml
 
-    from scheduler.k8s.client import KubeClient, _simple_kubeconfig
+    from scheduler.kubernetes.client import KubeClient, _simple_kubeconfig
 
     doc = yaml.safe_load(k8s_cluster.kubeconfig.read_text())
     simple = _simple_kubeconfig(str(k8s_cluster.kubeconfig))
@@ -163,7 +163,7 @@ def test_client_reads_the_kubeconfig_both_ways(k8s_cluster: ClusterInfo, tmp_pat
     "clusters: [not, a, kubeconfig\n",  # not YAML
 ])
 def test_scheduler_names_an_unusable_kubeconfig(tmp_path, capsys, content):
-    from scheduler.k8s.cli import main
+    from scheduler.kubernetes.cli import main
 
     path = tmp_path / "kubeconfig"
     if content is not None:
@@ -174,7 +174,7 @@ def test_scheduler_names_an_unusable_kubeconfig(tmp_path, capsys, content):
 
 
 def test_the_scheduler_command_line_sets_the_core_s_switches():
-    from scheduler.k8s.cli import core_config, parser
+    from scheduler.kubernetes.cli import core_config, parser
 
     assert core_config(parser().parse_args([])).consolidate_in_quota is False
     cfg = core_config(parser().parse_args(["--consolidate-in-quota", "--topology-key", "gpupool.io/rack"]))

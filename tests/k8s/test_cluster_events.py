@@ -14,7 +14,7 @@ from hub_ext.db import accounting
 from hub_ext.db.tables import EventRow, WorkloadRow
 from hub_ext.schema import make_sessionmaker
 from scheduler.contract import waiting_reason, workload_annotations
-from scheduler.k8s.testcluster import ClusterInfo
+from scheduler.kubernetes.testcluster import ClusterInfo
 
 from .helpers import count_reads, create_org, delete_org, kube, make_pod, run, wait_until
 

@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hub_ext.requests.rules import WorkloadRequest
-from hub_ext.serving.backends.k8s import replica_pod
+from hub_ext.serving.kubernetes import replica_pod
 from hub_ext.serving.spec import parse_spec
-from hub_ext.training.k8s import K8sOptions, worker_pod
+from hub_ext.training.pods import K8sOptions, worker_pod
 from hub_ext.training.spec import TrainingSpec
 from scheduler.contract import (
     DEFAULT_PRELOAD,
@@ -24,7 +24,7 @@ from scheduler.contract import (
     share_env,
 )
 from scheduler.embedded.adapter import gpu_env
-from scheduler.k8s.objects import fraction_config_map, parse_pod
+from scheduler.kubernetes.objects import fraction_config_map, parse_pod
 from scheduler.model import GPU, MILLI, Kind, Node, PodPlacement
 
 from .test_k8s_spawner import manifest  # noqa: F401  (the spawner's manifest fixture)
@@ -130,7 +130,7 @@ def test_whole_gpu_pods_mount_nothing():
 
 def test_a_pod_marked_by_the_scheduler_reads_as_preempted():
     from scheduler.contract import preempted
-    from scheduler.k8s.objects import preemption_mark
+    from scheduler.kubernetes.objects import preemption_mark
 
     mark = preemption_mark("project p takes back its quota")["status"]["conditions"][0]
     assert preempted({"status": {"conditions": [{"type": "Ready", "status": "True"}, mark]}})

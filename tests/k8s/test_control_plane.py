@@ -26,7 +26,7 @@ import pytest
 
 from hub_ext.cluster.events import bind_time
 from scheduler.contract import A, L
-from scheduler.k8s.client import ApiError
+from scheduler.kubernetes.client import ApiError
 from tests.chart import procs
 from tests.chart.chartlib import CHART, RELEASE, helm_run, sa_kubeconfig, values_file
 from tests.chart.conftest import chart_cluster, helm  # noqa: F401  (this package's own cluster)

@@ -12,12 +12,12 @@ import sys
 import pytest
 
 from hub_ext.schema import make_sessionmaker
-from hub_ext.serving.backends.k8s import LABEL, K8sBackend, replica_pod
 from hub_ext.serving.db import InferenceRow
+from hub_ext.serving.kubernetes import LABEL, K8sBackend, replica_pod
 from hub_ext.serving.published import Follower, Publisher
 from hub_ext.serving.spec import parse_spec
 from inference.controller import Controller
-from scheduler.k8s.testcluster import ClusterInfo
+from scheduler.kubernetes.testcluster import ClusterInfo
 
 from .helpers import (
     SchedulerProcess,

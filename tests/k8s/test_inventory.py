@@ -13,7 +13,7 @@ from hub_ext.cluster.inventory import NODE_USAGE, InventorySync
 from hub_ext.db.tables import NodeRow
 from hub_ext.schema import make_sessionmaker
 from scheduler.contract import A
-from scheduler.k8s.testcluster import ClusterInfo
+from scheduler.kubernetes.testcluster import ClusterInfo
 
 from .helpers import kube, make_pod, run, wait_until
 

@@ -10,8 +10,8 @@ import pytest
 
 from hub_ext import humanize
 from hub_ext.requests.rules import WorkloadRequest
-from scheduler.k8s.objects import parse_pod
-from scheduler.k8s.testcluster import ClusterInfo
+from scheduler.kubernetes.objects import parse_pod
+from scheduler.kubernetes.testcluster import ClusterInfo
 
 from .helpers import bound, create_org, delete_org, kube, list_pods, run, wait_until
 
@@ -35,7 +35,7 @@ def manifest(tmp_path, monkeypatch):
     from kubernetes_asyncio.config import kube_config
     from traitlets.config import Config
 
-    from hub_ext.workspaces.k8s_spawner import GpupoolKubeSpawner
+    from hub_ext.workspaces.kubernetes import GpupoolKubeSpawner
 
     (tmp_path / "kubeconfig").write_text(FAKE_KUBECONFIG)
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "kubeconfig"))
@@ -200,7 +200,7 @@ def test_spawner_start_through_kubespawner(k8s_cluster: ClusterInfo, ns, sched, 
     from kubernetes_asyncio.config import kube_config
     from traitlets.config import Config
 
-    from hub_ext.workspaces.k8s_spawner import GpupoolKubeSpawner
+    from hub_ext.workspaces.kubernetes import GpupoolKubeSpawner
 
     rt = _Runtime("p-kstart")
 
@@ -287,7 +287,7 @@ PULL = _waiting("ErrImagePull", 'failed to pull image "busybox:nope": not found'
      "gpupool-scheduler rejected the request: gpupool.io/gpu-fraction: must be in (0, 1)"),
 ])  # fmt: skip
 def test_pod_failure(pod, expect):
-    from hub_ext.workspaces.k8s_spawner import pod_failure
+    from hub_ext.workspaces.kubernetes import pod_failure
 
     assert pod_failure(pod) == expect
 
@@ -308,7 +308,7 @@ def _kspawner(k8s_cluster: ClusterInfo, ns: str, project: str, monkeypatch, **cf
     from kubernetes_asyncio.config import kube_config
     from traitlets.config import Config
 
-    from hub_ext.workspaces.k8s_spawner import GpupoolKubeSpawner
+    from hub_ext.workspaces.kubernetes import GpupoolKubeSpawner
 
     rt = _Runtime(project)
 
@@ -328,7 +328,7 @@ def _kspawner(k8s_cluster: ClusterInfo, ns: str, project: str, monkeypatch, **cf
 
 
 async def _stop_reflectors():
-    from hub_ext.workspaces.k8s_spawner import GpupoolKubeSpawner
+    from hub_ext.workspaces.kubernetes import GpupoolKubeSpawner
 
     for r in list(GpupoolKubeSpawner.reflectors.values()):
         await r.stop()
@@ -336,7 +336,7 @@ async def _stop_reflectors():
 
 
 async def _pod_or_none(kc, ns: str, name: str):
-    from scheduler.k8s.client import ApiError
+    from scheduler.kubernetes.client import ApiError
 
     try:
         return await kc.get(f"/api/v1/namespaces/{ns}/pods/{name}")
@@ -352,7 +352,7 @@ def test_fatal_pod_error_ends_the_spawn_at_once(k8s_cluster: ClusterInfo, ns, mo
     """The pod is bound (by the test) to a Node that no kubelet and no kwok runs; the test
     then reports, as that node's kubelet would, a container that cannot start. The spawn
     ends with that message although start_timeout is 15 minutes."""
-    from hub_ext.workspaces.k8s_spawner import PodFailed
+    from hub_ext.workspaces.kubernetes import PodFailed
 
     node = f"no-kubelet-{ns[-8:]}"
     Spawner, c = _kspawner(k8s_cluster, ns, "p-fatal", monkeypatch,
@@ -471,8 +471,8 @@ def test_spawner_delivers_credentials_and_data_sources(k8s_cluster: ClusterInfo,
     from sqlalchemy import select
 
     from hub_ext.db.audit import AuditRow
-    from hub_ext.workspaces.k8s_spawner import GpupoolKubeSpawner
-    from scheduler.k8s.client import ApiError
+    from hub_ext.workspaces.kubernetes import GpupoolKubeSpawner
+    from scheduler.kubernetes.client import ApiError
 
     Spawner, c = _kspawner(k8s_cluster, ns, "p-kcred", monkeypatch)
     rt = _DbRuntime("p-kcred", tmp_path)
@@ -561,7 +561,7 @@ def test_unknown_attachment_is_a_field_error(tmp_path, monkeypatch, manifest):
     (``manifest``: for its fake kubeconfig, which the spawner loads when constructed.)"""
     from traitlets.config import Config
 
-    from hub_ext.workspaces.k8s_spawner import GpupoolKubeSpawner
+    from hub_ext.workspaces.kubernetes import GpupoolKubeSpawner
 
     rt = _DbRuntime("p-kbad", tmp_path)
 

@@ -10,8 +10,8 @@ import os
 import pytest
 import yaml
 
-from scheduler.k8s.client import ApiError
-from scheduler.k8s.node_agent import (
+from scheduler.kubernetes.client import ApiError
+from scheduler.kubernetes.node_agent import (
     ANN_GPUS,
     ANN_USAGE,
     GpuInfo,
@@ -23,8 +23,8 @@ from scheduler.k8s.node_agent import (
     node_patch,
     product_label,
 )
-from scheduler.k8s.objects import parse_node
-from scheduler.k8s.testcluster import ClusterInfo
+from scheduler.kubernetes.objects import parse_node
+from scheduler.kubernetes.testcluster import ClusterInfo
 
 from .helpers import bound, create_org, delete_org, kube, list_pods, make_pod, run, wait_until
 
@@ -182,7 +182,7 @@ def test_nvml_inventory_with_fake_nvml(monkeypatch):
     nv.nvmlDeviceGetNvLinkRemotePciInfo = lambda h, link: types.SimpleNamespace(
         busId=bus[1 - h].lower())
     monkeypatch.setitem(sys.modules, "pynvml", nv)
-    from scheduler.k8s.node_agent import inventory_from
+    from scheduler.kubernetes.node_agent import inventory_from
 
     inv = inventory_from("nvml")()
     assert inv.gpus == [GpuInfo(0, "GPU-0", "NVIDIA H200", 143771, [1]),
@@ -196,7 +196,7 @@ def callable_inventory() -> dict:
 
 
 def test_inventory_from_callable_and_file(tmp_path):
-    from scheduler.k8s.node_agent import inventory_from
+    from scheduler.kubernetes.node_agent import inventory_from
 
     inv = inventory_from("tests.k8s.test_node_agent:callable_inventory")()
     assert inv.gpus == [GpuInfo(0, "GPU-c", "Tesla T4", 15360, [])] and inv.usage == []

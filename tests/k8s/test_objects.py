@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.k8s.objects import (
+from scheduler.kubernetes.objects import (
     binding,
     fraction_config_map,
     parse_node,

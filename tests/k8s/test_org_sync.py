@@ -17,10 +17,10 @@ from playwright.sync_api import sync_playwright
 
 from hub_ext.cluster import org as k8s_org
 from hub_ext.validation import FieldError
-from scheduler.k8s.client import ApiError
-from scheduler.k8s.node_agent import NodeAgent, file_inventory
-from scheduler.k8s.objects import parse_project
-from scheduler.k8s.testcluster import ClusterInfo, script_path
+from scheduler.kubernetes.client import ApiError
+from scheduler.kubernetes.node_agent import NodeAgent, file_inventory
+from scheduler.kubernetes.objects import parse_project
+from scheduler.kubernetes.testcluster import ClusterInfo, script_path
 from scheduler.model import Quota
 from tests import chromium
 from tests.chart.chartlib import sa_kubeconfig
@@ -381,7 +381,7 @@ def test_cluster_refusing_the_hub_is_a_403(k8s_cluster: ClusterInfo, ns, tmp_pat
     """A ServiceAccount without the chart's ClusterRole (an organisation kept in Git) gets
     the REST API's 403, not a failure."""
     from hub_ext.org.roles import Forbidden
-    from scheduler.k8s.client import KubeClient
+    from scheduler.kubernetes.client import KubeClient
 
     async def go():
         async with kube(k8s_cluster) as kc:
@@ -464,7 +464,7 @@ def test_inventory_rows_from_nodes_and_bound_pods():
 
 
 def test_unreachable_api_server_is_unavailable_not_a_crash():
-    from scheduler.k8s.client import KubeClient
+    from scheduler.kubernetes.client import KubeClient
 
     async def go():
         async with KubeClient("https://127.0.0.1:9", None, None) as kc:  # nothing listens there

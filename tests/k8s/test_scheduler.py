@@ -13,8 +13,8 @@ from collections import defaultdict
 
 import pytest
 
-from scheduler.k8s.client import ApiError
-from scheduler.k8s.testcluster import ClusterInfo, script_path
+from scheduler.kubernetes.client import ApiError
+from scheduler.kubernetes.testcluster import ClusterInfo, script_path
 
 from .conftest import GPUS_PER_NODE, NODES
 from .helpers import (

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
-from hub_ext.ssh.kube import KubeBackend, Refused
-from scheduler.k8s.testcluster import ClusterInfo, script_path
+from hub_ext.ssh.kubernetes import KubeBackend, Refused
+from scheduler.kubernetes.testcluster import ClusterInfo, script_path
 from tests.k8s.helpers import kube, wait_until
 
 pytestmark = pytest.mark.slow

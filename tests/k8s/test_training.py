@@ -1,4 +1,4 @@
-"""Training gangs on the local cluster: the manifests of ``hub_ext.training.k8s`` applied
+"""Training gangs on the local cluster: the manifests of ``hub_ext.training.pods`` applied
 as they are (headless Service, then one pod per worker), placed by gpupool-scheduler.
 
 The test run's cluster has 4 nodes x 8 GPUs; each test makes its own Department/Project and
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 
-from hub_ext.training.k8s import LABEL_JOB, LABEL_RANK, K8sOptions, training_objects
+from hub_ext.training.pods import LABEL_JOB, LABEL_RANK, K8sOptions, training_objects
 from hub_ext.training.spec import TrainingSpec
-from scheduler.k8s.testcluster import ClusterInfo
+from scheduler.kubernetes.testcluster import ClusterInfo
 
 from .conftest import GPUS_PER_NODE, NODES
 from .helpers import (

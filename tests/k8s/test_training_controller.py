@@ -11,11 +11,11 @@ import asyncio
 
 from hub_ext.db.tables import EventRow, WorkloadRow
 from hub_ext.schema import make_sessionmaker
-from hub_ext.training.controller import K8sTrainings, checkpoint_claim, gang_state
 from hub_ext.training.db import TrainingRow, add_training
+from hub_ext.training.kubernetes import K8sTrainings, checkpoint_claim, gang_state
 from hub_ext.training.spec import TrainingSpec
 from scheduler.contract import A, L
-from scheduler.k8s.testcluster import ClusterInfo
+from scheduler.kubernetes.testcluster import ClusterInfo
 
 from .helpers import bound, count_reads, create_org, delete_org, kube, make_pod, run, wait_until
 

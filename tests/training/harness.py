@@ -21,7 +21,7 @@ from hub_ext.org import projects as org
 from hub_ext.requests.store import DbStore
 from hub_ext.schema import make_sessionmaker
 from hub_ext.training.db import TrainingRow
-from hub_ext.training.runner import JobRunner
+from hub_ext.training.embedded import JobRunner
 from hub_ext.training.spec import TrainingSpec
 from scheduler.embedded.adapter import EmbeddedScheduler
 from scheduler.model import GPU, Node

@@ -14,9 +14,9 @@ import pytest
 
 from gpupool.checkpoint import Checkpointer, CheckpointError, latest_step
 from hub_ext.training.gang import gang_env, ranks
-from hub_ext.training.k8s import K8sOptions, training_objects
+from hub_ext.training.pods import K8sOptions, training_objects
 from hub_ext.training.spec import TrainingSpec
-from scheduler.k8s.objects import parse_pod
+from scheduler.kubernetes.objects import parse_pod
 from scheduler.model import PodPlacement
 
 from .harness import Cluster

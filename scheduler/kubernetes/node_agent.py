@@ -252,7 +252,7 @@ class NodeAgent:
     """``await agent.sync()`` publishes the whole inventory; ``await agent.run(stop)``
     does so, then refreshes the usage every ``period_s`` (and the rest when it changed)."""
 
-    kc: Any  # scheduler.k8s.client.KubeClient
+    kc: Any  # scheduler.kubernetes.client.KubeClient
     node: str
     inventory: Callable[[], Inventory]
     period_s: float = 10.0

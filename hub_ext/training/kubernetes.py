@@ -27,13 +27,13 @@ import logging
 from dataclasses import dataclass
 
 from scheduler.contract import A, L, waiting_reason
-from scheduler.k8s.client import ApiError, KubeClient
+from scheduler.kubernetes.client import ApiError, KubeClient
 
 from ..cluster.mirror import Mirror
 from ..db.events import add_event
 from ..db.tables import WorkloadRow
 from .db import FINAL, SUBMITTED, TrainingRow, set_status, take_requests
-from .k8s import K8sOptions, training_objects
+from .pods import K8sOptions, training_objects
 from .spec import TrainingSpec
 
 log = logging.getLogger("gpupool.training")

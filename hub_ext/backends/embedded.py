@@ -23,22 +23,22 @@ from scheduler.embedded.adapter import EmbeddedScheduler, gpu_env
 from scheduler.model import MILLI, Bind, State, ValidationError, Workload
 from scheduler.snapshot import SchedulerConfig
 
-from .config import Gpupool
-from .db import accounting
-from .db.tables import GpuSampleRow, SampleRow, WorkloadRow
-from .host import launch
-from .host.accounts import Account, Accounts
-from .host.activity import reader
-from .host.cgroups import Limits as HostLimits
-from .host.cgroups import detect as detect_cgroups
-from .host.inventory import discover, gpu_utilization
-from .host.launch import read_tail
-from .host.process import Handle, Launcher, Spec
-from .host.state import RUN_DIR
-from .requests.store import placement_from_json, placement_json, to_workload
-from .serving.db import replica_rows
-from .training.db import TrainingRow, worker_log
-from .training.runner import JobRunner
+from ..config import Gpupool
+from ..db import accounting
+from ..db.tables import GpuSampleRow, SampleRow, WorkloadRow
+from ..host import launch
+from ..host.accounts import Account, Accounts
+from ..host.activity import reader
+from ..host.cgroups import Limits as HostLimits
+from ..host.cgroups import detect as detect_cgroups
+from ..host.inventory import discover, gpu_utilization
+from ..host.launch import read_tail
+from ..host.process import Handle, Launcher, Spec
+from ..host.state import RUN_DIR
+from ..requests.store import placement_from_json, placement_json, to_workload
+from ..serving.db import replica_rows
+from ..training.db import TrainingRow, worker_log
+from ..training.embedded import JobRunner
 
 log = logging.getLogger("gpupool")
 _WORKER = re.compile(r"(.+)-w\d+")
@@ -113,7 +113,7 @@ class EmbeddedMode:
     def replicas(self):
         """The inference controller's backend (``inference.controller.Backend``): replicas
         as processes, placed by this scheduler."""
-        from .serving.backends.embedded import EmbeddedBackend
+        from ..serving.embedded import EmbeddedBackend
 
         return EmbeddedBackend(self.scheduler, launcher=self.launcher, accounts=self.accounts,
                                state_dir=Path(self.cfg.state_dir) / "inference", rows=self.store,
@@ -142,7 +142,7 @@ class EmbeddedMode:
 
     @staticmethod
     async def ssh(cfg: Gpupool, Session):
-        from .ssh.embedded import HostBackend
+        from ..ssh.embedded import HostBackend
 
         return HostBackend(Path(cfg.state_dir) / RUN_DIR, Session)
 

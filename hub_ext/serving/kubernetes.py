@@ -27,9 +27,9 @@ from scheduler.contract import (
     waiting_reason,
     workload_annotations,
 )
-from scheduler.k8s.client import ApiError, KubeClient
+from scheduler.kubernetes.client import ApiError, KubeClient
 
-from ..spec import ServiceSpec
+from .spec import ServiceSpec
 
 log = logging.getLogger("gpupool.inference")
 LABEL = L.INFERENCE

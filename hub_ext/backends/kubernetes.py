@@ -9,18 +9,18 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from scheduler.k8s.client import KubeClient
+from scheduler.kubernetes.client import KubeClient
 
-from .cluster.events import PodEvents
-from .config import Gpupool
-from .training.controller import K8sTrainings, worker_logs
+from ..cluster.events import PodEvents
+from ..config import Gpupool
+from ..training.kubernetes import K8sTrainings, worker_logs
 
 log = logging.getLogger("gpupool")
 
 
 def kube_client(cfg: Gpupool) -> KubeClient:
     """The hub's client of the API server (``cluster.org.kubeconfig_path``)."""
-    from .cluster.org import kubeconfig_path
+    from ..cluster.org import kubeconfig_path
 
     return KubeClient.from_file_or_pod(kubeconfig_path(cfg.kubeconfig))
 
@@ -28,7 +28,7 @@ def kube_client(cfg: Gpupool) -> KubeClient:
 class KubernetesMode:
     """The hub's backend on Kubernetes (``hub_ext.backends.Backend``)."""
 
-    spawner_class = "hub_ext.workspaces.k8s_spawner.GpupoolKubeSpawner"
+    spawner_class = "hub_ext.workspaces.kubernetes.GpupoolKubeSpawner"
     serves_inference = False
     single_account = False
     org_in_cluster = True
@@ -45,7 +45,7 @@ class KubernetesMode:
         log.info("gpupool: kubernetes backend: workloads are pods in namespace %s", cfg.namespace)
 
     def start(self) -> None:
-        from .cluster import (
+        from ..cluster import (
             follow as k8s_cluster,  # the organisation and the inventory from the cluster
         )
 
@@ -64,8 +64,8 @@ class KubernetesMode:
 
     @staticmethod
     async def ssh(cfg: Gpupool, Session):
-        from .cluster.org import kubeconfig_path
-        from .ssh.kube import KubeBackend
+        from ..cluster.org import kubeconfig_path
+        from ..ssh.kubernetes import KubeBackend
 
         return await KubeBackend.from_environment(cfg.namespace, kubeconfig_path(cfg.kubeconfig))
 

@@ -3,7 +3,7 @@
 Reading: ``parse_pod`` (a pod's annotations and resources -> ``PodRequest``),
 ``parse_node``, ``parse_department``, ``parse_project``. Writing: ``binding``,
 ``fraction_config_map``, ``scheduled_condition``, ``event``. The annotation names are the
-adapter's public interface; scheduler/k8s/README.md documents them.
+adapter's public interface; scheduler/kubernetes/README.md documents them.
 
 Errors: ``parse_pod`` raises ``model.ValidationError`` naming the annotation at fault; the
 adapter turns that into an Event on the pod.

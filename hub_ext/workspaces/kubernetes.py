@@ -2,7 +2,7 @@
 
 The mixin's form, request rules and remembered choices are reused as they are; what
 differs from embedded mode is who places the workspace. On Kubernetes gpupool-scheduler
-does (scheduler/k8s/README.md), so ``start`` does not submit to the hub's embedded loop
+does (scheduler/kubernetes/README.md), so ``start`` does not submit to the hub's embedded loop
 nor wait for its Bind: it turns the checked request into KubeSpawner settings
 (``apply_request``) and lets KubeSpawner create the pod and wait for it. KubeSpawner's
 progress then shows the pod's events, among them gpupool-scheduler's ``FailedScheduling``
@@ -115,7 +115,7 @@ def _merged(configured, ours: list[dict]):
 
 
 class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
-    """``c.JupyterHub.spawner_class = "hub_ext.workspaces.k8s_spawner.GpupoolKubeSpawner"``."""
+    """``c.JupyterHub.spawner_class = "hub_ext.workspaces.kubernetes.GpupoolKubeSpawner"``."""
 
     gpupool_scheduler_name = Unicode(
         SCHEDULER_NAME, config=True, help="schedulerName of workspace pods (gpupool-scheduler's)"

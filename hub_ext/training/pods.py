@@ -2,7 +2,7 @@
 headless Service so that workers find each other as ``NAME-RANK.NAME``.
 
 Plain functions returning dicts (tested by comparing dicts). The pods carry the
-annotations ``scheduler.k8s.objects.parse_pod`` reads (project, kind, priority,
+annotations ``scheduler.kubernetes.objects.parse_pod`` reads (project, kind, priority,
 preemptible, gang and gang size, fraction or memory, node pool, resumed) and the environment of
 ``torchrun``/``torch.distributed``: rank 0's stable DNS name is MASTER_ADDR, and each pod
 is one node of the job (NODE_RANK = RANK, LOCAL_RANK 0).

@@ -2,17 +2,16 @@
 the hub's start-up (``Runtime.backend``), with one implementation of each concern.
 
 =================  ====================================  ===========================================
-concern            embedded (``hub_ext.embedded``)       kubernetes (``hub_ext.kubernetes``)
+concern            embedded (``hub_ext.backends.embedded``)       kubernetes (``hub_ext.backends.kubernetes``)
 =================  ====================================  ===========================================
 placement          ``EmbeddedScheduler`` on the hub's    gpupool-scheduler (its own Deployment)
                    GPUs (NVML or ``declared_gpus``)      on the cluster's nodes; no declared GPUs
 workspaces         ``GpupoolLocalSpawner``               ``GpupoolKubeSpawner``
-trainings          ``training.runner.JobRunner``         ``training.controller.K8sTrainings``
+trainings          ``training.embedded.JobRunner``       ``training.kubernetes.K8sTrainings``
 inference replicas the hub's activator, replicas as      published for the chart's activator, whose
-                   processes (``inference.backends.      replicas are pods (``inference.backends.
-                   embedded``)                           k8s``)
+                   processes (``serving.embedded``)      replicas are pods (``serving.kubernetes``)
 logs               the owner's files                     the API server (pods/NAME/log)
-exec (SSH)         ``ssh.embedded.HostBackend``          ``ssh.kube.KubeBackend``
+exec (SSH)         ``ssh.embedded.HostBackend``          ``ssh.kubernetes.KubeBackend``
 =================  ====================================  ===========================================
 
 The gpupool service process asks only the mode's class (``mode``) for what needs nothing
@@ -27,12 +26,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from scheduler.model import Node
 
-from .config import Gpupool
-from .host.activity import Activity
+from ..config import Gpupool
+from ..host.activity import Activity
 
 if TYPE_CHECKING:
-    from .embedded import EmbeddedMode
-    from .kubernetes import KubernetesMode
+    from ..backends.embedded import EmbeddedMode
+    from ..backends.kubernetes import KubernetesMode
 
 __all__ = ["Backend", "Trainings", "build", "mode"]
 
@@ -79,10 +78,10 @@ def mode(cfg: Gpupool) -> type[EmbeddedMode] | type[KubernetesMode]:
     """The class of ``cfg``'s mode: its static parts (logs, exec, activity) need nothing built.
     Only that mode's modules are imported."""
     if cfg.backend == "kubernetes":
-        from .kubernetes import KubernetesMode
+        from ..backends.kubernetes import KubernetesMode
 
         return KubernetesMode
-    from .embedded import EmbeddedMode
+    from ..backends.embedded import EmbeddedMode
 
     return EmbeddedMode
 
