@@ -157,7 +157,8 @@ def respell(data: Mapping, rules: KindRules, limits, deprecated: list[str] | Non
                 raise FieldError(key, f"from 1 up must be a whole number of GPUs, got {gpu:g}")
             out.update(gpu_mode="whole", gpus=int(gpu))
     if deprecated is not None:
-        deprecated.append(f"{key} is deprecated: write {' and '.join(DEPRECATED[key])} "
+        mode, *fields = DEPRECATED[key]
+        deprecated.append(f"{key} is deprecated: write {mode} with {' or '.join(fields)} "
                           f"(docs/reference/requests.md)")
     return out, dict.fromkeys(DEPRECATED[key], key)
 

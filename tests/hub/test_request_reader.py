@@ -72,7 +72,7 @@ def test_each_older_spelling_still_works_and_warns(kind, old, new):
     notes: list[str] = []
     assert ask(kind, old, notes=notes) == ask(kind, new)
     field = next(iter(old))
-    assert len(notes) == 1 and notes[0].startswith(f"{field} is deprecated: write gpu_mode and "), notes
+    assert len(notes) == 1 and notes[0].startswith(f"{field} is deprecated: write gpu_mode with "), notes
 
 
 def test_a_service_s_older_gpu_keeps_any_fraction():

@@ -39,4 +39,4 @@ def test_older_spelling_answers_a_deprecation_header(tmp_path, fake_login, capsy
     assert old[:2] == (201, "true") and old[3] == 0.5, old
     assert len(old[2]) == 1 and old[2][0].startswith('299 gpupool "gpu is deprecated: write gpu_mode'), old
     assert new == (201, None, [], 0.5)
-    assert "gpupool: warning: gpu is deprecated: write gpu_mode and gpu_fraction and gpus" in capsys.readouterr().err
+    assert "gpupool: warning: gpu is deprecated: write gpu_mode with gpu_fraction or gpus" in capsys.readouterr().err
