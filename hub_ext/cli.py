@@ -84,6 +84,10 @@ def cmd_up(args) -> int:
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(ROOT / ".tools" / "bin"), str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    if cfg.backend == "kubernetes" and cfg.kubeconfig:
+        # KubeSpawner reaches the API server through $KUBECONFIG (or the pod's service
+        # account): the same kubeconfig as the rest of the hub
+        env["KUBECONFIG"] = cfg.kubeconfig
     hub = Path(sys.executable).parent / "jupyterhub"
     argv = [str(hub), "-f", str(ROOT / "hub_ext" / "jupyterhub_config.py"), *args.hub_args]
     os.execve(argv[0], argv, env)
