@@ -196,33 +196,29 @@ def test_scheduler_top_level_is_the_pure_core():
     assert not wrong, "\n".join(wrong)
     foreign, mods = [], modules(ROOT, ("scheduler",))
     for name in sorted(core):
-        path = mods[name]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                tops = [a.name.split(".")[0] for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-                tops = [node.module.split(".")[0]]
-            else:
-                continue
-            foreign += [f"{name}:{node.lineno} imports {t}" for t in tops
-                        if t not in sys.stdlib_module_names and t not in CORE_THIRD_PARTY | {"scheduler"}]
+        foreign += [f"{name}:{line} imports {t}" for line, t in top_level_imports(mods[name])
+                    if t not in sys.stdlib_module_names and t not in CORE_THIRD_PARTY | {"scheduler"}]
     assert not foreign, "\n".join(foreign)
+
+
+def top_level_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, top-level package) of each absolute import in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name.split(".")[0]) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.append((node.lineno, node.module.split(".")[0]))
+    return out
 
 
 def test_every_imported_package_exists():
     """A module moved or removed leaves no import behind, even one inside a function that no
-    test calls (``inference`` became ``hub_ext.serving``)."""
+    test calls."""
     workload_own = {"torch"}  # gpupool.checkpoint imports it only for a state that holds it
     missing = []
     for name, path in modules(ROOT, PACKAGES).items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                tops = [a.name.split(".")[0] for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-                tops = [node.module.split(".")[0]]
-            else:
-                continue
-            missing += [f"{name}:{node.lineno} imports {t}" for t in tops
+        missing += [f"{name}:{line} imports {t}" for line, t in top_level_imports(path)
                     if t not in workload_own and importlib.util.find_spec(t) is None]
     assert not missing, "\n".join(missing)
 
