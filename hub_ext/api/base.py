@@ -76,6 +76,16 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
             raise NotFound(f"project {project!r} does not exist")
         self.require(action, project=project, owner=owner)
 
+    def submitter(self, data: dict) -> tuple[str, tuple[str, ...] | None]:
+        """Whom a submission is for (``owner``, the caller by default; another user needs
+        ``submit_for_others``), once it may be submitted, and the projects the caller may
+        submit to when it is for the caller (None: the owner's own rules apply)."""
+        owner = validation.name(data.pop("owner", self.username), "owner", "user")
+        if owner != self.username:
+            self.require("submit_for_others", project=data.get("project"))
+        self.require_submit(data)
+        return owner, (tuple(roles.submit_projects(self.who)) if owner == self.username else None)
+
     def require_submit(self, data: dict) -> None:
         """``submit`` on the body's project when it names an existing one (an unknown or
         missing project is the request rules' 400, naming the field)."""

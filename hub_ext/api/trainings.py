@@ -53,11 +53,7 @@ class TrainingsHandler(_Base):
 
     def post(self):
         data = self.body()
-        owner = validation.name(data.pop("owner", self.username), "owner", "user")
-        if owner != self.username:
-            self.require("submit_for_others", project=data.get("project"))
-        self.require_submit(data)
-        mine = tuple(roles.submit_projects(self.who)) if owner == self.username else None
+        owner, mine = self.submitter(data)
         notes: list[str] = []
         with self.Session() as s:
             spec = parse_training(data, limits_for(s, self.ctx.cfg, owner, projects=mine), notes)

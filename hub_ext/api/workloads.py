@@ -90,11 +90,7 @@ class WorkloadsHandler(ApiHandler):
     async def post(self):
         data = self.body()
         server = data.pop("server_name", "") if data.get("kind", "workspace") == "workspace" else ""
-        owner = validation.name(data.pop("owner", self.username), "owner", "user")
-        if owner != self.username:
-            self.require("submit_for_others", project=data.get("project"))
-        self.require_submit(data)
-        mine = tuple(roles.submit_projects(self.who)) if owner == self.username else None
+        owner, mine = self.submitter(data)
         notes: list[str] = []
         with self.Session() as s:
             req = parse_request(data, limits_for(s, self.ctx.cfg, owner, projects=mine), notes)
