@@ -3,6 +3,7 @@ and benches; stop it (and everything it started) afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -69,6 +70,9 @@ class Hub:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                for pid in _running_in(self.workdir):  # the proxy it started outlives it
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGTERM)
                 raise RuntimeError(f"hub exited: {self.log.read_text()[-3000:]}")
             try:  # the hub and its service, through the proxy (after a kill the old proxy may
                 # still answer for a moment, for a hub that is gone)
