@@ -6,6 +6,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from ..org.projects import NotFound
+from ..validation import FieldError
 
 
 def row(s, Row, noun: str, project: str, name: str):
@@ -25,3 +26,32 @@ def names_by_project(s, Row, projects) -> dict[str, list[str]]:
     for project, name in s.execute(q):
         out[project].append(name)
     return out
+
+
+class Kind:
+    """One kind of named item: its table, the noun its errors use and its answer's form."""
+
+    def __init__(self, Row, noun: str, as_dict):
+        self.Row, self.noun, self.as_dict = Row, noun, as_dict
+
+    def row(self, s, project: str, name: str):
+        return row(s, self.Row, self.noun, project, name)
+
+    def get(self, s, project: str, name: str) -> dict:
+        return self.as_dict(self.row(s, project, name))
+
+    def list_for(self, s, project: str) -> list[dict]:
+        return [self.as_dict(r) for r in rows(s, self.Row, project)]
+
+    def names_by_project(self, s, projects) -> dict[str, list[str]]:
+        return names_by_project(s, self.Row, projects)
+
+    def named(self, s, project: str, name: str, field_name: str):
+        """The item ``name`` a workload asks for; FieldError naming ``field_name`` and the
+        project's items when the project has none of that name."""
+        found = s.get(self.Row, (project, name))
+        if found is None:
+            have = [r.name for r in rows(s, self.Row, project)]
+            raise FieldError(field_name, f"project {project!r} has no {self.noun} {name!r}; it has: "
+                             f"{', '.join(have) or '(none)'}")
+        return found
