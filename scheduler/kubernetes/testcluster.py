@@ -73,7 +73,7 @@ class ClusterInfo:
     token: str
     ca_file: Path
     state_dir: Path
-    k8s_bin: Path
+    kubernetes_bin: Path
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
@@ -134,7 +134,7 @@ class TestCluster:
             token=env["K8S_TOKEN"],
             ca_file=Path(env["K8S_CA"]),
             state_dir=d,
-            k8s_bin=Path(env["K8S_BIN"]),
+            kubernetes_bin=Path(env["K8S_BIN"]),
         )
         return self.info
 
