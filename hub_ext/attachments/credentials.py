@@ -181,8 +181,6 @@ def delete(s, project: str, name: str, actor: str) -> None:
                  project)
 
 
-
-
 def rows_for(s, project: str, names: list[str], field_name: str = "credentials") -> list[CredentialRow]:
     """The credentials ``names`` of ``project`` for a workload; FieldError for a name the
     project does not have or two environment credentials setting the same variable."""

@@ -154,8 +154,6 @@ def delete(s, project: str, name: str, actor: str) -> None:
     audit.record(s, actor, "datasource.deleted", f"{project}/{name}", {"kind": row.kind}, project)
 
 
-
-
 def rows_for(s, project: str, names: list[str], taken: dict[str, str] | None = None,
              field_name: str = "datasources") -> list[DataSourceRow]:
     """The data sources ``names`` of ``project`` for one workload. FieldError for a name the
