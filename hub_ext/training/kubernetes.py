@@ -186,8 +186,10 @@ class KubernetesTrainings:
         by_job: dict[str, list[dict]] = {}
         for p in self.pods.objects["pods"].values():
             by_job.setdefault(p["metadata"]["labels"][L.TRAINING], []).append(p)
+        # a job just suspended or deleted is not followed with the status read before that
+        done = {name for name, _, _ in todo}
         for name, spec, status in active:
-            if name not in self._busy and name not in new:
+            if name not in self._busy and name not in new and name not in done:
                 await self._follow(name, spec, status, by_job.get(name, []))
 
     # -- one job -------------------------------------------------------------------------
