@@ -8,7 +8,7 @@ placement          ``EmbeddedScheduler`` on the hub's    gpupool-scheduler (its 
                    GPUs (NVML or ``declared_gpus``)      on the cluster's nodes; no declared GPUs
 workspaces         ``GpupoolLocalSpawner``               ``GpupoolKubeSpawner``
 trainings          ``training.embedded.JobRunner``       ``training.kubernetes.KubernetesTrainings``
-commands           the embedded scheduler's processes    ``backends.k8s_commands.K8sCommands``
+commands           the embedded scheduler's processes    ``backends.kubernetes_commands.KubernetesCommands``
 inference replicas the hub's activator, replicas as      published for the chart's activator, whose
                    processes (``serving.embedded``)      replicas are pods (``serving.kubernetes``)
 logs               the owner's files                     the API server (pods/NAME/log)

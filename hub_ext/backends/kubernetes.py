@@ -18,7 +18,7 @@ from ..cluster.events import PodEvents
 from ..config import Gpupool
 from ..host.activity import NONE, Activity
 from ..training.kubernetes import KubernetesTrainings, worker_logs
-from .k8s_commands import K8sCommands
+from .kubernetes_commands import KubernetesCommands
 
 log = logging.getLogger("gpupool")
 
@@ -47,7 +47,7 @@ class KubernetesMode:
             self.kube, Session, cfg.namespace, checkpoint_size=cfg.checkpoint_storage,
             storage_class=cfg.checkpoint_storage_class,
             vault=delivery.vault if delivery is not None else None)
-        self.commands = K8sCommands(
+        self.commands = KubernetesCommands(
             self.kube, Session, cfg.namespace, vault=self.trainings.vault,
             images={k: (v or {}).get("image") or "" for k, v in cfg.environments.items()})
         self.cluster: asyncio.Future | None = None

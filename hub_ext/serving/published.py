@@ -188,7 +188,7 @@ class Follower(_Following):
         self.followed: set[str] = set()
 
     def attachments(self, spec) -> tuple[attach.Attachments | None, dict]:
-        """``K8sBackend``'s ``attachments``: a published service's, from its ConfigMap; the
+        """``KubernetesBackend``'s ``attachments``: a published service's, from its ConfigMap; the
         values are in the Secret the hub wrote, so none are given here."""
         cm = self.published().get(spec.name)
         return (attachments_of(cm) if cm is not None else None), {}

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from hub_ext.backends.k8s_commands import LABEL, K8sCommands, command_pod
 from hub_ext.backends.kubernetes import workload_pod
+from hub_ext.backends.kubernetes_commands import LABEL, KubernetesCommands, command_pod
 from hub_ext.cluster.events import PodEvents
 from hub_ext.db.tables import EventRow, WorkloadRow
 from hub_ext.requests.rules import WorkloadRequest
@@ -61,7 +61,7 @@ def test_submitted_commands_run_as_pods_and_end_with_their_exit(k8s_cluster: Clu
     async def go():
         async with kube(k8s_cluster) as kc, kube(k8s_cluster) as hub_kc:
             await create_org(kc, "d-cmd", 32, {"p-cmd": {"gpus": 0}, "p-cmd-ws": {"gpus": 32}})
-            runner = K8sCommands(hub_kc, Session, ns, poll_s=0.2)
+            runner = KubernetesCommands(hub_kc, Session, ns, poll_s=0.2)
             events = asyncio.ensure_future(PodEvents(hub_kc, Session, ns).run())
             runner.start()
             try:

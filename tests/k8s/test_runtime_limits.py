@@ -11,14 +11,14 @@ import asyncio
 import time
 from types import SimpleNamespace
 
-from hub_ext.backends.k8s_commands import LABEL, K8sCommands
+from hub_ext.backends.kubernetes_commands import LABEL, KubernetesCommands
 from hub_ext.cluster.events import PodEvents
 from hub_ext.db.tables import DepartmentRow, EventRow, PolicyRow, ProjectRow, WorkloadRow
 from hub_ext.requests.rules import WorkloadRequest
 from hub_ext.schema import make_sessionmaker
 from hub_ext.service import culler
 from hub_ext.training.db import TrainingRow, add_training
-from hub_ext.training.kubernetes import K8sTrainings
+from hub_ext.training.kubernetes import KubernetesTrainings
 from hub_ext.training.spec import TrainingSpec
 from scheduler.contract import A, L
 from scheduler.kubernetes.testcluster import ClusterInfo
@@ -62,8 +62,8 @@ def test_workloads_past_their_maximum_runtime_are_ended(k8s_cluster: ClusterInfo
     async def go():
         async with kube(k8s_cluster) as kc, kube(k8s_cluster) as hub_kc:
             await create_org(kc, "d-rt", 32, {"p-rt": {"gpus": 32}})
-            trainings = K8sTrainings(hub_kc, Session, ns, poll_s=0.2)
-            commands = K8sCommands(hub_kc, Session, ns, poll_s=0.2)
+            trainings = KubernetesTrainings(hub_kc, Session, ns, poll_s=0.2)
+            commands = KubernetesCommands(hub_kc, Session, ns, poll_s=0.2)
             events = asyncio.ensure_future(PodEvents(hub_kc, Session, ns).run())
             trainings.start()
             commands.start()
@@ -112,12 +112,12 @@ def test_workloads_past_their_maximum_runtime_are_ended(k8s_cluster: ClusterInfo
 
 def test_a_requeued_gang_runs_again_with_a_new_start(tmp_path):
     """The maximum runtime counts from the run's start: a gang that leaves ``running`` and
-    comes back gets a new ``start_time`` (``K8sTrainings._set``)."""
+    comes back gets a new ``start_time`` (``KubernetesTrainings._set``)."""
     Session = make_sessionmaker(f"sqlite:///{tmp_path}/hub.db")
     with Session() as s:
         add_training(s, "alice", TrainingSpec(name="again", project="p", command=["x"], gpu=1))
         s.commit()
-    ctl = K8sTrainings(None, Session, "ns")
+    ctl = KubernetesTrainings(None, Session, "ns")
     ctl._set("again", "Running", "1 worker(s) running", workload_state="running")
     with Session() as s:
         first = s.get(WorkloadRow, "again").start_time

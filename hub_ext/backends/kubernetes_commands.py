@@ -97,7 +97,7 @@ def _exit(pod: dict) -> tuple[str, str] | None:
     return ("succeeded", "exited with code 0") if phase == "Succeeded" else ("failed", "the pod failed")
 
 
-class K8sCommands:
+class KubernetesCommands:
     """The hub's runner of command workloads on Kubernetes; one per hub process."""
 
     def __init__(self, kc: KubeClient, Session, namespace: str, images: dict[str, str] | None = None,
@@ -214,4 +214,4 @@ class K8sCommands:
                 s.commit()
 
 
-__all__ = ["K8sCommands", "command_pod"]
+__all__ = ["KubernetesCommands", "command_pod"]
