@@ -18,7 +18,6 @@ is running (``cluster.events.PodEvents``, as for workspaces). Here:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 
@@ -37,7 +36,7 @@ from scheduler.kubernetes.client import ApiError, KubeClient
 from scheduler.model import DEFAULT_POOL
 
 from ..attachments import attach
-from ..cluster.mirror import Mirror
+from ..cluster.mirror import Mirror, WatchLoop
 from ..db.events import add_event
 from ..db.tables import WorkloadRow
 from ..requests.rules import FieldError, WorkloadRequest
@@ -97,8 +96,10 @@ def _exit(pod: dict) -> tuple[str, str] | None:
     return ("succeeded", "exited with code 0") if phase == "Succeeded" else ("failed", "the pod failed")
 
 
-class KubernetesCommands:
+class KubernetesCommands(WatchLoop):
     """The hub's runner of command workloads on Kubernetes; one per hub process."""
+
+    failure = "following command workloads failed"
 
     def __init__(self, kc: KubeClient, Session, namespace: str, images: dict[str, str] | None = None,
                  vault=None, poll_s: float = 1.0, preload: Preload = PRELOAD):
@@ -108,34 +109,12 @@ class KubernetesCommands:
         self.vault, self.poll_s, self.preload = vault, poll_s, preload
         self.api = f"/api/v1/namespaces/{namespace}"
         self.pods = Mirror(kc, Session, {"pods": f"{self.api}/pods"}, selectors={"pods": LABEL})
-        self._task: asyncio.Task | None = None
         self._made: set[str] = set()  # created by this hub, not yet in the watch's copy
         self._seen: set[str] = set()  # in the watch's copy: gone from it means deleted
 
-    def start(self) -> None:
-        if self._task is None:
-            self.pods.start()
-            self._task = asyncio.ensure_future(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
-        await self.pods.stop()
-
-    async def _loop(self) -> None:
-        while True:
-            seen = self.pods.version
-            try:
-                if self.pods.ready:
-                    await self.sync()
-            except Exception:
-                log.exception("following command workloads failed")
-            await self.pods.wait_past(seen, self.poll_s)
-
-    async def sync(self) -> None:
+    async def poll(self) -> None:
+        if not self.pods.ready:  # before the list, every command would look bare
+            return
         pods = {p["metadata"]["labels"][LABEL]: p for p in self.pods.objects["pods"].values()}
         with self.Session() as s:
             jobs = set(s.scalars(select(TrainingRow.name)))

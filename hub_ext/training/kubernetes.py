@@ -24,7 +24,6 @@ claim and the Secret). Logs come from the API server (``logs``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -34,7 +33,7 @@ from scheduler.contract import A, L, waiting_reason
 from scheduler.kubernetes.client import ApiError, KubeClient
 
 from ..attachments import attach
-from ..cluster.mirror import Mirror
+from ..cluster.mirror import Mirror, WatchLoop
 from ..db.events import add_event
 from ..db.tables import WorkloadRow
 from ..requests.rules import FieldError
@@ -125,8 +124,10 @@ def claim_manifest(spec: TrainingSpec, namespace: str, size: str, storage_class:
     return claim
 
 
-class KubernetesTrainings:
+class KubernetesTrainings(WatchLoop):
     """The training backend on Kubernetes; one per hub process (``KubernetesMode.trainings``)."""
+
+    failure = "training controller poll failed"
 
     def __init__(self, kc: KubeClient, Session, namespace: str, poll_s: float = 0.5,
                  checkpoint_size: str = "10Gi", storage_class: str = "", vault=None):
@@ -137,31 +138,7 @@ class KubernetesTrainings:
         self.vault = vault  # credentials.Vault: opens the attached credentials' values
         self.api = f"/api/v1/namespaces/{namespace}"
         self.pods = Mirror(kc, Session, {"pods": f"{self.api}/pods"}, selectors={"pods": L.TRAINING})
-        self._task: asyncio.Task | None = None
         self._busy: set[str] = set()  # jobs whose pods the hub itself is deleting or creating
-
-    # -- lifecycle -----------------------------------------------------------------------
-    def start(self) -> None:
-        if self._task is None:
-            self.pods.start()
-            self._task = asyncio.ensure_future(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
-        await self.pods.stop()
-
-    async def _loop(self) -> None:
-        while True:
-            seen = self.pods.version
-            try:
-                await self.poll()
-            except Exception:
-                log.exception("training controller poll failed")
-            await self.pods.wait_past(seen, self.poll_s)
 
     def _pods_of(self, name: str) -> list[dict]:
         return [p for p in self.pods.objects["pods"].values()
