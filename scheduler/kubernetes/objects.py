@@ -20,6 +20,7 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import Any
 
+from ..constraints import OPERATORS, NodeConstraints, Requirement, Taint, Term, Toleration
 from ..contract import (
     DEFAULT_PRELOAD,
     GPU_RESOURCE,
@@ -140,6 +141,7 @@ class PodRequest:
     node_pool: str | None = None
     gpu_models: tuple[str, ...] = ()
     topology_key: str | None = None
+    constraints: NodeConstraints | None = None  # nodeSelector, node affinity, tolerations
     grace_period_s: float = 30.0
     submit_time: float = 0.0
     config_map: str | None = None  # for fractions: the ConfigMap its envFrom names
@@ -199,6 +201,49 @@ def _sum_requests(spec: JSON, resource: str) -> Decimal:
         if v is not None:
             init = max(init, parse_quantity(v, f"initContainers[{c.get('name')}].{resource}"))
     return max(total, init)
+
+
+# ----------------------------------------------------------------------------- constraints
+def _requirements(items: Any, where: str, fields: bool = False) -> tuple[Requirement, ...]:
+    out = []
+    for i, r in enumerate(items or ()):
+        at = f"{where}[{i}]"
+        op = r.get("operator")
+        if op not in OPERATORS:
+            raise ValidationError(f"{at}.operator", f"must be one of {', '.join(OPERATORS)}, got {op!r}")
+        if fields and (r.get("key") != "metadata.name" or op not in ("In", "NotIn")):
+            raise ValidationError(f"{at}", "matchFields takes only metadata.name with In or NotIn")
+        values = tuple(str(v) for v in r.get("values") or ())
+        if op in ("Gt", "Lt") and (len(values) != 1 or not values[0].lstrip("-").isdigit()):
+            raise ValidationError(f"{at}.values", f"{op} takes one integer, got {list(values)}")
+        if op in ("Exists", "DoesNotExist") and values:
+            raise ValidationError(f"{at}.values", f"{op} takes no values")
+        out.append(Requirement(str(r.get("key", "")), op, values))
+    return tuple(out)
+
+
+def parse_constraints(spec: JSON, where: str = "pod") -> NodeConstraints | None:
+    """A pod's nodeSelector, required node affinity and tolerations; None when it has none
+    (the core then keeps it off tainted nodes only). Preferred affinity is not a constraint."""
+    selector = spec.get("nodeSelector") or {}
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    tolerations = spec.get("tolerations") or ()
+    if not (selector or required or tolerations):
+        return None
+    terms = None
+    if required is not None:
+        terms = tuple(
+            Term(_requirements(t.get("matchExpressions"), f"{where} nodeSelectorTerms[{i}].matchExpressions"),
+                 _requirements(t.get("matchFields"), f"{where} nodeSelectorTerms[{i}].matchFields", fields=True))
+            for i, t in enumerate(required.get("nodeSelectorTerms") or ()))
+    tols = []
+    for i, t in enumerate(tolerations):
+        op = t.get("operator") or "Equal"
+        if op not in ("Equal", "Exists"):
+            raise ValidationError(f"{where} tolerations[{i}].operator", f"must be Equal or Exists, got {op!r}")
+        tols.append(Toleration(t.get("key") or "", op, str(t.get("value") or ""), t.get("effect") or ""))
+    return NodeConstraints(tuple(sorted((str(k), str(v)) for k, v in selector.items())), terms, tuple(tols))
 
 
 def workload_name(namespace: str, name: str, gang: str | None) -> str:
@@ -282,6 +327,7 @@ def parse_pod(pod: JSON) -> PodRequest:
         node_pool=get(A.NODE_POOL),
         gpu_models=tuple(m.strip() for m in models.split(",") if m.strip()) if models else (),
         topology_key=get(A.TOPOLOGY),
+        constraints=parse_constraints(spec, where),
         grace_period_s=float(30 if grace is None else grace),
         submit_time=parse_time(meta.get("creationTimestamp")),
         config_map=(get(A.CONFIG_MAP) or config_map_name(name)) if demand.is_fractional else None,
@@ -334,7 +380,8 @@ def request_signature(pod: JSON) -> tuple:
     return (meta.get("uid"), ann, labels,
             [c.get("resources") for c in spec.get("containers") or ()],
             [c.get("resources") for c in spec.get("initContainers") or ()],
-            spec.get("terminationGracePeriodSeconds"))
+            spec.get("terminationGracePeriodSeconds"),
+            spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations"))
 
 
 def update_pod(old: PodRequest, pod: JSON) -> PodRequest:
@@ -370,7 +417,13 @@ def parse_node(node: JSON, pool_label: str = "gpupool.io/node-pool") -> Node:
     return Node(
         name=meta["name"], gpus=gpus, cpu_milli=int(cpu * 1000), memory_mib=int(memory / 2**20),
         pool=labels.get(pool_label, DEFAULT_POOL), labels=dict(labels),
+        taints=parse_taints(node.get("spec") or {}),
     )
+
+
+def parse_taints(spec: JSON) -> tuple[Taint, ...]:
+    return tuple(Taint(t.get("key", ""), str(t.get("value") or ""), t.get("effect", ""))
+                 for t in spec.get("taints") or ())
 
 
 def node_schedulable(node: JSON) -> bool:

@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Coroutine, Iterable
 from typing import Any, Protocol
 
-from ..model import PodPlacement, Project, State, ValidationError, Workload
+from ..model import Node, PodPlacement, Project, State, ValidationError, Workload
 from ..snapshot import Snapshot
 from .client import ApiError, KubeClient
 from .config import GROUP, NET_ERRORS, AdapterConfig
@@ -36,6 +36,7 @@ from .objects import (
     request_signature,
     update_pod,
 )
+from .other_pods import OtherPods, held_by
 
 __all__ = ["Watcher", "Writer"]
 
@@ -76,12 +77,18 @@ class Watcher:
         self.bound_at: dict[str, float] = {}
         self.evicting: set[str] = set()
         self.bad: dict[str, str] = {}  # pod key -> error reported
+        self.node_full: dict[str, Node] = {}  # as the node reports it; the core gets it less:
+        self.other = OtherPods()  # what pods gpupool does not schedule hold on each node
         self.departments: dict[str, object] = {}
         self.projects: dict[str, Project] = {}
 
     # ------------------------------------------------------------------- list, watch
     def _pod_selector(self) -> str:
         return f"spec.schedulerName={self.cfg.scheduler_name}"
+
+    def _other_selector(self) -> str:
+        return (f"spec.schedulerName!={self.cfg.scheduler_name},"
+                "status.phase!=Succeeded,status.phase!=Failed")
 
     async def _list(self, path: str, **params) -> tuple[list[dict], str]:
         try:
@@ -97,6 +104,9 @@ class Watcher:
         nodes, rvs["nodes"] = await self._list("/api/v1/nodes")
         for n in nodes:
             self.on_node("ADDED", n)
+        others, rvs["other_pods"] = await self._list("/api/v1/pods", fieldSelector=self._other_selector())
+        for p in others:
+            self.on_other_pod("ADDED", p)
         depts, rvs["departments"] = await self._list(f"{GROUP}/departments")
         for d in depts:
             self.on_department("ADDED", d)
@@ -118,6 +128,8 @@ class Watcher:
             self._watch(f"{GROUP}/departments", rvs["departments"], self.on_department),
             self._watch(f"{GROUP}/projects", rvs["projects"], self.on_project),
             self._watch("/api/v1/pods", rvs["pods"], self.on_pod, fieldSelector=self._pod_selector()),
+            self._watch("/api/v1/pods", rvs["other_pods"], self.on_other_pod,
+                        fieldSelector=self._other_selector()),
         ]
 
     async def _watch(self, path: str, rv: str, handler, **params) -> None:
@@ -155,6 +167,10 @@ class Watcher:
             for key, p in list(self.pods.items()):
                 if (p.namespace, p.name) not in seen:
                     self.forget_pod(key)
+        elif handler == self.on_other_pod:
+            for key in list(self.other.pods):
+                if tuple(key.split("/", 1)) not in seen:
+                    self._other_changed(self.other.set(key, None))
         elif handler == self.on_node:
             for name in list(self.snap.nodes):
                 if (None, name) not in seen:
@@ -168,18 +184,45 @@ class Watcher:
     def on_node(self, etype: str, obj: dict) -> None:
         name = obj["metadata"]["name"]
         if etype == "DELETED" or not node_schedulable(obj):
+            self.node_full.pop(name, None)
             if name in self.snap.nodes and not self._node_in_use(name):
                 self.snap.remove_node(name)
                 self._mark()
             return
         try:
-            node = parse_node(obj, self.cfg.node_pool_label)
+            self.node_full[name] = parse_node(obj, self.cfg.node_pool_label)
         except ValidationError as e:
             log.warning("node %s: %s", name, e)
             return
+        self._publish_node(name)
+
+    def on_other_pod(self, etype: str, obj: dict) -> None:
+        """A pod gpupool does not schedule: what it holds comes off its node."""
+        meta = obj["metadata"]
+        key = f"{meta.get('namespace')}/{meta['name']}"
+        try:
+            held = None if etype == "DELETED" else held_by(obj)
+        except ValidationError as e:
+            log.warning("pod %s: %s", key, e)
+            held = None
+        self._other_changed(self.other.set(key, held))
+
+    def _other_changed(self, nodes: set[str]) -> None:
+        for name in nodes:
+            self._publish_node(name)
+
+    def _publish_node(self, name: str) -> None:
+        """The node as the core sees it: what it reports less what other pods hold."""
+        full = self.node_full.get(name)
+        if full is None:
+            return
+        in_use = max((max(p.placement.gpu_indices, default=-1) + 1 for p in self.pods.values()
+                      if p.placement is not None and p.node == name and not p.done), default=0) \
+            if name in self.other.on else 0
+        node = self.other.usable(full, in_use)
         old = self.snap.nodes.get(name)
-        if old is not None and (old.gpus, old.cpu_milli, old.memory_mib, old.pool, old.labels) \
-                == (node.gpus, node.cpu_milli, node.memory_mib, node.pool, node.labels):
+        if old is not None and (old.gpus, old.cpu_milli, old.memory_mib, old.pool, old.labels, old.taints) \
+                == (node.gpus, node.cpu_milli, node.memory_mib, node.pool, node.labels, node.taints):
             return
         self.snap.add_node(node)
         self._mark()
@@ -341,7 +384,7 @@ class Watcher:
             name=wname, project=first.project, kind=first.kind, demand=first.demand,
             priority=first.priority, preemptible=first.preemptible,
             allow_over_quota=first.allow_over_quota, node_pool=first.node_pool,
-            gpu_models=first.gpu_models, topology_key=first.topology_key,
+            gpu_models=first.gpu_models, topology_key=first.topology_key, constraints=first.constraints,
             submit_time=first.submit_time, grace_period_s=first.grace_period_s,
             resumed=first.resumed,
         )  # fmt: skip
