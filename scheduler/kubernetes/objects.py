@@ -443,6 +443,8 @@ def _quotas(spec: JSON) -> dict[str, Quota]:
             gpus=float(q.get("gpus", 0)),
             over_quota_weight=float(q.get("overQuotaWeight", 1)),
             limit=None if q.get("limit") is None else float(q["limit"]),
+            cpu=None if q.get("cpu") is None else float(q["cpu"]),
+            memory_gib=None if q.get("memoryGib") is None else float(q["memoryGib"]),
         )
     return out
 

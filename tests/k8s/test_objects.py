@@ -99,6 +99,10 @@ def test_project_cr():
     p = parse_project({"metadata": {"name": "nlp"},
                        "spec": {"department": "r", "quotas": {"default": {"gpus": 2, "limit": 3}}}})
     assert p.department == "r" and p.quotas["default"].gpus == 2 and p.quotas["default"].limit == 3
+    assert (p.quotas["default"].cpu, p.quotas["default"].memory_gib) == (None, None)
+    p = parse_project({"metadata": {"name": "nlp"}, "spec": {"department": "r", "quotas": {
+        "default": {"gpus": 2, "cpu": 8, "memoryGib": 32.5}}}})
+    assert (p.quotas["default"].cpu_milli, p.quotas["default"].memory_mib) == (8000, 33280)
 
 
 @pytest.mark.parametrize("value,expect", [(None, False), ("true", True), ("True", True),
