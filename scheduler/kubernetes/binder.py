@@ -29,6 +29,7 @@ from .objects import (
     fraction_config_map,
     placement_annotations,
     preemption_mark,
+    rfc3339,
     scheduled_condition,
 )
 from .watcher import Watcher
@@ -214,8 +215,10 @@ class Binder:
                 }
                 if written.get(name) == status:
                     continue
+                # when the lag was read: a scheduler that takes over decays it from then on
+                stamped = {**status, "overQuotaLagAt": rfc3339(time.time())}
                 try:
-                    await self.kc.patch(f"{GROUP}/projects/{name}/status", {"status": status})
+                    await self.kc.patch(f"{GROUP}/projects/{name}/status", {"status": stamped})
                     written[name] = status
                 except (ApiError, *NET_ERRORS) as e:
                     log.debug("project %s status: %s", name, e)

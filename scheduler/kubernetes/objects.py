@@ -56,6 +56,8 @@ __all__ = [
     "parse_quantity",
     "placement_annotations",
     "preemption_mark",
+    "recorded_lag",
+    "rfc3339",
     "scheduled_condition",
 ]
 
@@ -508,6 +510,30 @@ def fraction_config_map(pod: PodRequest, p: PodPlacement, node: Node,
 
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rfc3339(t: float) -> str:
+    """Epoch seconds as an RFC 3339 time, to the microsecond."""
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def recorded_lag(projects: list[JSON]) -> tuple[dict[tuple[str, str], float], float] | None:
+    """The over-quota lag the Projects' status holds (milli-GPU-seconds per (project, pool))
+    and the latest time it was recorded; None when no status holds one."""
+    lag: dict[tuple[str, str], float] = {}
+    at = 0.0
+    for obj in projects:
+        st = obj.get("status") or {}
+        when = st.get("overQuotaLagAt")
+        if not when:
+            continue
+        try:
+            at = max(at, parse_time(when))
+            for pool, x in (st.get("overQuotaLagGpuSeconds") or {}).items():
+                lag[(obj["metadata"]["name"], pool)] = float(x) * MILLI
+        except (ValueError, TypeError, AttributeError):
+            continue  # an unreadable status: that project starts even
+    return (lag, at) if at else None
 
 
 def scheduled_condition(reason: str, message: str) -> JSON:

@@ -33,6 +33,7 @@ from .objects import (
     parse_node,
     parse_pod,
     parse_project,
+    recorded_lag,
     request_signature,
     update_pod,
 )
@@ -80,6 +81,8 @@ class Watcher:
         self.node_full: dict[str, Node] = {}  # as the node reports it; the core gets it less:
         self.other = OtherPods()  # what pods gpupool does not schedule hold on each node
         self.departments: dict[str, object] = {}
+        # The over-quota lag the Projects' status held at ``sync`` and when it was recorded
+        self.recorded_lag: tuple[dict[tuple[str, str], float], float] | None = None
         self.projects: dict[str, Project] = {}
 
     # ------------------------------------------------------------------- list, watch
@@ -113,6 +116,7 @@ class Watcher:
         projects, rvs["projects"] = await self._list(f"{GROUP}/projects")
         for p in projects:
             self.on_project("ADDED", p)
+        self.recorded_lag = recorded_lag(projects)
         pods, rvs["pods"] = await self._list("/api/v1/pods", fieldSelector=self._pod_selector())
         for p in pods:
             self.on_pod("ADDED", p)
