@@ -123,11 +123,12 @@ class KubernetesTrainings:
     """The training backend on Kubernetes; one per hub process (``KubernetesMode.trainings``)."""
 
     def __init__(self, kc: KubeClient, Session, namespace: str, poll_s: float = 0.5,
-                 checkpoint_size: str = "10Gi", storage_class: str = ""):
+                 checkpoint_size: str = "10Gi", storage_class: str = "", topology_key: str = ""):
         # poll_s: how often the hub's own rows are read (new jobs, control requests); the
         # pods come from the watch, and any change of one wakes the controller at once
         self.kc, self.Session, self.namespace, self.poll_s = kc, Session, namespace, poll_s
         self.checkpoint_size, self.storage_class = checkpoint_size, storage_class
+        self.topology_key = topology_key
         self.api = f"/api/v1/namespaces/{namespace}"
         self.pods = Mirror(kc, Session, {"pods": f"{self.api}/pods"}, selectors={"pods": L.TRAINING})
         self._task: asyncio.Task | None = None
@@ -201,7 +202,8 @@ class KubernetesTrainings:
                 return
             spec, preemptions, owner = TrainingSpec.from_dict(t.spec), t.preemptions, t.owner
         opts = KubernetesOptions(namespace=self.namespace, checkpoint_claim=checkpoint_claim(name), owner=owner,
-                          priority=spec.priority + preemptions if preemptions else None, resumed=resumed)
+                                 priority=spec.priority + preemptions if preemptions else None, resumed=resumed,
+                                 topology_key=self.topology_key)
         self._busy.add(name)
         try:
             await self._post(claim_manifest(spec, self.namespace, self.checkpoint_size, self.storage_class))
