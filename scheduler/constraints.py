@@ -93,13 +93,16 @@ class NodeConstraints:
     selector: tuple[tuple[str, str], ...] = ()  # nodeSelector: every label equal
     terms: tuple[Term, ...] | None = None  # required node affinity: any term; None: none given
     tolerations: tuple[Toleration, ...] = ()
+    # The node affinity of the pod's volumes (a PersistentVolume's, a StorageClass's allowed
+    # topologies): every group holds, each by any of its terms.
+    volumes: tuple[tuple[Term, ...], ...] = ()
 
     def __hash__(self) -> int:
         # Kept once worked out: the constraints are part of cache keys asked for every
         # placement, and hashing the nested tuples each time would cost more than the lookup.
         h = self.__dict__.get("_hash")
         if h is None:
-            h = hash((self.selector, self.terms, self.tolerations))
+            h = hash((self.selector, self.terms, self.tolerations, self.volumes))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -116,8 +119,12 @@ class NodeConstraints:
             return False
         return self.terms is None or any(t.matches(name, labels) for t in self.terms)
 
+    def matches_volumes(self, name: str, labels: dict[str, str]) -> bool:
+        return all(any(t.matches(name, labels) for t in group) for group in self.volumes)
+
     def allows(self, name: str, labels: dict[str, str], taints: tuple[Taint, ...]) -> bool:
-        return self.matches_node(name, labels) and self.untolerated(taints) is None
+        return (self.matches_node(name, labels) and self.untolerated(taints) is None
+                and self.matches_volumes(name, labels))
 
 
 NO_CONSTRAINTS = NodeConstraints()
@@ -133,5 +140,7 @@ def unavailable(c: NodeConstraints, nodes: list[tuple[str, dict[str, str], tuple
             why["node(s) didn't match Pod's node affinity/selector"] += 1
         elif (t := c.untolerated(taints)) is not None:
             why[f"node(s) had untolerated taint {t}"] += 1
+        elif not c.matches_volumes(name, labels):
+            why["node(s) had volume node affinity conflict"] += 1
     parts = ", ".join(f"{n} {text}" for text, n in sorted(why.items(), key=lambda kv: (-kv[1], kv[0])))
     return f"0/{len(nodes)} nodes are available: {parts}." if parts else f"0/{len(nodes)} nodes are available."

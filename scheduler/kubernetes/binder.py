@@ -1,7 +1,8 @@
 """The Kubernetes adapter's binder: the only part that writes to the API server.
 
-* Binds, per pod: the fraction's ConfigMap, then the Binding (which stamps the placement
-  annotations); a gang's plan is stamped on all its pods first, so a scheduler that restarts
+* Binds, per pod: its WaitForFirstConsumer claims get the chosen node and are waited for
+  until Bound (volumes.py), then the fraction's ConfigMap, then the Binding (which stamps
+  the placement annotations); a gang's plan is stamped on all its pods first, so a scheduler that restarts
   half-way completes it. A failed bind forgets the watcher's assumption and the pod waits
   again.
 * Evictions: pod deletes with the workload's grace period, plus an Event.
@@ -104,6 +105,9 @@ class Binder:
                                 {"metadata": {"annotations": placement_annotations(pl, over_quota)}})
 
     async def _bind_pod(self, pod: PodRequest, pl: PodPlacement, over_quota: bool) -> None:
+        if pod.claims:  # outside the semaphore: provisioning must not hold up other binds
+            await self.cache.volumes.prebind(self.kc, pod.namespace, pod.claims, pl.node,
+                                             self.cfg.volume_bind_timeout_s)
         async with self._bind_sem:
             if pod.demand.is_fractional:
                 node = self.cache.snap.nodes.get(pl.node)

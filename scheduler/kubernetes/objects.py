@@ -144,6 +144,7 @@ class PodRequest:
     gpu_models: tuple[str, ...] = ()
     topology_key: str | None = None
     constraints: NodeConstraints | None = None  # nodeSelector, node affinity, tolerations
+    claims: tuple[str, ...] = ()  # PersistentVolumeClaims its volumes name (volumes.py)
     grace_period_s: float = 30.0
     submit_time: float = 0.0
     config_map: str | None = None  # for fractions: the ConfigMap its envFrom names
@@ -206,6 +207,18 @@ def _sum_requests(spec: JSON, resource: str) -> Decimal:
 
 
 # ----------------------------------------------------------------------------- constraints
+def pod_claims(spec: JSON, pod_name: str) -> tuple[str, ...]:
+    """The claims a pod's volumes name: its PersistentVolumeClaims, and the claim of each
+    generic ephemeral volume (named POD-VOLUME by the ephemeral volume controller)."""
+    out = []
+    for v in spec.get("volumes") or ():
+        if "persistentVolumeClaim" in v:
+            out.append(str(v["persistentVolumeClaim"].get("claimName", "")))
+        elif "ephemeral" in v:
+            out.append(f"{pod_name}-{v.get('name', '')}")
+    return tuple(out)
+
+
 def _requirements(items: Any, where: str, fields: bool = False) -> tuple[Requirement, ...]:
     out = []
     for i, r in enumerate(items or ()):
@@ -224,6 +237,17 @@ def _requirements(items: Any, where: str, fields: bool = False) -> tuple[Require
     return tuple(out)
 
 
+def node_terms(selector: JSON | None, where: str) -> tuple[Term, ...] | None:
+    """A NodeSelector (``nodeSelectorTerms``) as terms, any of which a node must match;
+    None when there is none."""
+    if selector is None:
+        return None
+    return tuple(
+        Term(_requirements(t.get("matchExpressions"), f"{where} nodeSelectorTerms[{i}].matchExpressions"),
+             _requirements(t.get("matchFields"), f"{where} nodeSelectorTerms[{i}].matchFields", fields=True))
+        for i, t in enumerate(selector.get("nodeSelectorTerms") or ()))
+
+
 def parse_constraints(spec: JSON, where: str = "pod") -> NodeConstraints | None:
     """A pod's nodeSelector, required node affinity and tolerations; None when it has none
     (the core then keeps it off tainted nodes only). Preferred affinity is not a constraint."""
@@ -233,12 +257,7 @@ def parse_constraints(spec: JSON, where: str = "pod") -> NodeConstraints | None:
     tolerations = spec.get("tolerations") or ()
     if not (selector or required or tolerations):
         return None
-    terms = None
-    if required is not None:
-        terms = tuple(
-            Term(_requirements(t.get("matchExpressions"), f"{where} nodeSelectorTerms[{i}].matchExpressions"),
-                 _requirements(t.get("matchFields"), f"{where} nodeSelectorTerms[{i}].matchFields", fields=True))
-            for i, t in enumerate(required.get("nodeSelectorTerms") or ()))
+    terms = node_terms(required, where)
     tols = []
     for i, t in enumerate(tolerations):
         op = t.get("operator") or "Equal"
@@ -330,6 +349,7 @@ def parse_pod(pod: JSON) -> PodRequest:
         gpu_models=tuple(m.strip() for m in models.split(",") if m.strip()) if models else (),
         topology_key=get(A.TOPOLOGY),
         constraints=parse_constraints(spec, where),
+        claims=pod_claims(spec, name),
         grace_period_s=float(30 if grace is None else grace),
         submit_time=parse_time(meta.get("creationTimestamp")),
         config_map=(get(A.CONFIG_MAP) or config_map_name(name)) if demand.is_fractional else None,
@@ -383,7 +403,8 @@ def request_signature(pod: JSON) -> tuple:
             [c.get("resources") for c in spec.get("containers") or ()],
             [c.get("resources") for c in spec.get("initContainers") or ()],
             spec.get("terminationGracePeriodSeconds"),
-            spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations"))
+            spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations"),
+            pod_claims(spec, meta["name"]))
 
 
 def update_pod(old: PodRequest, pod: JSON) -> PodRequest:

@@ -20,8 +20,10 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Coroutine, Iterable
+from dataclasses import replace
 from typing import Any, Protocol
 
+from ..constraints import NO_CONSTRAINTS, NodeConstraints
 from ..model import Node, PodPlacement, Project, State, ValidationError, Workload
 from ..snapshot import Snapshot
 from .client import ApiError, KubeClient
@@ -38,6 +40,7 @@ from .objects import (
     update_pod,
 )
 from .other_pods import OtherPods, held_by
+from .volumes import Volumes
 
 __all__ = ["Watcher", "Writer"]
 
@@ -80,6 +83,8 @@ class Watcher:
         self.bad: dict[str, str] = {}  # pod key -> error reported
         self.node_full: dict[str, Node] = {}  # as the node reports it; the core gets it less:
         self.other = OtherPods()  # what pods gpupool does not schedule hold on each node
+        self.volumes = Volumes()  # claims, volumes and classes (volume binding)
+        self.claimed: dict[str, set[str]] = {}  # workload -> keys of the claims its pods name
         self.departments: dict[str, object] = {}
         # The over-quota lag the Projects' status held at ``sync`` and when it was recorded
         self.recorded_lag: tuple[dict[tuple[str, str], float], float] | None = None
@@ -110,6 +115,10 @@ class Watcher:
         others, rvs["other_pods"] = await self._list("/api/v1/pods", fieldSelector=self._other_selector())
         for p in others:
             self.on_other_pod("ADDED", p)
+        for path, handler in self._volume_watches():
+            items, rvs[path] = await self._list(path)
+            for obj in items:
+                handler("ADDED", obj)
         depts, rvs["departments"] = await self._list(f"{GROUP}/departments")
         for d in depts:
             self.on_department("ADDED", d)
@@ -134,7 +143,13 @@ class Watcher:
             self._watch("/api/v1/pods", rvs["pods"], self.on_pod, fieldSelector=self._pod_selector()),
             self._watch("/api/v1/pods", rvs["other_pods"], self.on_other_pod,
                         fieldSelector=self._other_selector()),
+            *(self._watch(path, rvs[path], handler) for path, handler in self._volume_watches()),
         ]
+
+    def _volume_watches(self) -> list[tuple[str, Any]]:
+        return [("/apis/storage.k8s.io/v1/storageclasses", self.on_storage_class),
+                ("/api/v1/persistentvolumes", self.on_volume),
+                ("/api/v1/persistentvolumeclaims", self.on_claim)]
 
     async def _watch(self, path: str, rv: str, handler, **params) -> None:
         while True:
@@ -210,6 +225,24 @@ class Watcher:
             log.warning("pod %s: %s", key, e)
             held = None
         self._other_changed(self.other.set(key, held))
+
+    # A claim, volume or class changed: the workloads whose pods name the claims it touches
+    # are rebuilt (their node affinity, or whether they can be placed at all, may change).
+    def on_claim(self, etype: str, obj: dict) -> None:
+        self._claims_changed({self.volumes.on_claim(etype, obj)})
+
+    def on_volume(self, etype: str, obj: dict) -> None:
+        key = self.volumes.on_volume(etype, obj)
+        self._claims_changed({key} if key else set())
+
+    def on_storage_class(self, etype: str, obj: dict) -> None:
+        self.volumes.on_class(etype, obj)
+        self._claims_changed(None)
+
+    def _claims_changed(self, keys: set[str] | None) -> None:
+        for wname, claimed in list(self.claimed.items()):
+            if keys is None or claimed & keys:
+                self.refresh(wname)
 
     def _other_changed(self, nodes: set[str]) -> None:
         for name in nodes:
@@ -362,6 +395,25 @@ class Watcher:
         return max(known) if times and len(known) == len(times) else None
 
     # -------------------------------------------------------------------- workloads
+    def _with_volumes(self, wname: str, pods: list[PodRequest], first: PodRequest
+                      ) -> tuple[NodeConstraints | None, str | None]:
+        """The workload's node constraints with its volumes' node affinity, and why its
+        claims keep it waiting (None: they do not)."""
+        keys = {f"{p.namespace}/{c}" for p in pods for c in p.claims}
+        if not keys:
+            self.claimed.pop(wname, None)
+            return first.constraints, None
+        self.claimed[wname] = keys
+        groups: list = []
+        for p in pods:
+            why, more = self.volumes.needs(p.namespace, p.claims)
+            if why is not None:
+                return first.constraints, why
+            groups += [g for g in more if g not in groups]
+        if not groups:
+            return first.constraints, None
+        return replace(first.constraints or NO_CONSTRAINTS, volumes=tuple(groups)), None
+
     def refresh(self, wname: str) -> None:
         """Rebuild one workload of the snapshot from its pods."""
         pods = sorted((self.pods[k] for k in self.members.get(wname, ())), key=lambda p: p.name)
@@ -371,11 +423,13 @@ class Watcher:
             if old is not None:
                 self.snap.remove_workload(wname)
                 self._mark()
+            self.claimed.pop(wname, None)
             self.evicting.discard(wname)
             self.writer.forget(wname)
             return
         first = min(pods, key=lambda p: (p.submit_time, p.name))
         placed = [pl for pl in (self.placement(p) for p in pods) if pl is not None]
+        constraints, waits_for = self._with_volumes(wname, pods, first)
         if placed and len(placed) < len(pods):
             # Part of a gang is bound (a scheduler stopped half-way): finish its stamped plan.
             rest = [(p, p.plan) for p in pods if self.placement(p) is None and p.plan is not None and not p.deleting]
@@ -388,7 +442,7 @@ class Watcher:
             name=wname, project=first.project, kind=first.kind, demand=first.demand,
             priority=first.priority, preemptible=first.preemptible,
             allow_over_quota=first.allow_over_quota, node_pool=first.node_pool,
-            gpu_models=first.gpu_models, topology_key=first.topology_key, constraints=first.constraints,
+            gpu_models=first.gpu_models, topology_key=first.topology_key, constraints=constraints,
             submit_time=first.submit_time, grace_period_s=first.grace_period_s,
             resumed=first.resumed,
         )  # fmt: skip
@@ -405,6 +459,9 @@ class Watcher:
             w = None  # a gang still gathering its pods
             msg = f"gang waits for its pods: {len(pods)} of {first.gang_size} exist"
             self.writer.report_changed(wname, "Unschedulable", msg)
+        elif waits_for is not None:
+            w = None  # its claims cannot be bound anywhere yet
+            self.writer.report_changed(wname, "Unschedulable", waits_for)
         else:
             w = Workload(**base, pods=first.gang_size)
         if w == old:
