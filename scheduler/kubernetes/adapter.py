@@ -64,6 +64,8 @@ class GpupoolScheduler:
         watchers = [asyncio.create_task(w) for w in self.cache.watches(rvs)]
         watchers.append(asyncio.create_task(self.binder.project_status_loop(lambda: self.last,
                                                                             self.ledger)))
+        if self.cfg.gpu_reservations:
+            watchers.append(asyncio.create_task(self.binder.reservation_loop()))
         cycle = asyncio.create_task(self._cycle_loop())
         self.dirty.set()
         done, _ = await asyncio.wait([cycle, asyncio.create_task(stop.wait()), *watchers],

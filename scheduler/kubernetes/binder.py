@@ -108,12 +108,18 @@ class Binder:
         if pod.claims:  # outside the semaphore: provisioning must not hold up other binds
             await self.cache.volumes.prebind(self.kc, pod.namespace, pod.claims, pl.node,
                                              self.cfg.volume_bind_timeout_s)
+        reserved = None
+        if pod.demand.is_fractional and self.cfg.gpu_reservations:
+            cfg = self.cfg
+            reserved = await self.cache.reservations.ensure(
+                self.kc, pl.node, pl.gpu_indices[0], cfg.reservation_namespace, cfg.reservation_image,
+                cfg.reservation_service_account, cfg.reservation_timeout_s)
         async with self._bind_sem:
             if pod.demand.is_fractional:
                 node = self.cache.snap.nodes.get(pl.node)
                 if node is None:
                     raise ApiError(404, f"node {pl.node} went away")
-                cm = fraction_config_map(pod, pl, node, self.cfg.preload_path)
+                cm = fraction_config_map(pod, pl, node, self.cfg.preload_path, reserved)
                 # one of that name is left by a crash: replaced
                 await self.kc.apply(f"/api/v1/namespaces/{pod.namespace}/configmaps", cm)
             try:
@@ -194,6 +200,29 @@ class Binder:
                     log.warning("reporting on %s/%s: %s", ns, name, e)
 
         self._spawn(go())
+
+    # ------------------------------------------------------------- GPU reservations
+    async def reservation_loop(self) -> None:
+        """Every ``project_status_s``: delete the reservations whose slot holds no fraction."""
+        while True:
+            await asyncio.sleep(self.cfg.project_status_s)
+            cache = self.cache
+            in_use = set()
+            for p in cache.pods.values():
+                pl = cache.placement(p)
+                if pl is not None and p.demand.is_fractional and not p.done:
+                    in_use.add((pl.node, pl.gpu_indices[0]))
+            for obj in cache.reservations.unused(in_use):
+                m = obj["metadata"]
+                try:
+                    await self.kc.delete(pod_path(m["namespace"], m["name"]),
+                                         {"apiVersion": "v1", "kind": "DeleteOptions",
+                                          "preconditions": {"uid": m["uid"]}, "gracePeriodSeconds": 0})
+                except ApiError as e:
+                    if e.status not in (404, 409):
+                        log.warning("deleting reservation %s: %s", m["name"], e)
+                except NET_ERRORS as e:
+                    log.warning("deleting reservation %s: %s", m["name"], e)
 
     # --------------------------------------------------------------- project status
     async def project_status_loop(self, last: Callable[[], Decisions | None],

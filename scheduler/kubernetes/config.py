@@ -31,6 +31,12 @@ class AdapterConfig:
     # How long a bind waits for its WaitForFirstConsumer claims to be provisioned and bound
     # (kube-scheduler's VolumeBinding bindTimeoutSeconds); then the pod is placed again.
     volume_bind_timeout_s: float = 600.0
+    # Fractions on GPUs the kubelet reserved for them (reservations.py, decision 0060)
+    gpu_reservations: bool = False
+    reservation_namespace: str = "default"
+    reservation_image: str = "gpupool-scheduler"
+    reservation_service_account: str = "default"
+    reservation_timeout_s: float = 300.0
     core: SchedulerConfig | None = None
 
 

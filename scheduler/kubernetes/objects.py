@@ -503,14 +503,16 @@ def binding(pod: PodRequest, p: PodPlacement, over_quota: bool) -> JSON:
 
 
 def fraction_config_map(pod: PodRequest, p: PodPlacement, node: Node,
-                        preload: str = DEFAULT_PRELOAD) -> JSON:
-    """The per-pod ConfigMap a fractional pod's ``envFrom`` names: which GPU, the memory
-    cap in bytes, and the interception library to preload."""
+                        preload: str = DEFAULT_PRELOAD, reserved: str | None = None) -> JSON:
+    """The per-pod ConfigMap a fractional pod's ``envFrom`` names: which GPU (``reserved``:
+    the UUID of the GPU the kubelet gave the slot's reservation), the memory cap in bytes, and
+    the interception library to preload."""
     gpu = node.gpus[p.gpu_indices[0]]
+    uuid = reserved or gpu.uuid
     data = {
-        "NVIDIA_VISIBLE_DEVICES": gpu.uuid or str(gpu.index),
+        "NVIDIA_VISIBLE_DEVICES": uuid or str(gpu.index),
         "GPUPOOL_GPU_INDEX": str(gpu.index),
-        "GPUPOOL_GPU_UUID": gpu.uuid,
+        "GPUPOOL_GPU_UUID": uuid,
         "GPUPOOL_GPU_MODEL": gpu.model,
         "GPUPOOL_GPU_MILLI": str(p.gpu_milli),
         **share_env(gpu.memory_mib, p.gpu_milli, pod.demand.gpu_memory_mib),

@@ -40,6 +40,8 @@ from .objects import (
     update_pod,
 )
 from .other_pods import OtherPods, held_by
+from .reservations import LABEL as RESERVATION
+from .reservations import Reservations
 from .volumes import Volumes
 
 __all__ = ["Watcher", "Writer"]
@@ -84,6 +86,7 @@ class Watcher:
         self.node_full: dict[str, Node] = {}  # as the node reports it; the core gets it less:
         self.other = OtherPods()  # what pods gpupool does not schedule hold on each node
         self.volumes = Volumes()  # claims, volumes and classes (volume binding)
+        self.reservations = Reservations()  # GPUs reserved for fractions (--gpu-reservations)
         self.claimed: dict[str, set[str]] = {}  # workload -> keys of the claims its pods name
         self.departments: dict[str, object] = {}
         # The over-quota lag the Projects' status held at ``sync`` and when it was recorded
@@ -219,6 +222,9 @@ class Watcher:
         """A pod gpupool does not schedule: what it holds comes off its node."""
         meta = obj["metadata"]
         key = f"{meta.get('namespace')}/{meta['name']}"
+        if (meta.get("labels") or {}).get(RESERVATION):
+            self.reservations.on_pod(etype, obj)  # the fractions' own GPU: counted by the core
+            return
         try:
             held = None if etype == "DELETED" else held_by(obj)
         except ValidationError as e:

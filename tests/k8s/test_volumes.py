@@ -1,4 +1,4 @@
-"""Which nodes a pod's claims allow, and when they keep it waiting (pure: no cluster)."""
+"""Which nodes a pod's claims allow, and when they keep it waiting; GPU reservations by slot (pure: no cluster)."""
 
 from __future__ import annotations
 
@@ -50,3 +50,22 @@ def test_a_pod_names_its_claims_and_its_ephemeral_volumes_claims():
                         {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {}}},
                         {"name": "cfg", "configMap": {"name": "x"}}]}
     assert pod_claims(spec, "jupyter-alice") == ("claim-alice", "jupyter-alice-scratch")
+
+
+def test_reservations_by_slot_and_the_ones_no_fraction_uses():
+    from scheduler.kubernetes.reservations import RESERVED, Reservations, reservation_pod
+
+    obj = reservation_pod("n1", 3, "gpupool", "img", "sa")
+    assert obj["spec"]["nodeName"] == "n1" and obj["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    r = Reservations()
+    obj["metadata"]["uid"] = "u1"
+    r.on_pod("ADDED", obj)
+    assert r.uuid("n1", 3) is None  # no GPU reported yet
+    obj["metadata"]["annotations"][RESERVED] = "GPU-1"
+    r.on_pod("MODIFIED", obj)
+    assert r.uuid("n1", 3) == "GPU-1"
+    assert r.unused({("n1", 3)}) == [] and r.unused(set()) == [obj]
+    r.on_pod("DELETED", dict(obj, metadata=dict(obj["metadata"], uid="older")))  # another life's
+    assert r.uuid("n1", 3) == "GPU-1"
+    r.on_pod("DELETED", obj)
+    assert r.uuid("n1", 3) is None
