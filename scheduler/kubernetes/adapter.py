@@ -2,8 +2,8 @@
 
 One ``GpupoolScheduler`` runs while it holds the Lease. It is three parts, as Kueue keeps
 its cache apart from its scheduler:
-  1. sync      ``Watcher.sync`` (watcher.py): list nodes, Departments, Projects and gpupool
-               pods; build the snapshot
+  1. sync      ``Watcher.sync`` (watcher.py): list nodes, claims, volumes, StorageClasses,
+               Departments, Projects, gpupool's pods and the others; build the snapshot
   2. watch     ``Watcher.watches``: one task per resource applies each event to the
                snapshot; an event that changes what the core sees marks the scheduler dirty
   3. cycle     here: when dirty, ``decide(snapshot)`` (pure), then

@@ -1,7 +1,10 @@
 """The Kubernetes adapter's watcher: the cluster as the core sees it, kept current.
 
-It lists nodes, Departments, Projects and gpupool pods once (``sync``), then applies each
-watch event to the snapshot (``watches``); an event that changes what the core sees marks
+It lists nodes, claims, volumes, StorageClasses, Departments, Projects, gpupool's pods and
+every other pod once (``sync``), then applies each watch event to the snapshot (``watches``);
+a node reaches the core less what other pods hold on it (other_pods.py), and a workload
+with its volumes' node affinity, or not at all while its claims cannot be bound
+(volumes.py); an event that changes what the core sees marks
 the scheduler dirty. A bound pod's GPUs come from the annotations the scheduler stamped on it
 when it bound it, so a restarted scheduler sees every share in use. Binds in flight are
 *assumed* here (``assume``, as kube-scheduler's cache does), so the next cycle never reuses
@@ -115,9 +118,6 @@ class Watcher:
         nodes, rvs["nodes"] = await self._list("/api/v1/nodes")
         for n in nodes:
             self.on_node("ADDED", n)
-        others, rvs["other_pods"] = await self._list("/api/v1/pods", fieldSelector=self._other_selector())
-        for p in others:
-            self.on_other_pod("ADDED", p)
         for path, handler in self._volume_watches():
             items, rvs[path] = await self._list(path)
             for obj in items:
@@ -132,6 +132,10 @@ class Watcher:
         pods, rvs["pods"] = await self._list("/api/v1/pods", fieldSelector=self._pod_selector())
         for p in pods:
             self.on_pod("ADDED", p)
+        # After gpupool's own pods: what other pods hold never takes a GPU that ours use
+        others, rvs["other_pods"] = await self._list("/api/v1/pods", fieldSelector=self._other_selector())
+        for p in others:
+            self.on_other_pod("ADDED", p)
         log.info("synced: %d nodes, %d departments, %d projects, %d pods (%d running workloads)",
                  len(self.snap.nodes), len(self.snap.departments), len(self.snap.projects),
                  len(self.pods), len(self.snap.workloads) - len(self.snap.pending))
