@@ -197,6 +197,14 @@ class Watcher:
             for key in list(self.other.pods):
                 if tuple(key.split("/", 1)) not in seen:
                     self._other_changed(self.other.set(key, None))
+        elif handler in (self.on_claim, self.on_volume, self.on_storage_class):
+            # claims, volumes, classes: those gone while the watch was down
+            kept = {self.on_claim: self.volumes.claims, self.on_volume: self.volumes.volumes,
+                    self.on_storage_class: self.volumes.classes}[handler]
+            for obj in list(kept.values()):
+                m = obj["metadata"]
+                if (m.get("namespace"), m["name"]) not in seen:
+                    handler("DELETED", obj)
         elif handler == self.on_node:
             for name in list(self.snap.nodes):
                 if (None, name) not in seen:
