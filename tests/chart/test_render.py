@@ -250,16 +250,18 @@ def test_rendered_hub_config_loads(helm, tmp_path, monkeypatch, name):
 
 def test_crd_quota_maxima_are_the_scheduler_s_bound():
     """The API server refuses what the hub and the scheduler refuse (issue: one huge limit
-    stopped every cycle): every quota number in the CRDs is bounded by MAX_GPUS."""
+    stopped every cycle): every GPU quota number in the CRDs is bounded by MAX_GPUS, the CPU
+    and memory quotas by MAX_CPU_MEMORY."""
     from pathlib import Path
 
     import yaml
 
-    from scheduler.model import MAX_GPUS
+    from scheduler.model import MAX_CPU_MEMORY, MAX_GPUS
 
     for name in ("gpupool.io_projects.yaml", "gpupool.io_departments.yaml"):
         crd = yaml.safe_load((Path(__file__).resolve().parents[2] / "chart" / "crds" / name).read_text())
         spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
         quota = spec["properties"]["quotas"]["additionalProperties"]["properties"]
         assert {k: v.get("maximum") for k, v in quota.items()} == {
-            "gpus": MAX_GPUS, "overQuotaWeight": MAX_GPUS, "limit": MAX_GPUS}, name
+            "gpus": MAX_GPUS, "overQuotaWeight": MAX_GPUS, "limit": MAX_GPUS,
+            "cpu": MAX_CPU_MEMORY, "memoryGib": MAX_CPU_MEMORY}, name
