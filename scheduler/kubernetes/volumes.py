@@ -2,12 +2,15 @@
 
 Before placement (``needs``): a claim bound (or pre-bound) to a volume restricts the pod to
 the nodes of that volume's node affinity; an unbound claim of a ``WaitForFirstConsumer``
-class restricts it to the class's allowed topologies; an unbound claim of an ``Immediate``
-class, or one that does not exist, keeps the pod waiting, with kube-scheduler's words.
+class restricts it to the class's allowed topologies; a claim that does not exist, or whose
+class does not, keeps the pod waiting, with kube-scheduler's words. An unbound claim of an
+``Immediate`` class (or of no class) restricts nothing: kube-scheduler waits until the PV
+controller binds it, gpupool binds the pod and leaves that wait to the kubelet (the one
+difference, so that clusters without a provisioner for such claims still run the pods).
 
 Before the Binding (``prebind``): each unbound ``WaitForFirstConsumer`` claim gets the
 annotation ``volume.kubernetes.io/selected-node`` (the external provisioner then makes the
-volume on that node), and the pod is bound only once all its claims are Bound.
+volume on that node), and the pod is bound only once those claims are Bound.
 
 The claims, volumes and classes come from the watcher's watches (``on_claim``, ...); this
 module only reads them, and writes the one annotation.
@@ -100,7 +103,6 @@ class Volumes:
         """(Why the pod cannot be placed yet, None when it can; the node affinity groups its
         volumes add, each to hold by any of its terms.)"""
         groups: list[tuple[Term, ...]] = []
-        unbound_immediate = False
         for c in claims:
             pvc = self.claims.get(f"{namespace}/{c}")
             if pvc is None:
@@ -127,10 +129,6 @@ class Volumes:
                 terms = _class_terms(sc)
                 if terms is not None:
                     groups.append(terms)
-            else:
-                unbound_immediate = True
-        if unbound_immediate:
-            return "pod has unbound immediate PersistentVolumeClaims", ()
         return None, tuple(groups)
 
     # ------------------------------------------------------------------------ binding
@@ -140,7 +138,8 @@ class Volumes:
     async def prebind(self, kc: KubeClient, namespace: str, claims: tuple[str, ...], node: str,
                       timeout_s: float) -> None:
         """Select ``node`` on each unbound WaitForFirstConsumer claim, then wait (at most
-        ``timeout_s``) until every claim is Bound. Raises TimeoutError."""
+        ``timeout_s``) until those claims are Bound. Raises TimeoutError."""
+        selected = []
         for c in claims:
             pvc = self.claims.get(f"{namespace}/{c}")
             if pvc is None or self._phase(namespace, c) == "Bound" or (pvc.get("spec") or {}).get("volumeName"):
@@ -148,14 +147,15 @@ class Volumes:
             _, sc = self._class_of(pvc)
             if sc is None or sc.get("volumeBindingMode") != WAIT_FOR_CONSUMER:
                 continue
+            selected.append(c)
             if (pvc["metadata"].get("annotations") or {}).get(SELECTED_NODE) != node:
                 await kc.patch(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{c}",
                                {"metadata": {"annotations": {SELECTED_NODE: node}}})
         deadline = time.monotonic() + timeout_s
-        while not all(self._phase(namespace, c) == "Bound" for c in claims):
+        while not all(self._phase(namespace, c) == "Bound" for c in selected):
             left = deadline - time.monotonic()
             if left <= 0:
-                waiting = [c for c in claims if self._phase(namespace, c) != "Bound"]
+                waiting = [c for c in selected if self._phase(namespace, c) != "Bound"]
                 raise TimeoutError(f"claims {', '.join(waiting)} not bound within {timeout_s:g}s")
             changed = self._changed
             try:

@@ -287,10 +287,8 @@ def test_wait_for_first_consumer_claim_gets_the_chosen_node_and_the_pod_binds_on
                 chosen = await wait_until(selected, "the claim annotated with the chosen node")
                 before = await _pod(kc, ns, "ws")
                 await _volume_on(kc, ns, pvs[0], "home", chosen, sc_wait)
-                where = await wait_until(lambda: _placed(kc, ns, ["ws", "pinned"]), "both pods bound")
+                where = await wait_until(lambda: _placed(kc, ns, ["ws", "pinned", "immediate"]), "the pods bound")
                 reasons = {
-                    "immediate": await wait_until(lambda: _waiting_with(
-                        kc, ns, "immediate", "pod has unbound immediate PersistentVolumeClaims"), "immediate's reason"),
                     "no-claim": await wait_until(lambda: _waiting_with(
                         kc, ns, "no-claim", 'persistentvolumeclaim "missing" not found'), "no-claim's reason"),
                 }

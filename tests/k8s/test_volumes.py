@@ -38,7 +38,7 @@ def test_claims_keep_a_pod_waiting_or_restrict_its_node():
     on_n1 = (Term((), (Requirement("metadata.name", "In", ("n1",)),)),)
     assert v.needs("ns", ("home",)) == (None, (zone,))
     assert v.needs("ns", ("home", "pinned")) == (None, (zone, on_n1))
-    assert v.needs("ns", ("fast",)) == ("pod has unbound immediate PersistentVolumeClaims", ())
+    assert v.needs("ns", ("fast",)) == (None, ())  # unbound Immediate: the kubelet waits for it
     assert v.needs("ns", ("missing",)) == ('persistentvolumeclaim "missing" not found', ())
     assert v.needs("ns", ("gone-class",)) == ('storageclass.storage.k8s.io "nope" not found', ())
     v.on_volume("DELETED", {"metadata": {"name": "pv-1"}, "spec": {}})
