@@ -274,6 +274,12 @@ class Gpupool(Configurable):
         "cluster's default. It must allow ReadWriteMany when a training's workers span nodes.",
     ).tag(config=True)
 
+    topology_key = Unicode(
+        "", help="Node label a training's workers prefer to share (backend = kubernetes), e.g. "
+        "topology.kubernetes.io/zone or a rack label: gpupool-scheduler places the whole gang "
+        "within one value of it when one has room. Empty: none.",
+    ).tag(config=True)
+
     accounts = Enum(
         ["create", "existing", "personal"],
         help="Which OS account runs each user's workloads. create: an account per user, made on "

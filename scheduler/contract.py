@@ -184,7 +184,7 @@ def request_annotations(project: str, kind: str, *, priority: int | None = None,
                         preemptible: bool | None = None, allow_over_quota: bool | None = None,
                         gang: str | None = None, gang_size: int | None = None,
                         node_pool: str | None = None, gpu_model: str | None = None,
-                        resumed: bool = False) -> dict[str, str]:
+                        resumed: bool = False, topology_key: str | None = None) -> dict[str, str]:
     ann = {A.PROJECT: project, A.KIND: kind}
     if priority is not None:
         ann[A.PRIORITY] = str(int(priority))
@@ -194,6 +194,8 @@ def request_annotations(project: str, kind: str, *, priority: int | None = None,
         ann[A.OVER_QUOTA] = "true" if allow_over_quota else "false"
     if gang:
         ann[A.GANG], ann[A.GANG_SIZE] = gang, str(int(gang_size or 1))
+        if topology_key:  # the node label a gang's pods prefer to share (e.g. a rack)
+            ann[A.TOPOLOGY] = topology_key
     if node_pool:
         ann[A.NODE_POOL] = node_pool
     if gpu_model:

@@ -45,7 +45,7 @@ class KubernetesMode:
         self.kube = kube_client(cfg)
         self.trainings = KubernetesTrainings(
             self.kube, Session, cfg.namespace, checkpoint_size=cfg.checkpoint_storage,
-            storage_class=cfg.checkpoint_storage_class,
+            storage_class=cfg.checkpoint_storage_class, topology_key=cfg.topology_key,
             vault=delivery.vault if delivery is not None else None)
         self.commands = KubernetesCommands(
             self.kube, Session, cfg.namespace, vault=self.trainings.vault,

@@ -136,3 +136,10 @@ def test_a_pod_marked_by_the_scheduler_reads_as_preempted():
     assert preempted({"status": {"conditions": [{"type": "Ready", "status": "True"}, mark]}})
     assert not preempted({"status": {"conditions": [{**mark, "reason": "DeletionByTaintManager"}]}})
     assert not preempted({"status": {}}) and not preempted(None)
+
+
+def test_training_workers_carry_the_topology_key_the_scheduler_reads():
+    spec = TrainingSpec(name="t", project="p", command=["x"], gpu=1, workers=2)
+    pod = worker_pod(spec, 0, KubernetesOptions(namespace="ns", topology_key="example.com/rack"))
+    assert parse_pod(pod).topology_key == "example.com/rack"
+    assert parse_pod(worker_pod(spec, 0, KubernetesOptions(namespace="ns"))).topology_key is None

@@ -145,6 +145,12 @@ def test_spawner_pod_bound_by_scheduler(k8s_cluster: ClusterInfo, ns, sched, man
         async with kube(k8s_cluster) as kc:
             await create_org(kc, "d-kspawn", 8, {"p-kspawn": {"gpus": 1}})
             try:
+                for v in m["spec"].get("volumes") or ():  # the home claim, made first as KubeSpawner does
+                    if "persistentVolumeClaim" in v:
+                        await kc.ensure(f"/api/v1/namespaces/{ns}/persistentvolumeclaims", {
+                            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                            "metadata": {"name": v["persistentVolumeClaim"]["claimName"]},
+                            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}})
                 await kc.post(f"/api/v1/namespaces/{ns}/pods", m)
 
                 async def placed():
