@@ -72,11 +72,11 @@ c = get_config()  # noqa: F821 (provided by traitlets)
 #                                          'cpu': 8,
 #                                          'memory_gib': 32}}
 
-# Let the scheduler move work inside another project's quota (restarted at once on another
-# node, where room is free for it) to open a whole node for a waiting pod within its
+# Let the scheduler move a training inside another project's quota (restarted at once on
+# another node, where room is free for it) to open a whole node for a waiting pod within its
 # project's fair share. Off: work in its project's quota is never evicted for another
 # project.
-# c.Gpupool.consolidate_in_quota = False
+# c.Gpupool.consolidate_in_quota = True
 
 # File holding the Fernet key that encrypts project credentials at rest; created with mode
 # 0600 when missing. Back it up: credentials cannot be read without it. Default:

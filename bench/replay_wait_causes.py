@@ -174,7 +174,7 @@ def watch(nodes: list, pods: list, scn, team: str | None = None) -> dict:
 
     return {
         "team": team,
-        "allocation_while_work_waits_pct": res.metrics["gpu_allocation_mean_pct"],
+        "allocation_while_work_waits_pct": res.metrics["gpu_allocation_mean_pct_any_wait"],
         "waiting_s": round(sums["wait_s"], 1),
         "held_back_s": round(sums["held_back_s"], 1),
         "held_back_share": round(sums["held_back_s"] / sums["wait_s"], 3) if sums["wait_s"] else None,

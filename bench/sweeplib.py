@@ -83,12 +83,14 @@ def point(nodes: list[Node], pods: list[TracePod], scn: scenarios.Scenario) -> d
     removes the waiting the share of time with work waiting says what the ratio cannot)."""
     doc, _ = replay_all(nodes, pods, scn, ("static", "gpupool"))
     s, g = doc["policies"]["static"], doc["policies"]["gpupool"]
-    sa, ga = s["gpu_allocation_mean_pct"], g["gpu_allocation_mean_pct"]  # None: nothing ever waited
+    # None: nothing ever waited (static), or nothing the rules let start ever waited (gpupool)
+    sa, ga = s["gpu_allocation_mean_pct_any_wait"], g["gpu_allocation_mean_pct"]
     window = doc["load"]["arrival_window_s"] or 1.0
     return {
         "offered_load_pct": doc["load"]["offered_load_pct"],
         "static_alloc_pct": sa,
         "gpupool_alloc_pct": ga,
+        "gpupool_alloc_any_wait_pct": g["gpu_allocation_mean_pct_any_wait"],
         "ratio": doc["goals"]["allocation_x_static"],
         "ratio_ceiling": doc["goals"]["allocation_x_static_ceiling"],  # no policy allocates over 100%
         "static_waiting_pct": round(100 * s["pending_time_in_window_s"] / window, 1),

@@ -163,10 +163,10 @@ class Gpupool(Configurable):
         2.0, help="Seconds between scheduler cycles; a submission or release also triggers one."
     ).tag(config=True)
     consolidate_in_quota = Bool(
-        False,
-        help="Let the scheduler move work inside another project's quota (restarted at once on another node, "
-        "where room is free for it) to open a whole node for a waiting pod within its project's fair share. "
-        "Off: work in its project's quota is never evicted for another project.",
+        True,
+        help="Let the scheduler move a training inside another project's quota (restarted at once on another "
+        "node, where room is free for it) to open a whole node for a waiting pod within its project's fair "
+        "share. Off: work in its project's quota is never evicted for another project.",
     ).tag(config=True)
     sample_period_s = Float(
         10.0, help="Seconds between allocation/utilization samples for the admin chart."

@@ -41,10 +41,11 @@ class SchedulerConfig:
     reclaim: bool = True  # take back over-quota GPUs for projects under quota
     fair_share_reclaim: bool = True  # also for projects under their fair share
     preempt: bool = True  # higher priority displaces lower inside a project
-    # Consolidate may also move another project's work inside its quota (restarted at once
-    # on another node, where room is free for it now) for a waiting pod within its own
-    # project's fair share. Off: work in its quota is never evicted for another project.
-    consolidate_in_quota: bool = False
+    # Consolidate may also move another project's training inside its quota (restarted at
+    # once on another node, where room is free for it now, keeping its GPUs) for a waiting
+    # pod within its own project's fair share: a move keeps the guarantee (record 0050).
+    # Off: work in its quota is never evicted for another project.
+    consolidate_in_quota: bool = True
     # Candidates one workload's eviction plan may look at before it gives up for this cycle;
     # bounds a cycle's cost when little can be evicted.
     max_victim_scan: int = 128

@@ -145,17 +145,22 @@ def test_jain():
     # a wants only 5 over quota and has them: still fair
     assert jain({"a": 15, "b": 35}, {"a": 0, "b": 100}, quota, {"a": 1, "b": 1}) == pytest.approx(1.0)
     assert jain({"a": 5, "b": 20}, {"a": 0, "b": 100}, quota, {"a": 1, "b": 1}) is None
+    # a below its quota is the quota-unserved goal's, not Jain's (record 0052): with a
+    # third team c over quota, the index is b's and c's alone.
+    q3 = {**quota, "c": 10}
+    assert jain({"a": 5, "b": 20, "c": 20}, {"a": 100, "b": 100, "c": 100}, q3, dict.fromkeys(q3, 1)) == pytest.approx(1.0)
 
 
-def _metrics(alloc, p99=10.0, thrash=0, jain=0.95, unserved=1.0):
+def _metrics(alloc, p99=10.0, thrash=0, jain=0.95, unserved=1.0, lost=0.5):
     return {"gpu_allocation_mean_pct": alloc, "in_quota_wait_p99_s": p99, "thrash_count": thrash, "fairness_jain": jain,
-            "quota_unserved_mean_gpus": unserved}
+            "quota_unserved_mean_gpus": unserved, "lost_gpu_hours_share_pct": lost}
 
 
 def test_goals_name_each_miss_and_where_2x_static_cannot_be_reached():
     scn = scenario()  # period 10 s, grace 30 s; not of the idle-silo class
     g = goals({"static": _metrics(40.0, p99=20.0), "gpupool": _metrics(86.0, p99=60.0, unserved=1.0)}, scn)
     assert g["allocation_ge_85_pct"] and g["allocation_ge_2x_static"] and g["allocation_2x_static_attainable"]
+    assert g["goal_keys"] == [*GOAL_KEYS, "allocation_ge_2x_static"]  # static at 40%: the idle-silo class
     assert (g["allocation_x_static"], g["allocation_x_static_ceiling"]) == (2.15, 2.5)
     assert g["in_quota_p99_bound_s"] == 60.0 and g["in_quota_p99_within_static_plus_period_and_grace"]
     assert g["thrash_zero"] and g["jain_ge_0_9"] and g["quota_unserved_le_static"]  # equal is no higher
@@ -171,24 +176,44 @@ def test_goals_name_each_miss_and_where_2x_static_cannot_be_reached():
     assert g["work_waited"] == {"gpupool": True, "static": True}
     # 2x static is reported everywhere but a goal only on the idle-silo class.
     assert g["goal_keys"] == list(GOAL_KEYS) and "allocation_ge_2x_static" not in GOAL_KEYS
-    assert g["idle_silos"] is False and "static_allocation_le_40_pct" not in g
+    assert g["idle_silos"] is False and g["static_class"] == "contended"
     assert g["goals_missed"] == [
         "quota_unserved_le_static", "in_quota_p99_within_static_plus_period_and_grace", "thrash_zero", "jain_ge_0_9",
     ]
 
 
-def test_goals_of_the_idle_silo_class_add_2x_static_and_report_its_premise():
+def test_goals_of_the_idle_silo_class_add_2x_static_where_static_allocates_at_most_40_pct():
+    # The class is static's (record 0053): 2x static is a goal only where static allocates at
+    # most 40% while work waits; the scenario file's generator does not decide it.
     scn = load("follow-the-sun")
-    assert scn.idle_silos and not load("skewed").idle_silos
     g = goals({"static": _metrics(38.0), "gpupool": _metrics(80.0)}, scn)
+    assert g["static_class"] == "idle-silo" and g["idle_silos"] is True
     assert g["goal_keys"] == [*GOAL_KEYS, *IDLE_SILO_GOAL_KEYS] == [*GOAL_KEYS, "allocation_ge_2x_static"]
-    assert g["static_allocation_le_40_pct"] is True  # the class's premise, not one of the goals
     assert g["goals_missed"] == ["allocation_ge_85_pct"]  # 80 >= 2 x 38, but under 85
     g = goals({"static": _metrics(45.0), "gpupool": _metrics(88.0)}, scn)
-    assert g["static_allocation_le_40_pct"] is False and g["goals_missed"] == ["allocation_ge_2x_static"]
+    assert g["static_class"] == "mixed" and "allocation_ge_2x_static" not in g["goal_keys"] and g["goals_missed"] == []
+    g = goals({"static": _metrics(40.0), "gpupool": _metrics(79.0)}, load("skewed"))
+    assert g["static_class"] == "idle-silo" and g["goals_missed"] == ["allocation_ge_85_pct", "allocation_ge_2x_static"]
+    assert goals({"static": _metrics(80.0), "gpupool": _metrics(90.0)}, scn)["static_class"] == "contended"
     g = goals({"static": _metrics(None), "gpupool": _metrics(None, jain=None)}, scn)
-    assert g["goals_undefined"] == ["allocation_ge_85_pct", "jain_ge_0_9", "allocation_ge_2x_static"]
-    assert g["static_allocation_le_40_pct"] is None and g["goals_missed"] == []
+    assert g["static_class"] == "mixed" and g["goals_undefined"] == ["allocation_ge_85_pct", "jain_ge_0_9"]
+    assert g["goals_missed"] == []
+
+
+def test_goals_read_gpupool_while_some_waiting_pod_could_start_and_static_while_any_waits():
+    # Record 0051: the goals read gpupool's allocation while the rules let some waiting pod
+    # start; static's rules leave none such waiting, so its figure is while any work waits.
+    s = {**_metrics(None), "gpu_allocation_mean_pct_any_wait": 45.0}
+    g = goals({"static": s, "gpupool": {**_metrics(88.0), "gpu_allocation_mean_pct_any_wait": 55.0}}, scenario())
+    assert g["allocation_ge_85_pct"] is True and g["allocation_x_static"] == 1.96
+    assert g["static_class"] == "mixed" and g["goals_missed"] == [] and g["work_waited"]["gpupool"] is True
+
+
+def test_lost_work_over_1_pct_of_the_gpu_hours_delivered_is_a_miss():
+    s = _metrics(90.0)
+    assert goals({"static": s, "gpupool": _metrics(90.0, lost=1.0)}, scenario())["goals_missed"] == []
+    g = goals({"static": s, "gpupool": _metrics(90.0, lost=1.2)}, scenario())
+    assert g["goals_missed"] == ["lost_work_le_1_pct"]
 
 
 def test_goals_are_undefined_not_missed_where_nothing_waited():
@@ -653,7 +678,7 @@ def test_timezones_rates_follow_local_working_hours_weekends_and_crunches():
     # The quota holds each team's crunch: size x its largest factor.
     assert {t.name: t.quota_share for t in scn.teams} == {"nlp": 10, "vision": 15}
     assert {t.name: t.pod_share for t in scn.teams} == {"nlp": 10, "vision": 5}
-    assert scn.idle_silos and scn.to_json()["calendar"]["bursts"][0]["factor"] == 3
+    assert scn.to_json()["calendar"]["bursts"][0]["factor"] == 3
 
 
 def test_timezones_arrivals_fill_the_working_hours_and_go_to_the_teams_at_work():
@@ -767,7 +792,7 @@ def test_replay_takes_any_scenario_file_by_path_and_a_seed(tmp_path, capsys):
     assert _cli_replay(tmp_path, "--scenario", str(f), "--policy", "static,gpupool", "--json") == 0
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert doc["scenario"]["path"] == str(f) and doc["scenario"]["seed"] == 1
-    assert doc["goals"]["idle_silos"] and "allocation_ge_2x_static" in doc["goals"]["goal_keys"]
+    assert doc["goals"]["static_class"] in ("idle-silo", "mixed", "contended")
     assert _cli_replay(tmp_path, "--scenario", str(f), "--policy", "static,gpupool", "--json", "--seed", "2") == 0
     other = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert other["scenario"]["seed"] == 2 and other["scenario"]["calendar"] != doc["scenario"]["calendar"]
@@ -815,14 +840,18 @@ def test_goals_are_computed_from_the_replays_as_defined():
     scn = sun(days=1, bursts=[{"team": "vision", "deadline_day": 1, "days": 1, "factor": 3}])
     doc, _ = replay_all(nodes(), pods, scn, ("static", "gpupool"), check=True)
     g, s, goal = doc["policies"]["gpupool"], doc["policies"]["static"], doc["goals"]
-    assert goal["work_waited"] == {"gpupool": True, "static": True} and g["fairness_jain"] is not None
-    assert goal["allocation_ge_85_pct"] == (g["gpu_allocation_mean_pct"] >= 85)
-    assert goal["allocation_ge_2x_static"] == (g["gpu_allocation_mean_pct"] >= 2 * s["gpu_allocation_mean_pct"])
+    assert goal["work_waited"] == {"gpupool": True, "static": True}
+    alloc, jain_ = g["gpu_allocation_mean_pct"], g["fairness_jain"]  # None: never startable / never competed
+    assert goal["allocation_ge_85_pct"] == (None if alloc is None else alloc >= 85)
+    assert goal["jain_ge_0_9"] == (None if jain_ is None else jain_ >= 0.9)
+    assert goal["allocation_ge_2x_static"] == (None if alloc is None else alloc >= 2 * s["gpu_allocation_mean_pct_any_wait"])
     assert goal["quota_unserved_le_static"] == (g["quota_unserved_mean_gpus"] <= s["quota_unserved_mean_gpus"])
     assert goal["in_quota_p99_bound_s"] == s["in_quota_wait_p99_s"] + 10 + 30
     assert goal["in_quota_p99_within_static_plus_period_and_grace"] == (g["in_quota_wait_p99_s"] <= goal["in_quota_p99_bound_s"])
     assert goal["thrash_zero"] == (g["thrash_count"] == 0)
-    assert goal["static_allocation_le_40_pct"] == (s["gpu_allocation_mean_pct"] <= 40)
+    static = s["gpu_allocation_mean_pct_any_wait"]
+    assert goal["static_class"] == ("idle-silo" if static <= 40 else "contended" if static >= 80 else "mixed")
+    assert goal["lost_work_le_1_pct"] == (g["lost_gpu_hours_share_pct"] <= 1)
     assert goal["goals_missed"] == [k for k in goal["goal_keys"] if goal[k] is False]
 
 
@@ -896,7 +925,7 @@ def test_wait_causes_split_the_replays_own_allocation_while_work_waits():
     scn = scenario()
     out = causes.watch(nodes(n=2), synthetic(200, seed=4), scn)
     total = out["allocation_while_work_waits_pct"]
-    assert total == replay(nodes(n=2), synthetic(200, seed=4), scn, "gpupool").metrics["gpu_allocation_mean_pct"]
+    assert total == replay(nodes(n=2), synthetic(200, seed=4), scn, "gpupool").metrics["gpu_allocation_mean_pct_any_wait"]
     assert out["waiting_s"] > 0 and 0 < out["held_back_share"] < 1  # both parts measured
     parts = [(out["held_back_share"], out["allocation_while_held_back_pct"]),
              (1 - out["held_back_share"], out["allocation_while_other_work_waits_pct"])]

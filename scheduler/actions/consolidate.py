@@ -4,9 +4,10 @@ one node can all start again elsewhere in the free room now, it is moved (evicte
 requeued as resumed work that the room elsewhere is held for), and the waiting pod takes
 the node. Nobody loses GPUs: only work its project holds over its quota is moved, each
 move leaves that project at or above its quota, and work that just restarted is never
-moved (no thrash). With ``SchedulerConfig.consolidate_in_quota``, a pod within its
-project's fair share may also move work inside another project's quota (KAI-Scheduler's
-consolidation moves any preemptible work): that work keeps its GPUs, on another node."""
+moved (no thrash). With ``SchedulerConfig.consolidate_in_quota`` (on by default), a pod
+within its project's fair share may also move a training inside another project's quota,
+never a workspace or an inference replica: the training keeps its GPUs, on another node
+free in the same cycle, and is moved at most once per resume protection (record 0050)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..cycle import Cycle
-from ..model import MILLI, Evict, EvictionCause, Workload
+from ..model import MILLI, Evict, EvictionCause, Kind, Workload
 from ..placement import Choice
 from .room import give_back
 
@@ -107,8 +108,8 @@ class Consolidate:
                 v, pods = snap.workloads[name], snap.victim_pods(name)
                 if not pods or name in kept.get(v.project, ()) or v.project not in snap.projects:
                     continue
-                if not cfg.consolidate_in_quota \
-                        and work.usage[(v.project, pool)] <= work.quota.get((v.project, pool), 0):
+                in_quota = work.usage[(v.project, pool)] <= work.quota.get((v.project, pool), 0)
+                if in_quota and not (cfg.consolidate_in_quota and v.kind == Kind.TRAINING):
                     continue
                 # as filed: the same pods Snapshot.victims_hold counts
                 there.extend((milli * len(gpus), name, v) for at, gpus, milli in pods if at == name_of)
@@ -165,7 +166,10 @@ class Consolidate:
         chosen: list[Workload] = []
         cost = 0
         for milli, _, v in self._movable_on(node):
-            if floor and work.usage[(v.project, pool)] - gone[v.project] - milli < work.quota.get((v.project, pool), 0):
+            # Work that the move would take below its project's quota goes only where the
+            # floor is lifted, and only a training (record 0050).
+            below = work.usage[(v.project, pool)] - gone[v.project] - milli < work.quota.get((v.project, pool), 0)
+            if below and (floor or v.kind != Kind.TRAINING):
                 continue
             gone[v.project] += milli
             cost += milli

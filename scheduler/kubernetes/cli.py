@@ -26,7 +26,7 @@ __all__ = ["main", "parser"]
 def core_config(args: argparse.Namespace) -> SchedulerConfig:
     """The core's switches that the command line sets."""
     return SchedulerConfig(policy=args.policy, default_topology_key=args.topology_key,
-                           consolidate_in_quota=args.consolidate_in_quota)
+                           consolidate_in_quota=args.consolidate_in_quota == "on")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -49,8 +49,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--policy", default="gpupool", help="placement policy of the core")
     ap.add_argument("--topology-key", default=None,
                     help="node label gangs prefer to share when they name none (e.g. gpupool.io/rack)")
-    ap.add_argument("--consolidate-in-quota", action="store_true",
-                    help="consolidation may also move work inside another project's quota (default: never)")
+    ap.add_argument("--consolidate-in-quota", default="on", choices=["on", "off"],
+                    help="consolidation may also move trainings inside another project's quota to another node "
+                         "(default on; off: never)")
     ap.add_argument("--metrics-port", type=int, default=0,
                     help="serve Prometheus metrics at :PORT/metrics (0: off); standbys serve too")
     ap.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics server listens on")

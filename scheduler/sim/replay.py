@@ -56,6 +56,7 @@ from ..model import (
 from ..quota import OverQuotaLedger, waterfill
 from ..snapshot import SchedulerConfig, Snapshot
 from .scenario import Scenario
+from .startable import Holdings
 from .trace import TracePod
 
 __all__ = ["POLICY_NAMES", "SETUPS", "PolicyResult", "replay", "replay_all"]
@@ -148,13 +149,13 @@ class Job:
         self.over_ok = kind == Kind.TRAINING or self.opt_in  # work that may run over quota
 
 
-def make_jobs(pods: list[TracePod], scn: Scenario) -> list[Job]:
+def make_jobs(pods: list[TracePod], scn: Scenario, nodes: list[Node] | None = None) -> list[Job]:
     """The scenario's pods as jobs, submitted at the scenario's arrival times for them."""
-    chosen = scn.select(pods)
+    chosen = scn.select(pods, nodes)
     jobs = []
     for p, submit in zip(chosen, scn.arrival_times(chosen)):
         project = scn.project_of(p.name, submit)
-        jobs.append(Job(p, project, scn.kind_of(p), submit, scn.opts_over_quota(p.name), scn.service_s(p, project, submit)))
+        jobs.append(Job(p, project, scn.kind_of(p, project), submit, scn.opts_over_quota(p.name), scn.service_s(p, project, submit)))
     return jobs
 
 
@@ -162,14 +163,16 @@ def make_jobs(pods: list[TracePod], scn: Scenario) -> list[Job]:
 def over_quota_shares(
     held: dict[str, int], pend_over: dict[str, int], quota: dict[str, int], weight: dict[str, float]
 ) -> tuple[list[str], list[float], list[float]] | None:
-    """The projects that want over-quota GPUs now (what they hold plus their pending work
-    that may go over quota exceeds their quota), the over-quota milli each holds, and its
+    """The projects that want over-quota GPUs now (they hold at least their quota, and what
+    they hold plus their pending work that may go over quota exceeds it), the over-quota milli each holds, and its
     weighted share of the over-quota milli in use (water-filling by weight, none above what
     it wants). None when fewer than two projects want over-quota GPUs or none are in use."""
     names, want, alloc = [], [], []
     for p, q in quota.items():
         d = held.get(p, 0) + pend_over.get(p, 0) - q
-        if d > 0 and weight[p] > 0:
+        # Only a project holding its quota competes for over-quota GPUs (record 0052): one
+        # below it is short of its quota, which the quota-unserved goal counts.
+        if d > 0 and weight[p] > 0 and held.get(p, 0) >= q:
             names.append(p)
             want.append(float(d))
             alloc.append(float(max(0, held.get(p, 0) - q)))
@@ -215,6 +218,10 @@ class Meter:
         self.pend_over: dict[str, int] = dict.fromkeys(projects, 0)  # as of the last cycle
         self.pend_all: dict[str, int] = dict.fromkeys(projects, 0)  # likewise, all pending milli
         self.pending_seen = False
+        # As of the last cycle: whether the rules let some waiting pod start (record 0051),
+        # and while none could, what held them back (shares of the moment, adding up to 1).
+        self.could_start = False
+        self.held_split: dict[str, float] = {}
         # Quota a project leaves unused while work of its own waits (the guarantee not
         # delivered, milli), summed over projects: now, and its integral over the window.
         self.unserved_now = 0
@@ -223,6 +230,10 @@ class Meter:
         self.t = 0.0
         self.busy_pending = [0.0, 0.0]  # milli-seconds allocated while work was pending
         self.pending_time = [0.0, 0.0]
+        self.busy_startable = [0.0, 0.0]  # ... while some waiting pod could start
+        self.startable_time = [0.0, 0.0]
+        self.held_by: dict[str, float] = {}  # held-back seconds in the window, per cause
+        self.delivered = [0.0, 0.0]  # milli-seconds allocated
         self.jain_int = [0.0, 0.0]
         self.jain_time = [0.0, 0.0]
         self.shares: tuple[list[str], list[float], list[float]] | None = None  # over_quota_shares now
@@ -240,9 +251,16 @@ class Meter:
         in_window = max(0.0, min(t, self.window_end) - self.t)
         self.unserved_int += self.unserved_now * in_window
         for i, dt in enumerate((in_window, t - self.t)):
+            self.delivered[i] += self.held_total * dt
             if self.pending_seen:
                 self.busy_pending[i] += self.held_total * dt
                 self.pending_time[i] += dt
+                if self.could_start:
+                    self.busy_startable[i] += self.held_total * dt
+                    self.startable_time[i] += dt
+                elif i == 0:
+                    for cause, share in self.held_split.items():
+                        self.held_by[cause] = self.held_by.get(cause, 0.0) + share * dt
             if self.jain_now is not None:
                 self.jain_int[i] += self.jain_now * dt
                 self.jain_time[i] += dt
@@ -274,11 +292,14 @@ class Meter:
         self.series_total.append(self.held_total)
         self.series_proj.append(tuple(self.held[p] for p in self.projects))
 
-    def allocation_pct(self, capacity_milli: int, window: bool) -> float | None:
+    def allocation_pct(self, capacity_milli: int, window: bool, startable: bool = True) -> float | None:
+        """Allocation while work waits: with ``startable``, only while the rules let some
+        waiting pod start (the goal's reading, record 0051); else while any work waits."""
         i = 0 if window else 1
-        if not self.pending_time[i]:
+        busy, time_ = (self.busy_startable, self.startable_time) if startable else (self.busy_pending, self.pending_time)
+        if not time_[i]:
             return None
-        return round(100 * self.busy_pending[i] / (capacity_milli * self.pending_time[i]), 2)
+        return round(100 * busy[i] / (capacity_milli * time_[i]), 2)
 
     def unserved_quota_gpus(self) -> float | None:
         """GPUs of quota left unused while their project had work waiting, summed over the
@@ -401,7 +422,7 @@ class _Replay:
         check: bool,
         skip_quiet: bool,
         fair_share_over_time: bool = True,
-        consolidate_in_quota: bool = False,
+        consolidate_in_quota: bool = True,
     ):
         self.scn = scn
         self.policy = policy
@@ -409,6 +430,8 @@ class _Replay:
         self.capacity = sum(len(n.gpus) for n in nodes) * MILLI
         self.quota = scn.quotas_milli(self.capacity)
         setup = SETUPS[policy](scn, self.capacity, placement)
+        self.limits = {p.name: round(q.limit * MILLI) for p in setup.projects
+                       if (q := p.quotas.get(DEFAULT_POOL)) is not None and q.limit is not None}
         setup.config = dataclasses.replace(setup.config, fair_share_over_time=fair_share_over_time,
                                            consolidate_in_quota=consolidate_in_quota)
         self.to_workload = setup.workload
@@ -437,6 +460,8 @@ class _Replay:
         self.thrash = 0
         self.thrash_by_reason: dict[str, int] = {}
         self.lost_gpu_s = 0.0
+        self.moves = 0
+        self.moves_lost_gpu_s = 0.0
         # Skipping quiet cycles: a cycle whose input is the last cycle's, when that one
         # decided nothing, would decide nothing again (``decide`` is a function of the
         # snapshot, and reads the clock only for the resume protection). ``version`` counts
@@ -577,9 +602,43 @@ class _Replay:
                 self.snap.projects, self.snap.usage, {(p, DEFAULT_POOL): m for p, m in self.pend_over.items()}
             )
         self.meter.pending_seen = self.queues.count > 0
+        self._read_waiting()
         self.meter.record()
         if self.check:
             check_conservation(self.snap)
+
+    def _quota_lets(self, w: Workload) -> bool:
+        """Do the quota rules alone let ``w`` start: inside its project's quota, or (gpupool)
+        over it for work that may go over quota, within the project's limit?"""
+        if self.policy == "fifo-shared":
+            return True
+        after = self.meter.held[w.project] + self.jobs[w.name].milli
+        if after <= self.quota[w.project]:
+            return True
+        limit = self.limits.get(w.project)
+        return self.policy == "gpupool" and w.may_go_over_quota and (limit is None or after <= limit)
+
+    def _read_waiting(self) -> None:
+        """Whether the rules let some pod the cycle saw waiting start, and if none could,
+        what held each back (``startable``). Under static and fifo-shared nothing is taken
+        for a waiting pod, so it could start only in free room. A pod the quota rules hold
+        (its project at its quota or limit) is held back by its own project."""
+        m = self.meter
+        m.could_start, m.held_split = False, {}
+        waiting = list(self.snap.pending.values())
+        if not m.pending_seen or not waiting:
+            return
+        h = Holdings(self.snap, m.held, self.quota)
+        if self.policy != "gpupool":
+            m.could_start = any(self._quota_lets(w) and h.fits_free(w) for w in waiting)
+            return
+        if any(self._quota_lets(w) and h.could_start(w) for w in waiting):
+            m.could_start = True
+            return
+        for w in waiting:
+            causes = h.hold_causes(w) if self._quota_lets(w) else {"own quota or limit"}
+            for c in causes:
+                m.held_split[c] = m.held_split.get(c, 0.0) + 1 / (len(waiting) * len(causes))
 
     def _evict(self, job: Job, t: float, e: Evict) -> None:
         w = self.snap.workloads[job.name]
@@ -595,8 +654,12 @@ class _Replay:
             self.thrash_by_reason[why] = self.thrash_by_reason.get(why, 0) + 1
         job.preemptions += 1
         job.gen += 1
-        self.preemptions += 1
-        self.by_reason[why] = self.by_reason.get(why, 0) + 1
+        if e.cause == EvictionCause.CONSOLIDATE:  # a move, counted apart (record 0050)
+            self.moves += 1
+            self.moves_lost_gpu_s += (ran - saved) * job.milli / MILLI
+        else:
+            self.preemptions += 1
+            self.by_reason[why] = self.by_reason.get(why, 0) + 1
         self._push(t + e.grace_period_s, _RELEASED, job.name, job.gen)
 
     # -- results ---------------------------------------------------------------------
@@ -609,13 +672,25 @@ class _Replay:
         metrics = {
             "policy": self.policy,
             "gpu_allocation_mean_pct": m.allocation_pct(self.capacity, window=True),
+            # The reading before record 0051: while any work waits, startable or not.
+            "gpu_allocation_mean_pct_any_wait": m.allocation_pct(self.capacity, window=True, startable=False),
+            "startable_time_in_window_s": round(m.startable_time[0], 1),
+            # Of the time work waited, the share in which every waiting pod was held back by
+            # protected work, and that time split by what protected it (``startable.CAUSES``).
+            "held_back_share_pct": round(100 * (1 - m.startable_time[0] / m.pending_time[0]), 1) if m.pending_time[0] else None,
+            "held_back_by_s": {c: round(v, 1) for c, v in sorted(m.held_by.items())},
             "in_quota_wait_p50_s": _pct(in_quota, 50),
             "in_quota_wait_p99_s": _pct(in_quota, 99),
             "all_wait_p50_s": _pct(waits, 50),
             "all_wait_p99_s": _pct(waits, 99),
             "jct_mean_s": round(sum(f - s for f, s in finished) / len(finished), 1) if finished else None,
             "preemptions": self.preemptions,
+            "moves": self.moves,
             "lost_gpu_hours": round(self.lost_gpu_s / 3600, 2),
+            "lost_gpu_hours_in_moves": round(self.moves_lost_gpu_s / 3600, 2),
+            "gpu_hours_delivered": round(m.delivered[1] / MILLI / 3600, 1),
+            # Work lost to evictions and moves, against the GPU-hours delivered (record 0050).
+            "lost_gpu_hours_share_pct": round(100 * self.lost_gpu_s * MILLI / m.delivered[1], 3) if m.delivered[1] else None,
             "thrash_count": self.thrash,
             # The guarantee beyond the in-quota waits: quota idle while its team waited.
             "quota_unserved_mean_gpus": m.unserved_quota_gpus(),
@@ -635,6 +710,7 @@ class _Replay:
             "arrival_window_s": round(m.window_end, 1),
             "pending_time_in_window_s": round(m.pending_time[0], 1),
             "gpu_allocation_mean_pct_whole_replay": m.allocation_pct(self.capacity, window=False),
+            "gpu_allocation_mean_pct_any_wait_whole_replay": m.allocation_pct(self.capacity, window=False, startable=False),
             "fairness_jain_whole_replay": m.jain_over_time(window=False),
             "fairness_jain_instant_mean_whole_replay": m.jain_mean(window=False),
             "pending_time_s": round(m.pending_time[1], 1),
@@ -684,14 +760,14 @@ def replay(
     check: bool = False,
     skip_quiet: bool = True,
     fair_share_over_time: bool = True,
-    consolidate_in_quota: bool = False,
+    consolidate_in_quota: bool = True,
 ) -> PolicyResult:
     """Replay the scenario's pods under one policy. ``skip_quiet=False`` calls ``decide``
     even in cycles that provably decide nothing (same results, slower: for checking);
     ``fair_share_over_time`` and ``consolidate_in_quota`` set SchedulerConfig's switches."""
     if policy not in SETUPS:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(SETUPS)}")
-    jobs = make_jobs(pods, scn)
+    jobs = make_jobs(pods, scn, nodes)
     return _Replay(nodes, jobs, scn, policy, placement or scn.placement, check, skip_quiet, fair_share_over_time,
                    consolidate_in_quota).run()
 
@@ -700,7 +776,7 @@ def offered_load(nodes: list[Node], pods: list[TracePod], scn: Scenario) -> dict
     """What the pods ask of the cluster while they arrive: the GPUs they would hold on a
     cluster without limit, each started on arrival, averaged over the arrival window and
     divided by the capacity (the service left after the window is not counted)."""
-    jobs = make_jobs(pods, scn)
+    jobs = make_jobs(pods, scn, nodes)
     cap = sum(len(n.gpus) for n in nodes)
     end = jobs[-1].submit if jobs else 0.0
     gpu_s = sum(j.milli / MILLI * max(0.0, min(j.submit + j.service, end) - j.submit) for j in jobs)
@@ -715,32 +791,55 @@ def offered_load(nodes: list[Node], pods: list[TracePod], scn: Scenario) -> dict
 
 
 # The goals on every scenario, among the keys of ``goals`` (the others are the figures beside
-# them); on the idle-silo class (``Scenario.idle_silos``) also ``IDLE_SILO_GOAL_KEYS``.
+# them); on the idle-silo class (``static_class``) also ``IDLE_SILO_GOAL_KEYS``.
 GOAL_KEYS = (
     "allocation_ge_85_pct",
     "quota_unserved_le_static",
     "in_quota_p99_within_static_plus_period_and_grace",
     "thrash_zero",
     "jain_ge_0_9",
+    "lost_work_le_1_pct",
 )
 IDLE_SILO_GOAL_KEYS = ("allocation_ge_2x_static",)
-IDLE_SILO_STATIC_MAX_PCT = 40  # the class's premise: silos allocate at most this while work waits
+# The class a scenario is of, from static's allocation while work waits (record 0053):
+# idle silos at most 40%, contended at least 80%, mixed between (and where nothing waited).
+IDLE_SILO_STATIC_MAX_PCT = 40
+CONTENDED_STATIC_MIN_PCT = 80
+LOST_WORK_MAX_PCT = 1.0  # lost GPU-hours, as a share of those delivered (record 0050)
+
+
+def static_class(static_alloc_pct: float | None) -> str:
+    """``idle-silo``, ``contended`` or ``mixed``, from static's allocation while work waits."""
+    if static_alloc_pct is not None and static_alloc_pct <= IDLE_SILO_STATIC_MAX_PCT:
+        return "idle-silo"
+    if static_alloc_pct is not None and static_alloc_pct >= CONTENDED_STATIC_MIN_PCT:
+        return "contended"
+    return "mixed"
 
 
 def goals(results: dict[str, dict], scn: Scenario) -> dict:
     """The goals (``GOAL_KEYS``, and on the idle-silo class ``IDLE_SILO_GOAL_KEYS``), each
     with its figures, for gpupool against static. A goal whose figure is undefined is None,
-    not a miss: allocation is counted only while work waits, so where nothing ever waited
-    under a policy it has none (a light load, say), and Jain's index has none where no two
-    projects ever wanted over-quota GPUs at once. ``goal_keys`` lists the goals that apply,
-    ``goals_missed`` and ``goals_undefined`` those that are False and None."""
+    not a miss: allocation is counted only while work waits and the rules let some of it
+    start, so where that never happened under a policy it has none (a light load, say), and
+    Jain's index has none where no two projects holding their quota ever wanted over-quota
+    GPUs at once. ``goal_keys`` lists the goals that apply, ``goals_missed`` and
+    ``goals_undefined`` those that are False and None.
+
+    The ratio to static divides gpupool's figure by static's allocation while any of its work
+    waits: static's rules leave no startable pod waiting past a cycle, so that is the only
+    reading static has. The class, and with it whether 2x static is a goal, is read from
+    static's figure (record 0053)."""
     g, s = results.get("gpupool"), results.get("static")
     if not g or not s:
         return {}
     bound = (s["in_quota_wait_p99_s"] or 0) + scn.time.scheduling_period_s + scn.time.eviction_grace_s
-    alloc, static, jain_ = g["gpu_allocation_mean_pct"], s["gpu_allocation_mean_pct"], g["fairness_jain"]
+    alloc, jain_ = g["gpu_allocation_mean_pct"], g["fairness_jain"]
+    static = s.get("gpu_allocation_mean_pct_any_wait", s["gpu_allocation_mean_pct"])
     both = alloc is not None and static is not None
     unserved, unserved_static = g.get("quota_unserved_mean_gpus"), s.get("quota_unserved_mean_gpus")
+    lost = g.get("lost_gpu_hours_share_pct")
+    cls = static_class(static)
     out = {
         "allocation_ge_85_pct": None if alloc is None else alloc >= 85,
         "allocation_ge_2x_static": alloc >= 2 * static if both else None,
@@ -748,7 +847,8 @@ def goals(results: dict[str, dict], scn: Scenario) -> dict:
         # Allocation cannot pass 100%: where static is above 50% no policy can double it.
         "allocation_x_static_ceiling": round(100 / static, 2) if static else None,
         "allocation_2x_static_attainable": None if static is None else 2 * static <= 100,
-        "work_waited": {"gpupool": alloc is not None, "static": static is not None},
+        "work_waited": {"gpupool": g.get("gpu_allocation_mean_pct_any_wait", alloc) is not None,
+                        "static": static is not None},
         "quota_unserved_le_static": (
             None if unserved is None or unserved_static is None else unserved <= unserved_static
         ),
@@ -757,11 +857,11 @@ def goals(results: dict[str, dict], scn: Scenario) -> dict:
         "in_quota_p99_bound_s": bound,
         "thrash_zero": g["thrash_count"] == 0,
         "jain_ge_0_9": None if jain_ is None else jain_ >= 0.9,
-        "idle_silos": scn.idle_silos,
+        "lost_work_le_1_pct": None if lost is None else lost <= LOST_WORK_MAX_PCT,
+        "static_class": cls,
+        "idle_silos": cls == "idle-silo",
     }
-    if scn.idle_silos:  # the class's premise, reported beside its goals (not a goal of gpupool)
-        out["static_allocation_le_40_pct"] = None if static is None else static <= IDLE_SILO_STATIC_MAX_PCT
-    keys = GOAL_KEYS + (IDLE_SILO_GOAL_KEYS if scn.idle_silos else ())
+    keys = GOAL_KEYS + (IDLE_SILO_GOAL_KEYS if cls == "idle-silo" else ())
     out["goal_keys"] = list(keys)
     out["goals_missed"] = [k for k in keys if out[k] is False]
     out["goals_undefined"] = [k for k in keys if out[k] is None]
@@ -777,7 +877,7 @@ def replay_all(
     check: bool = False,
     skip_quiet: bool = True,
     fair_share_over_time: bool = True,
-    consolidate_in_quota: bool = False,
+    consolidate_in_quota: bool = True,
 ) -> tuple[dict, list[PolicyResult]]:
     """Every policy on the same pods; the JSON document and the per-policy results.
     ``placement``: None for the scenario's."""

@@ -127,8 +127,8 @@ def add_replay(sub) -> None:
         help="keep each project's over-quota lag (default on; off: fair share of the instant only)",
     )
     p.add_argument(
-        "--consolidate-in-quota", default="off", choices=["on", "off"],
-        help="consolidate may also move work inside another project's quota (default off)",
+        "--consolidate-in-quota", default="on", choices=["on", "off"],
+        help="consolidate may also move trainings inside another project's quota (default on)",
     )
     p.add_argument("--check", action="store_true", help="check conservation after every cycle (slower)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

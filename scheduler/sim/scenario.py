@@ -18,6 +18,7 @@ A scenario is a YAML file (``scheduler/sim/scenarios/*.yaml``)::
       skip_never_scheduled: true  # trace pods without scheduled_time have no service time
       skip_cpu_only: true         # quotas are GPU quotas; CPU-only pods are left out
       window: [0.0, 1.0]          # share of the pods (in creation order) to replay
+      skip_unplaceable: false     # leave out pods no node of the cluster could hold (organisations: true)
     kinds: {LS: workspace, Guaranteed: inference, BE: training, Burstable: training}
     workspace_over_quota: 0.0     # share of workspaces that opt in to over quota (see below)
     placement: gpupool            # placement policy every replayed policy uses (see below)
@@ -56,6 +57,7 @@ Errors: a bad file raises ``ValidationError`` naming the field.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -66,6 +68,7 @@ import yaml
 
 from ..model import DEFAULT_POOL, MILLI, Department, Kind, Node, Project, Quota, ValidationError
 from ..placement import POLICIES
+from .organisations import Organisation, organisation
 from .timezones import Calendar, calendar
 from .trace import TracePod
 
@@ -82,6 +85,7 @@ class TeamSpec:
     # Parts of each activity period in which the team submits work, as [lo, hi) shares of
     # the period; empty: all the time.
     active: tuple[tuple[float, float], ...] = ()
+    limit_share: float | None = None  # its limit (a cap even on idle GPUs), a share of the cluster
 
     def active_at(self, phase: float) -> bool:
         return not self.active or any(lo <= phase < hi for lo, hi in self.active)
@@ -103,6 +107,9 @@ class PodSpec:
     skip_never_scheduled: bool = True
     skip_cpu_only: bool = True
     window: tuple[float, float] = (0.0, 1.0)
+    # Pods no node of the replayed cluster could hold (GPUs, CPUs, memory) are left out: on a
+    # small share of the trace's nodes, the node types they need may not be drawn.
+    skip_unplaceable: bool = False
 
 
 @dataclass
@@ -118,7 +125,8 @@ class Scenario:
     path: str = ""
     workspace_over_quota: float = 0.0
     placement: str = "gpupool"
-    calendar: Calendar | None = None  # generator: timezones (arrivals and teams by the clock)
+    # generator: timezones or organisations (arrivals and teams by the clock)
+    calendar: Calendar | Organisation | None = None
 
     # -- the cluster -----------------------------------------------------------------
     def select_nodes(self, nodes: list[Node]) -> list[Node]:
@@ -176,17 +184,15 @@ class Scenario:
         """How long ``pod`` runs once started: the trace's time, or with a calendar, for a
         workspace, at most until the idle culler stops it after its owner's working day."""
         service = pod.ran_s
-        if self.calendar is not None and self.kind_of(pod) == Kind.WORKSPACE:
+        if self.calendar is not None and self.kind_of(pod, project) == Kind.WORKSPACE:
             service = min(service, self.calendar.workspace_lifetime(project, submit))
         return service
 
-    @property
-    def idle_silos(self) -> bool:
-        """Whether the scenario is of the idle-silo class (``generator: timezones``), where
-        the replay's goals include twice static's allocation."""
-        return self.calendar is not None
-
-    def kind_of(self, pod: TracePod) -> Kind:
+    def kind_of(self, pod: TracePod, project: str | None = None) -> Kind:
+        """The pod's kind: by its QoS (``kinds``), or under ``generator: organisations`` by
+        its project's mix of kinds."""
+        if isinstance(self.calendar, Organisation) and project is not None:
+            return self.calendar.kind_of(project, pod.name)
         return self.kinds.get(pod.qos, Kind.TRAINING)
 
     def opts_over_quota(self, pod_name: str) -> bool:
@@ -197,8 +203,13 @@ class Scenario:
         h = hashlib.blake2b(f"{self.seed}:over-quota:{pod_name}".encode(), digest_size=8).digest()
         return int.from_bytes(h, "big") / 2**64 < share
 
-    def select(self, pods: list[TracePod]) -> list[TracePod]:
-        """The trace pods this scenario replays, in creation order."""
+    def select(self, pods: list[TracePod], nodes: list[Node] | None = None) -> list[TracePod]:
+        """The trace pods this scenario replays, in creation order (with ``skip_unplaceable``,
+        only those some node of ``nodes`` could hold)."""
+        if self.pods.skip_unplaceable and nodes is not None:
+            pods = [p for p in pods if any(
+                len(n.gpus) >= max(1, p.num_gpu) and n.cpu_milli >= p.cpu_milli and n.memory_mib >= p.memory_mib
+                for n in nodes)]
         keep = []
         for p in sorted(pods, key=lambda p: (p.creation_time, p.name)):
             if self.pods.skip_never_scheduled and (p.scheduled_time is None or p.deletion_time is None):
@@ -223,8 +234,11 @@ class Scenario:
 
     def organisation(self, capacity_milli: int, pool: str = DEFAULT_POOL) -> tuple[list[Department], list[Project]]:
         quotas = self.quotas_milli(capacity_milli)
+        cap = capacity_milli / MILLI
         projects = [
-            Project(t.name, t.department, {pool: Quota(quotas[t.name] / MILLI, t.weight)}) for t in self.teams
+            Project(t.name, t.department, {pool: Quota(quotas[t.name] / MILLI, t.weight,
+                                                       None if t.limit_share is None else round(t.limit_share * cap, 3))})
+            for t in self.teams
         ]
         departments = []
         for d in dict.fromkeys(t.department for t in self.teams):
@@ -277,9 +291,9 @@ def _windows(v, where: str) -> tuple[tuple[float, float], ...]:
 # The keys a scenario file may have (a misspelt one is an error, not silently a default).
 KEYS = (
     "name", "description", "seed", "generator", "cluster", "time", "pods", "kinds",
-    "workspace_over_quota", "placement", "departments", "calendar",
+    "workspace_over_quota", "placement", "departments", "calendar", "organisation",
 )  # fmt: skip
-GENERATORS = ("timezones",)
+GENERATORS = ("timezones", "organisations")
 
 
 def _mapping(data: dict, key: str) -> dict:
@@ -352,15 +366,27 @@ def parse(data: dict, path: str = "") -> Scenario:
     ok = isinstance(window, (list, tuple)) and len(window) == 2
     if not ok or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in window) or not 0 <= window[0] < window[1] <= 1:
         raise ValidationError("pods.window", f"must be [lo, hi] with 0 <= lo < hi <= 1, got {window!r}")
-    pods = PodSpec(bool(p.get("skip_never_scheduled", True)), bool(p.get("skip_cpu_only", True)), tuple(window))
+    pods = PodSpec(bool(p.get("skip_never_scheduled", True)), bool(p.get("skip_cpu_only", True)), tuple(window),
+                   bool(p.get("skip_unplaceable", generator == "organisations")))
     kinds = {}
     for qos, kind in _mapping(data, "kinds").items():
         try:
             kinds[str(qos)] = Kind(kind)
         except ValueError:
             raise ValidationError(f"kinds.{qos}", f"must be one of {[k.value for k in Kind]}, got {kind!r}") from None
-    cal = None
-    if generator:
+    cal: Calendar | Organisation | None = None
+    woq = data.get("workspace_over_quota", 0.0)
+    if generator == "organisations":
+        if "departments" in data or "calendar" in data:
+            raise ValidationError("departments" if "departments" in data else "calendar",
+                                  "must be left out with generator: organisations (organisation draws the projects)")
+        cal = organisation(data.get("organisation"), seed)
+        total = sum(cal.quota_share(u) for u in cal.units)
+        teams = [TeamSpec(u.name, u.department, cal.quota_share(u), u.weight, u.size,
+                          limit_share=None if u.limit_factor is None else cal.quota_share(u) / total * u.limit_factor)
+                 for u in cal.units]
+        woq = 1.0 if cal.workspaces_borrow else 0.0
+    elif generator:
         if "departments" in data:
             raise ValidationError("departments", f"must be left out with generator: {generator} (calendar draws the teams)")
         if "calendar" not in data:
@@ -370,6 +396,8 @@ def parse(data: dict, path: str = "") -> Scenario:
     else:
         if "calendar" in data:
             raise ValidationError("calendar", "needs generator: timezones")
+        if "organisation" in data:
+            raise ValidationError("organisation", "needs generator: organisations")
         teams = _departments(data)
     if not teams:
         raise ValidationError("departments", "need at least one project")
@@ -379,7 +407,6 @@ def parse(data: dict, path: str = "") -> Scenario:
         raise ValidationError("departments", "project names must be unique")
     if sum(t.quota_share for t in teams) <= 0 or sum(t.pod_share for t in teams) <= 0:
         raise ValidationError("departments", "quota_share and pod_share must each add up to more than 0")
-    woq = data.get("workspace_over_quota", 0.0)
     if isinstance(woq, bool):
         woq = 1.0 if woq else 0.0
     if not isinstance(woq, (int, float)) or not 0 <= woq <= 1:
@@ -391,6 +418,9 @@ def parse(data: dict, path: str = "") -> Scenario:
     node_fraction = _num(c, "node_fraction", "cluster", 1.0, strict=True)
     if node_fraction > 1:
         raise ValidationError("cluster.node_fraction", f"must be <= 1, got {node_fraction}")
+    if isinstance(cal, Organisation):  # the draw sizes the cluster and picks the pods
+        node_fraction = cal.node_fraction
+        pods = dataclasses.replace(pods, window=cal.pod_window)
     return Scenario(
         name=name,
         teams=teams,

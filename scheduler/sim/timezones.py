@@ -153,10 +153,11 @@ def _number(v, where: str, lo: float, hi: float = math.inf, lo_open: bool = Fals
 
 
 def _range(
-    c: dict, key: str, default: tuple[float, float], lo: float, hi: float = math.inf, whole: bool = False
+    c: dict, key: str, default: tuple[float, float], lo: float, hi: float = math.inf, whole: bool = False,
+    section: str = "calendar",
 ) -> tuple[float, float]:
     v = c.get(key, list(default))
-    where = f"calendar.{key}"
+    where = f"{section}.{key}"
     if not isinstance(v, list) or len(v) != 2:
         raise ValidationError(where, f"must be [lo, hi], got {v!r}")
     a, b = (_number(x, where, lo, hi) for x in v)

@@ -176,6 +176,6 @@ def test_scheduler_names_an_unusable_kubeconfig(tmp_path, capsys, content):
 def test_the_scheduler_command_line_sets_the_core_s_switches():
     from scheduler.kubernetes.cli import core_config, parser
 
-    assert core_config(parser().parse_args([])).consolidate_in_quota is False
-    cfg = core_config(parser().parse_args(["--consolidate-in-quota", "--topology-key", "gpupool.io/rack"]))
-    assert (cfg.consolidate_in_quota, cfg.default_topology_key) == (True, "gpupool.io/rack")
+    assert core_config(parser().parse_args([])).consolidate_in_quota is True
+    cfg = core_config(parser().parse_args(["--consolidate-in-quota", "off", "--topology-key", "gpupool.io/rack"]))
+    assert (cfg.consolidate_in_quota, cfg.default_topology_key) == (False, "gpupool.io/rack")

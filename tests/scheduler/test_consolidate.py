@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from scheduler.core import decide
-from scheduler.model import EvictionCause
+from scheduler.model import EvictionCause, Kind
 
 from .builders import make_node, make_workload, org, snapshot
 
 
-def _spread(a_quota: float):
+def _spread(a_quota: float, **cfg):
     # a holds three 1-GPU trainings: n1 GPUs 0-1, n2 GPU 0; five GPUs are free, but no node
     # has four. b (quota 0, no reclaim owed) asks for a 4-GPU training over quota.
     ds, ps = org(("a", a_quota), ("b", 0))
@@ -22,7 +24,7 @@ def _spread(a_quota: float):
     ]
     ask = make_workload("b4").project("b").gpus(4).submitted(10).obj()
     nodes = [make_node("n1", gpus=4), make_node("n2", gpus=4)]
-    return snapshot(nodes, ds, ps, [*running, ask], fair_share_reclaim=False)
+    return snapshot(nodes, ds, ps, [*running, ask], fair_share_reclaim=False, **cfg)
 
 
 def test_the_node_with_the_fewest_gpus_to_move_is_freed_and_its_work_restarts_elsewhere():
@@ -32,9 +34,9 @@ def test_the_node_with_the_fewest_gpus_to_move_is_freed_and_its_work_restarts_el
     assert "moving 1 workload to free a whole node" in d.reason("b4")
 
 
-def test_work_inside_its_project_s_quota_is_not_moved():
+def test_with_consolidate_in_quota_off_work_inside_its_project_s_quota_is_not_moved():
     # With quota 3, all of a's work is in quota: b4 waits for capacity.
-    d = decide(_spread(a_quota=3))
+    d = decide(_spread(a_quota=3, consolidate_in_quota=False))
     assert d.evictions == []
     assert "no node in pool default has 4 GPUs free" in d.reason("b4")
 
@@ -48,7 +50,8 @@ def test_a_node_is_opened_with_only_the_work_its_project_holds_over_its_quota():
                for i, (node, g) in enumerate([("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1), ("n2", 2)], start=1)]
     ask = make_workload("b3").project("b").gpus(3).submitted(10).obj()
     nodes = [make_node("n1", gpus=4), make_node("n2", gpus=4)]
-    d = decide(snapshot(nodes, ds, ps, [*running, ask], fair_share_reclaim=False))
+    # The quota floor holds where the switch is off (on, b3 within its fair share lifts it).
+    d = decide(snapshot(nodes, ds, ps, [*running, ask], fair_share_reclaim=False, consolidate_in_quota=False))
     assert [(e.workload, e.cause) for e in d.evictions] == [("a1", EvictionCause.CONSOLIDATE)]
     assert "moving 1 workload to free a whole node" in d.reason("b3")
 
@@ -96,8 +99,9 @@ def test_with_consolidate_in_quota_work_in_its_quota_moves_for_a_pod_within_its_
     d = decide(_spread_in_quota(b_quota=3, consolidate_in_quota=True))
     assert [(e.workload, e.cause) for e in d.evictions] == [("a3", EvictionCause.CONSOLIDATE)]
     assert "moving 1 workload to free a whole node" in d.reason("b4")
-    # Off (the default): work in its project's quota is never evicted for another project.
-    d = decide(_spread_in_quota(b_quota=3))
+    # On is the default (record 0050). Off: work in its quota is never evicted for another project.
+    assert [e.workload for e in decide(_spread_in_quota(b_quota=3)).evictions] == ["a3"]
+    d = decide(_spread_in_quota(b_quota=3, consolidate_in_quota=False))
     assert d.evictions == []
     assert "no node in pool default has 4 GPUs free" in d.reason("b4")
 
@@ -107,5 +111,18 @@ def test_with_consolidate_in_quota_work_in_its_quota_does_not_move_for_a_pod_pas
     # the quotas b's fair share is 2.5, and its 4-GPU pod would borrow beyond it.
     a5 = make_workload("a5").project("a").gpus(4).submitted(5).obj()
     d = decide(_spread_in_quota(0, a5, consolidate_in_quota=True))
+    assert d.evictions == []
+    assert "no node in pool default has 4 GPUs free" in d.reason("b4")
+
+
+@pytest.mark.parametrize("kind", [Kind.WORKSPACE, Kind.INFERENCE])
+def test_a_workspace_or_an_inference_replica_in_its_quota_is_never_moved(kind):
+    # As the move above, but a's work on n2 is a preemptible workspace or inference replica:
+    # a move keeps the guarantee only for a training (record 0050), so b4 waits.
+    snap = _spread_in_quota(b_quota=3)
+    snap.upsert_workload(dataclasses.replace(snap.workloads["a3"], kind=kind, preemptible=True))
+    snap.upsert_workload(dataclasses.replace(snap.workloads["a1"], kind=kind, preemptible=True))
+    snap.upsert_workload(dataclasses.replace(snap.workloads["a2"], kind=kind, preemptible=True))
+    d = decide(snap)
     assert d.evictions == []
     assert "no node in pool default has 4 GPUs free" in d.reason("b4")
