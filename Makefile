@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 # prefer the system's Python (3.11+) to one inside a private home (pyenv under /root).
 PYTHON3 ?= $(shell /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo /usr/bin/python3 || echo python3)
 
-.PHONY: setup run test lint native bench clean system k8s dex docs fuzz
+.PHONY: setup run test lint native bench clean system k8s dex docs fuzz replay-sweep
 
 setup: $(VENV)/.installed
 
@@ -47,6 +47,12 @@ test: setup system native lint k8s dex
 # The scheduler's property tests with a long random profile (CI runs a fixed, short one).
 fuzz: setup
 	HYPOTHESIS_PROFILE=fuzz $(VENV)/bin/pytest -q tests/scheduler/test_guarantee_properties.py
+
+# The guarantee on 50 drawn organisations (generator: organisations), static and gpupool per
+# seed, with gpupool once more with consolidate_in_quota off: about 20 minutes on one core.
+# CI replays three small draws (tests/test_sim_organisations.py).
+replay-sweep: setup
+	$(PY) bench/replay_org_sweep.py --seeds 1-50 --switch-off
 
 # The docs site: Sphinx + MyST + pydata theme. -n -W --keep-going: any warning fails the
 # build, an unresolved internal link (page or heading) included; external links are not
