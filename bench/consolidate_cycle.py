@@ -8,8 +8,8 @@ trainings, one per project, which no node has room for. The cycle's consolidate 
 looks for a node to open for them: the cost of the action where it runs.
 ``scheduler_cycle.py`` never reaches it (its binds take every free GPU first).
 
-Per setting of ``SchedulerConfig.consolidate_in_quota`` (``off``, the default, moves only
-work over its project's quota; ``on`` may move any preemptible work, 140,000 pods here):
+Per setting of ``SchedulerConfig.consolidate_in_quota`` (``off`` moves only
+work over its project's quota; ``on``, the default, may also move trainings in quota, 140,000 pods here):
 ``decide_s`` (the whole ``decide``), ``consolidate_s`` (the action), ``moved`` (workloads) and
 ``decisions_sha`` (binds, evictions and reasons), each time the least of ``--repeat`` runs
 in fresh processes.
@@ -51,7 +51,7 @@ def measure(scale: float, setting: str) -> dict:
         p = int(w.project.rsplit("-", 1)[1])
         if p % 2 and i % 3:
             running[i] = dataclasses.replace(w, project=f"proj-{p - 1:02d}")
-    cfg = SchedulerConfig(**({"consolidate_in_quota": True} if setting == "on" else {}))
+    cfg = SchedulerConfig(consolidate_in_quota=setting == "on")
     snap = Snapshot.build(nodes, depts, projects, running, cfg)
     _ = snap.arrays  # the persistent capacity view exists before the measured cycle
     for i in range(BIG):

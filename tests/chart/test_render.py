@@ -31,7 +31,7 @@ VALUE_SETS = {
                     "default": {"display": "Python"},
                     "pytorch": {"display": "PyTorch", "image": "nvcr.io/nvidia/pytorch:25.01-py3"}}}},
         "scheduler": {"image": {"repository": "sched", "tag": "1.2.3"}, "replicas": 2,
-                      "topologyKey": "gpupool.io/rack", "consolidateInQuota": True, "gpuReservations": True},
+                      "topologyKey": "gpupool.io/rack", "consolidateInQuota": False, "gpuReservations": True},
     },
     "agent-capacity-no-org": {"nodeAgent": {"advertiseCapacity": True, "runtimeClassName": "nvidia",
                                             "nodeSelector": {"nvidia.com/gpu.present": "true"}},
@@ -94,6 +94,8 @@ def check_value_set(name: str, objs: list[dict]) -> None:
     cfg = by_kind(objs, "ConfigMap")["gpupool-hub-config"]["data"]["gpupool_config.py"]
     assert 'c.GpupoolKubeSpawner.gpupool_scheduler_name = "gpupool"' in cfg
     assert "--lease-name=gpupool-scheduler" in sched["args"]
+    if name != "custom-images":
+        assert "--consolidate-in-quota=on" in sched["args"]
     assert "c.KubeSpawner.automount_service_account_token = False" in cfg
     if name == "default":
         assert _env(hub)["GPUPOOL_AUTH"] == "shared-password"
@@ -126,7 +128,7 @@ def check_value_set(name: str, objs: list[dict]) -> None:
         assert hub["image"] == "registry.example.org/ml/hub:1.2.3"
         assert sched["image"] == "registry.example.org/ml/sched:1.2.3"
         assert "--topology-key=gpupool.io/rack" in sched["args"]
-        assert "--consolidate-in-quota" in sched["args"]
+        assert "--consolidate-in-quota=off" in sched["args"]  # on by default (record 0050)
         # GPU reservations: the flag, the scheduler's image for the reservation pods, their
         # service account, which may only patch pods of the release namespace
         assert "--gpu-reservations" in sched["args"]

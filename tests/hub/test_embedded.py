@@ -287,6 +287,7 @@ def test_the_hub_s_consolidate_in_quota_option_reaches_the_scheduler(tmp_path, o
     from hub_ext.config import Gpupool
     from hub_ext.runtime import Runtime
 
-    options = {"state_dir": str(tmp_path), **({"consolidate_in_quota": True} if on else {})}
+    # On by default (record 0050): the option is set only to turn it off.
+    options = {"state_dir": str(tmp_path), **({} if on else {"consolidate_in_quota": False})}
     cfg = Gpupool(config=Config({"Gpupool": options}))
     assert Runtime(cfg).embedded.scheduler.snapshot.config.consolidate_in_quota is on
