@@ -2,12 +2,12 @@
 readings of who is owed over-quota GPUs, on the same replay.
 
 The shipped index (``replay.over_quota_shares``) counts a project as wanting over-quota
-GPUs whenever what it holds plus its waiting work that may go over quota exceeds its quota,
-also while it holds less than its quota (when it can hold no over-quota GPUs), and divides
-the over-quota GPUs in use among the projects by their weights alone. The variants:
+GPUs while it holds at least its quota and what it holds plus its waiting work that may go
+over quota exceeds it (record 0052), and divides the over-quota GPUs in use among the
+projects by their weights alone. The variants:
 
-  quota_served       a project wants over-quota GPUs only while it holds at least its
-                     quota: its shortfall below the quota is the quota-unserved goal's.
+  quota_served       the same rule applied once more: since record 0052 it is the shipped
+                     index, kept so that runs before and after compare.
   departments_first  the over-quota GPUs in use are divided among departments first (by
                      the sum of their projects' weights), then among each one's projects,
                      as the product's fair share divides idle GPUs (``quota.fair_shares``).
