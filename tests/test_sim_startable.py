@@ -1,0 +1,60 @@
+"""The startable reading (record 0051): whether the rules let a waiting pod start, and what
+holds it back when they do not, on hand cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.model import Kind
+from scheduler.sim.startable import CAUSES, Holdings
+
+from .scheduler.builders import make_node, make_workload, org, snapshot
+
+
+def _case(holder, a_quota: float = 4, a_held: int | None = None):
+    # One 4-GPU node. ``holder`` (of project a, or of b itself) holds all of it; b waits
+    # with a 4-GPU training inside its quota.
+    ds, ps = org(("a", a_quota), ("b", 4))
+    wait = make_workload("b1").project("b").gpus(4).submitted(10).obj()
+    snap = snapshot([make_node("n1", gpus=4)], ds, ps, [holder, wait])
+    held = {"a": 4000 if a_held is None else a_held, "b": 0}
+    if holder.project == "b":
+        held = {"a": 0, "b": 4000}
+    return Holdings(snap, held, {"a": int(a_quota * 1000), "b": 4000}), wait
+
+
+def _on_n1(name: str, project: str = "a"):
+    return make_workload(name).project(project).gpus(4).submitted(1).running(("n1", (0, 1, 2, 3), 1000))
+
+
+def test_another_project_s_work_in_its_quota_holds_the_pod_back():
+    h, w = _case(_on_n1("a1").obj())
+    assert not h.could_start(w) and h.hold_causes(w) == {CAUSES[2]}
+    assert not h.fits_free(w)
+
+
+def test_another_project_s_work_over_its_quota_may_be_taken():
+    h, w = _case(_on_n1("a1").obj(), a_quota=0)
+    assert h.could_start(w) and not h.fits_free(w)
+
+
+@pytest.mark.parametrize("kind", [Kind.WORKSPACE, Kind.INFERENCE])
+def test_work_that_is_not_preemptible_holds_the_pod_back_even_over_its_quota(kind):
+    h, w = _case(_on_n1("a1").kind(kind).preemptible(False).obj(), a_quota=0)
+    assert not h.could_start(w) and h.hold_causes(w) == {CAUSES[0]}
+
+
+def test_the_pod_s_own_project_s_work_of_its_priority_or_higher_holds_it_back():
+    h, w = _case(_on_n1("b0", project="b").obj())
+    assert not h.could_start(w) and h.hold_causes(w) == {CAUSES[1]}
+    h, w = _case(_on_n1("b0", project="b").priority(-10).obj())  # lower priority: preempted for it
+    assert h.could_start(w)
+
+
+def test_a_pod_no_node_is_big_enough_for_is_held_back_by_that():
+    # Two empty 4-GPU nodes: eight GPUs in all, but none holds an 8-GPU pod.
+    ds, ps = org(("a", 4), ("b", 4))
+    wait = make_workload("b8").project("b").gpus(8).submitted(10).obj()
+    nodes = [make_node("n1", gpus=4), make_node("n2", gpus=4)]
+    h = Holdings(snapshot(nodes, ds, ps, [wait]), {"a": 0, "b": 0}, {"a": 4000, "b": 4000})
+    assert not h.could_start(wait) and h.hold_causes(wait) == {CAUSES[3]}
