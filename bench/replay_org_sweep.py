@@ -23,16 +23,14 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
-from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sweeplib  # noqa: E402
-from replay_unserved_causes import _by_cause, cause  # noqa: E402
+from replay_unserved_causes import split  # noqa: E402
 
-from scheduler.model import MILLI, ValidationError  # noqa: E402
+from scheduler.model import ValidationError  # noqa: E402
 from scheduler.sim import replay  # noqa: E402
 from scheduler.sim import scenario as scenarios  # noqa: E402
 
@@ -42,58 +40,12 @@ EVERY_DRAW = ("thrash_zero", "quota_unserved_le_static", "in_quota_p99_within_st
 SWEEP_GOALS = {"allocation_ge_85_pct": 0.95, "allocation_ge_2x_static": 0.90}  # share of the draws it applies to
 
 
-def watched_gpupool(nodes, pods, scn, consolidate_in_quota: bool = True) -> tuple[dict, dict]:
-    """gpupool's replay, and its quota-unserved split by cause with the time a reclaim the
-    rules allow stayed unmade past one cycle (per team: GPU-seconds and longest stretch)."""
-    by_name = {n.name: n for n in nodes}
-    last: dict[str, str] = {}
-    since: dict[str, float] = {}  # per team: when its current "reclaim not made" began
-    acc: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    beyond = {"gpu_s": 0.0, "longest_s": 0.0}
-    period = scn.time.scheduling_period_s
-    orig_after, orig_advance = replay._Replay._after_cycle, replay.Meter.advance
-
-    def after(self, t):
-        orig_after(self, t)
-        last.clear()
-        for p, q in self.quota.items():
-            gap = min(q - self.meter.held[p], self.pend_all[p])
-            if gap > 0:
-                last[p] = cause(self, p, by_name, "gpupool")
-            if last.get(p) == "reclaim_not_made":
-                since.setdefault(p, t)
-                beyond["longest_s"] = max(beyond["longest_s"], t - since[p])
-            else:
-                since.pop(p, None)
-
-    def advance(self, t):
-        dt = min(t, self.window_end) - self.t
-        if dt > 0:
-            for p, q in self.quota.items():
-                gap = max(0, min(q - self.held[p], self.pend_all[p]))
-                if gap:
-                    c = last.get(p, "since_last_cycle")
-                    acc[p][c] += gap * dt
-                    if c == "reclaim_not_made" and self.t - since.get(p, self.t) >= period:
-                        beyond["gpu_s"] += gap * dt
-        orig_advance(self, t)
-
-    with mock.patch.object(replay._Replay, "_after_cycle", after), mock.patch.object(replay.Meter, "advance", advance):
-        m = replay.replay(nodes, pods, scn, "gpupool", consolidate_in_quota=consolidate_in_quota).metrics
-    window = m["arrival_window_s"] or 1.0
-    teams = {p: {c: round(v / window / MILLI, 2) for c, v in sorted(parts.items())} for p, parts in sorted(acc.items())}
-    return m, {
-        "by_cause": _by_cause(teams),
-        "reclaim_not_made_beyond_one_cycle_gpus": round(beyond["gpu_s"] / window / MILLI, 3),
-        "reclaim_not_made_longest_s": round(beyond["longest_s"], 1),
-    }
-
-
 def row(nodes_all, pods, scn: scenarios.Scenario, switch_off: bool) -> dict:
     nodes = scn.select_nodes(nodes_all)
     t0 = time.process_time()
     s = replay.replay(nodes, pods, scn, "static").metrics
-    g, unserved = watched_gpupool(nodes, pods, scn)
+    unserved = split(nodes, pods, scn, "gpupool", with_metrics=True)
+    g = unserved["metrics"]
     goals = replay.goals({"static": s, "gpupool": g}, scn)
     goals["reclaim_not_made_beyond_one_cycle_zero"] = unserved["reclaim_not_made_beyond_one_cycle_gpus"] == 0
     load = replay.offered_load(nodes, pods, scn)

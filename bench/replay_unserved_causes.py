@@ -1,6 +1,7 @@
 """Why quota goes unserved in a replay: the quota-unserved figure (``quota_unserved_mean_gpus``:
 quota a team leaves unused while work of its own waits) split per team and by cause, for
-static and gpupool on the same draw, and gpupool once more with the eviction grace at zero.
+static and gpupool on the same draw, and gpupool once more with the eviction grace at zero;
+and how much of "reclaim not made" lasted beyond one cycle.
 
 The causes, as seen after each scheduling cycle, first match (``fits``, ``held_back`` and
 ``protected`` are ``replay_wait_causes``'s):
@@ -57,12 +58,18 @@ def cause(r, project: str, by_name: dict, policy: str) -> str:
     return "reclaim_not_made"
 
 
-def split(nodes: list, pods: list, scn, policy: str) -> dict:
+def split(nodes: list, pods: list, scn, policy: str, with_metrics: bool = False, **replay_kw) -> dict:
     """One replay of ``policy``: its quota-unserved figure and that figure per team and cause
-    (GPUs averaged over the arrival window, as the figure is)."""
+    (GPUs averaged over the arrival window, as the figure is), and the part of "reclaim not
+    made" that lasted beyond one cycle: quota a team left unused while a reclaim the rules
+    allow stayed unmade for longer than one scheduling period (with its longest stretch).
+    ``with_metrics`` adds the replay's own metrics; ``replay_kw`` goes to ``replay.replay``."""
     by_name = {n.name: n for n in nodes}
     last: dict[str, str] = {}
+    since: dict[str, float] = {}  # per team: when its current "reclaim not made" began
     acc: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    beyond = {"gpu_s": 0.0, "longest_s": 0.0}
+    period = scn.time.scheduling_period_s
     orig_after, orig_advance = replay._Replay._after_cycle, replay.Meter.advance
 
     def after(self, t):
@@ -72,6 +79,11 @@ def split(nodes: list, pods: list, scn, policy: str) -> dict:
             gap = min(q - self.meter.held[p], self.pend_all[p])
             if gap > 0:
                 last[p] = cause(self, p, by_name, policy)
+            if last.get(p) == "reclaim_not_made":
+                since.setdefault(p, t)
+                beyond["longest_s"] = max(beyond["longest_s"], t - since[p])
+            else:
+                since.pop(p, None)
 
     def advance(self, t):
         dt = min(t, self.window_end) - self.t
@@ -79,18 +91,23 @@ def split(nodes: list, pods: list, scn, policy: str) -> dict:
             for p, q in self.quota.items():
                 gap = max(0, min(q - self.held[p], self.pend_all[p]))
                 if gap:
-                    acc[p][last.get(p, "since_last_cycle")] += gap * dt
+                    c = last.get(p, "since_last_cycle")
+                    acc[p][c] += gap * dt
+                    if c == "reclaim_not_made" and self.t - since.get(p, self.t) >= period:
+                        beyond["gpu_s"] += gap * dt
         orig_advance(self, t)
 
     with mock.patch.object(replay._Replay, "_after_cycle", after), mock.patch.object(replay.Meter, "advance", advance):
-        m = replay.replay(nodes, pods, scn, policy).metrics
-    window = m["arrival_window_s"]
+        m = replay.replay(nodes, pods, scn, policy, **replay_kw).metrics
+    window = m["arrival_window_s"] or 1.0
     teams = {
         p: {c: round(v / window / MILLI, 2) for c, v in sorted(parts.items())}
         for p, parts in sorted(acc.items())
     }
-    return {"quota_unserved_mean_gpus": m["quota_unserved_mean_gpus"],
-            "by_cause": _by_cause(teams), "by_team": teams}
+    out = {"quota_unserved_mean_gpus": m["quota_unserved_mean_gpus"], "by_cause": _by_cause(teams), "by_team": teams,
+           "reclaim_not_made_beyond_one_cycle_gpus": round(beyond["gpu_s"] / window / MILLI, 3),
+           "reclaim_not_made_longest_s": round(beyond["longest_s"], 1)}
+    return {**out, "metrics": m} if with_metrics else out
 
 
 def _by_cause(teams: dict[str, dict[str, float]]) -> dict[str, float]:
