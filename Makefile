@@ -49,7 +49,7 @@ fuzz: setup
 	HYPOTHESIS_PROFILE=fuzz $(VENV)/bin/pytest -q tests/scheduler/test_guarantee_properties.py
 
 # The guarantee on 50 drawn organisations (generator: organisations), static and gpupool per
-# seed, with gpupool once more with consolidate_in_quota off: about 20 minutes on one core.
+# seed, with gpupool once more with consolidate_in_quota off: about 22 minutes of one core.
 # CI replays three small draws (tests/test_sim_organisations.py).
 replay-sweep: setup
 	$(PY) bench/replay_org_sweep.py --seeds 1-50 --switch-off
