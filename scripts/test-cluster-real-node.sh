@@ -24,6 +24,8 @@ REAL_NODE_NAME="${REAL_NODE_NAME:-real-node}"
 REAL_NODE_IP=10.200.0.1     # on the veth inside the namespace; nothing outside sees it
 REAL_POD_SUBNET=10.88.0.0/16
 REAL_SERVICE_IP=10.0.0.1    # the `kubernetes` Service (first of --service-cluster-ip-range)
+# On the namespace's own /run: short (a unix socket path has 108 bytes), and private.
+REAL_CONTAINERD_SOCK=/run/containerd/containerd.sock
 
 real_node=0
 holder_pid=""
@@ -108,6 +110,7 @@ HOLDER
 
 real_node_api_bridge() {  # host 127.0.0.1:PORT -> DIR/node/api.sock -> 127.0.0.1:PORT inside
     local sock="$state_dir/node/api.sock"
+    ((${#sock} < 100)) || die "state dir too long for a unix socket path: $sock"
     rm -f "$sock"
     start api-bridge-in "${ns_exec[@]}" socat "UNIX-LISTEN:$sock,fork,mode=600" \
         "TCP:127.0.0.1:$api_port"
@@ -141,17 +144,18 @@ real_node_containerd() {
 {"cniVersion": "0.4.0", "name": "$cg_name",
  "plugins": [{"type": "bridge", "bridge": "gp-br0", "isGateway": true, "ipMasq": false,
    "hairpinMode": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$REAL_POD_SUBNET"}]]}}]}
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$REAL_POD_SUBNET"}]],
+     "routes": [{"dst": "0.0.0.0/0"}]}}]}
 CNI
     cat >"$c/config.toml" <<TOML
 version = 2
 root = "$c/root"
-state = "$c/state"
+state = "/run/containerd"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
   "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
 [grpc]
-  address = "$c/containerd.sock"
+  address = "$REAL_CONTAINERD_SOCK"
 [plugins."io.containerd.internal.v1.opt"]
   path = "$c/opt"
 [plugins."io.containerd.grpc.v1.cri"]
@@ -171,7 +175,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     conf_dir = "$s/cni/net.d"
 TOML
     start containerd "${ns_exec[@]}" containerd --config "$c/config.toml"
-    wait_for containerd 60 "${ns_exec[@]}" ctr --address "$c/containerd.sock" version
+    wait_for containerd 60 "${ns_exec[@]}" ctr --address "$REAL_CONTAINERD_SOCK" version
 }
 
 real_node_import() {  # archive...: load docker-archive/OCI tars into the CRI's namespace
@@ -179,7 +183,7 @@ real_node_import() {  # archive...: load docker-archive/OCI tars into the CRI's 
     for a in "$@"; do
         [[ -f "$a" ]] || die "no image archive $a"
         log "importing $(basename "$a")"
-        "${ns_exec[@]}" ctr --address "$state_dir/node/containerd/containerd.sock" -n k8s.io \
+        "${ns_exec[@]}" ctr --address "$REAL_CONTAINERD_SOCK" -n k8s.io \
             images import --no-unpack=false "$a" >/dev/null || die "could not import $a"
     done
 }
@@ -189,7 +193,7 @@ real_node_kubelet() {
     cat >"$s/kubelet.yaml" <<KUBELET
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-containerRuntimeEndpoint: unix://$s/containerd/containerd.sock
+containerRuntimeEndpoint: unix://$REAL_CONTAINERD_SOCK
 # cgroup v1 only here (kubelet refuses it unless told), without systemd.
 failCgroupV1: false
 cgroupDriver: cgroupfs
@@ -238,7 +242,7 @@ real_node_up() {  # after the API server is ready
 REAL_NODE=$REAL_NODE_NAME
 REAL_NODE_HOLDER_PID=$holder_pid
 REAL_NODE_CGROUP=/$cg_name
-CONTAINERD_ADDRESS=$state_dir/node/containerd/containerd.sock
+CONTAINERD_ADDRESS=$REAL_CONTAINERD_SOCK
 ENV
 }
 
@@ -247,7 +251,7 @@ cgroup_pids() {
     local d
     d="$(cgroup_dirs | grep -m1 '/pids$' || cgroup_dirs | head -n1)"
     [[ -d "$d/$cg_name" ]] || return 0
-    find "$d/$cg_name" -name cgroup.procs -exec cat {} + 2>/dev/null
+    find "$d/$cg_name" -name cgroup.procs -exec cat {} + 2>/dev/null || true
 }
 
 # Pids in the holder's mount namespace (containerd's shims outlive containerd).
