@@ -24,3 +24,22 @@ def sched(k8s_cluster: ClusterInfo, tmp_path):
     print(f"--- gpupool-scheduler logs (shown when the test fails) ---\n{s.logs()}")
     if rc not in (0, -9, None):
         pytest.fail(f"gpupool-scheduler exited with {rc}:\n{s.logs()}")
+
+
+@pytest.fixture(scope="session")
+def real_cluster(tmp_path_factory) -> ClusterInfo:
+    """A cluster of its own with one real node (containerd + kubelet; scripts/test-cluster
+    up --real-node) and the busybox test image loaded; no kwok nodes."""
+    from scheduler.kubernetes.testcluster import TestCluster
+    from tests.conftest import _build_first
+
+    from .realnode import build_test_image
+
+    _build_first()
+    image = build_test_image(tmp_path_factory.mktemp("images") / "busybox.tar")
+    cluster = TestCluster(nodes=0, real_node=True, image_archives=(image,))
+    info = cluster.start()
+    try:
+        yield info
+    finally:
+        cluster.stop()
