@@ -401,7 +401,7 @@ async def setup(info: ClusterInfo, nodes: int, gpus: int) -> list[str]:
 def start_kube_scheduler(info: ClusterInfo, log_dir: Path) -> subprocess.Popen:
     out = open(log_dir / "kube-scheduler.log", "wb")  # noqa: SIM115
     return subprocess.Popen([
-        str(info.k8s_bin / "kube-scheduler"), f"--kubeconfig={info.kubeconfig}",
+        str(info.kubernetes_bin / "kube-scheduler"), f"--kubeconfig={info.kubeconfig}",
         "--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0",
         f"--authentication-kubeconfig={info.kubeconfig}",
         f"--authorization-kubeconfig={info.kubeconfig}", "--profiling=false",

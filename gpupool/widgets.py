@@ -58,6 +58,17 @@ def http_client(url: str | None = None, token: str | None = None) -> Client:
     return call
 
 
+def gpu_ask(gpu: float) -> dict:
+    """The form's one GPU number in the request's one spelling: 0 no GPU, below 1 a share of
+    one GPU, from 1 whole GPUs (a number between whole ones is sent as it is, for the hub's
+    rules to refuse by name)."""
+    if gpu == 0:
+        return {"gpu_mode": "none"}
+    if gpu < 1:
+        return {"gpu_mode": "fraction", "gpu_fraction": gpu}
+    return {"gpu_mode": "whole", "gpus": int(gpu) if gpu == int(gpu) else gpu}
+
+
 class JobLauncher(w.VBox):
     """A form that submits a training job, the project's quota, and its jobs' states."""
 
@@ -104,7 +115,7 @@ class JobLauncher(w.VBox):
 
     def submit(self) -> dict | None:
         body = {"name": self.name.value.strip(), "project": self.project.value,
-                "gpu": self.gpu.value, "workers": self.workers.value,
+                **gpu_ask(self.gpu.value), "workers": self.workers.value,
                 "preemptible": self.preemptible.value, "command": self.command.value.split()}
         t = self._call("POST", "/trainings", body)
         if t is not None:

@@ -269,7 +269,6 @@ def _print_workspace(args, w: dict) -> None:
 WORKSPACES = Resource(
     path="/workloads?kind=workspace",
     row="{name:<24} {owner:<16} {project:<12} {state:<9} {gpu}",
-    headers={"name": "NAME", "owner": "OWNER", "project": "PROJECT", "state": "STATE", "gpu": "GPU"},
     cells=lambda w: {**{k: w[k] for k in ("name", "owner", "project", "state")},
                      "gpu": f"{w['gpu_allocated']:g} GPU"
                             + (f"  {humanize.row_waiting(w)}" if w["state"] == "pending" else "")},

@@ -212,6 +212,20 @@ def top_level_imports(path: Path) -> list[tuple[int, str]]:
     return out
 
 
+def test_the_charts_activator_composes_inference_with_the_hubs_serving_side():
+    """chart/files/activator.py is an entry point, as hubconfig.py is: it runs inference's
+    activator with the hub's replica pods, published services and request rules (records
+    0027, 0038), so that inference/ itself imports nothing of the hub. Of the hub it takes
+    serving/ and requests/ only."""
+    path = ROOT / "chart" / "files" / "activator.py"
+    hub_parts = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hub_ext."):
+            hub_parts.add(node.module.split(".")[1])
+    assert "inference" in {t for _, t in top_level_imports(path)}
+    assert hub_parts and hub_parts <= {"serving", "requests"}, hub_parts
+
+
 def test_every_imported_package_exists():
     """A module moved or removed leaves no import behind, even one inside a function that no
     test calls."""

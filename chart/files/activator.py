@@ -1,5 +1,5 @@
 """The chart's inference activator: inference.activator's HTTP front, with replicas as pods
-that gpupool-scheduler places (hub_ext.serving.kubernetes.K8sBackend) in $GPUPOOL_NAMESPACE.
+that gpupool-scheduler places (hub_ext.serving.kubernetes.KubernetesBackend) in $GPUPOOL_NAMESPACE.
 The services are the chart's values (activator.services), mounted as services.json, and
 those the hub publishes (hub_ext.serving.published: one ConfigMap each, followed by a
 watch; additions and removals take effect without a restart, the services' state is
@@ -19,9 +19,8 @@ import os
 import signal
 import sys
 
-from hub_ext.images import WORKLOAD_IMAGE
 from hub_ext.requests.rules import FieldError
-from hub_ext.serving.kubernetes import K8sBackend
+from hub_ext.serving.kubernetes import WORKLOAD_IMAGE, KubernetesBackend
 from hub_ext.serving.published import Follower
 from hub_ext.serving.spec import parse_spec
 from inference import activator
@@ -40,7 +39,7 @@ async def serve(args) -> None:
             raise SystemExit(f"activator.services[{i}]: {e}") from None
     kc = await KubeClient.from_kubeconfig(args.kubeconfig)
     async with kc:
-        controller = Controller(K8sBackend(kc, args.namespace, default_image=args.default_image))
+        controller = Controller(KubernetesBackend(kc, args.namespace, default_image=args.default_image))
         for spec in specs:
             controller.put(spec)
         follower = Follower(kc, args.namespace, controller, {s.name for s in specs})

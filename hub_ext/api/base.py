@@ -12,6 +12,7 @@ import asyncio
 import json
 
 from jupyterhub.services.auth import HubOAuthenticated
+from sqlalchemy import select
 from sqlalchemy.orm.exc import ObjectDeletedError, StaleDataError
 from tornado import web
 from tornado.log import app_log
@@ -95,6 +96,18 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 
     def require_admin(self) -> None:
         self.require("administer_platform")
+
+    def visible(self, model, order, filters: tuple[str, ...] = ()):
+        """A query of ``model``'s rows (a table with a ``project`` column) in ``order``: those
+        whose column equals each query argument in ``filters`` that is given, in the projects
+        the caller may view."""
+        q = select(model).order_by(order)
+        for key in filters:
+            v = self.get_argument(key, None)
+            if v:
+                q = q.where(getattr(model, key) == v)
+        seen = roles.visible_projects(self.who)
+        return q if seen is None else q.where(model.project.in_(seen))
 
     def viewable(self, s, model, name: str, what: str):
         """The row ``name`` of ``model`` (a table with a ``project`` column) that the caller

@@ -8,21 +8,13 @@ from sqlalchemy import select
 
 from .. import validation
 from ..db.tables import EventRow, SampleRow
-from ..org import roles
 from .base import ApiHandler
 
 
 class EventsHandler(ApiHandler):
     def get(self):
         limit = validation.integer_arg(self.get_argument("limit", None), "limit", 100, 1, 1000)
-        q = select(EventRow).order_by(EventRow.id.desc()).limit(limit)
-        for key in ("kind", "project", "workload"):
-            v = self.get_argument(key, None)
-            if v:
-                q = q.where(getattr(EventRow, key) == v)
-        seen = roles.visible_projects(self.who)
-        if seen is not None:
-            q = q.where(EventRow.project.in_(seen))
+        q = self.visible(EventRow, EventRow.id.desc(), ("kind", "project", "workload")).limit(limit)
         with self.Session() as s:
             rows = s.scalars(q).all()
         self.send({"items": [{"id": e.id, "ts": e.ts, "kind": e.kind, "workload": e.workload,

@@ -13,8 +13,6 @@ import asyncio
 import os
 import time
 
-from sqlalchemy import select
-
 from hub_ext.api.base import ApiHandler
 from hub_ext.attachments import attach
 from hub_ext.db.events import add_event
@@ -45,13 +43,7 @@ class _Base(ApiHandler):
 
 class InferencesHandler(_Base):
     def get(self):
-        q = select(InferenceRow).order_by(InferenceRow.created)
-        project = self.get_argument("project", None)
-        if project:
-            q = q.where(InferenceRow.project == project)
-        seen = roles.visible_projects(self.who)
-        if seen is not None:
-            q = q.where(InferenceRow.project.in_(seen))
+        q = self.visible(InferenceRow, InferenceRow.created, ("project",))
         with self.Session() as s:
             self.send({"items": [service_dict(r) for r in s.scalars(q).all()]})
 

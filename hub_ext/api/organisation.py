@@ -23,7 +23,7 @@ class OrgWriter(ApiHandler):
     async def change_org(self, change, name: str | None, *args, deleted: bool = False):
         if not mode(self.ctx.cfg).org_in_cluster:
             return await self.off_loop(self._commit, change, args)
-        from ..cluster import org as k8s_org  # aiohttp and kubernetes_asyncio: the k8s extra
+        from ..cluster import org as cluster_org  # aiohttp and kubernetes_asyncio: the k8s extra
 
         out = await self.off_loop(self._check, change, args)
         name = name or out["name"]
@@ -31,9 +31,9 @@ class OrgWriter(ApiHandler):
         removed = tuple(p for a in args if isinstance(a, dict) and isinstance(a.get("pools"), dict)
                         for p, q in a["pools"].items() if q is None)
         try:
-            await k8s_org.publish(await k8s_org.client(self.ctx.cfg.kubeconfig), self.kind, name,
+            await cluster_org.publish(await cluster_org.client(self.ctx.cfg.kubeconfig), self.kind, name,
                                   None if deleted else out, removed)
-        except k8s_org.Unavailable as e:
+        except cluster_org.Unavailable as e:
             raise HTTPError(503, reason=str(e).replace("\n", " ")[:400]) from None
         try:
             return await self.off_loop(self._commit, change, args)

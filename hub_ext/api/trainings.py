@@ -15,7 +15,6 @@ from .. import validation
 from ..backends import mode
 from ..db.tables import EventRow, WorkloadRow
 from ..org import projects as org
-from ..org import roles
 from ..requests.limits import limits_for
 from ..training.db import (
     STATUSES,
@@ -36,17 +35,10 @@ class _Base(ApiHandler):
 
 class TrainingsHandler(_Base):
     def get(self):
-        q = select(TrainingRow).order_by(TrainingRow.created)
-        project, status = self.get_argument("project", None), self.get_argument("status", None)
+        status = self.get_argument("status", None)
         if status and status not in STATUSES:
             raise FieldError("status", f"must be one of {', '.join(STATUSES)}, got {validation.show(status)}")
-        if project:
-            q = q.where(TrainingRow.project == project)
-        if status:
-            q = q.where(TrainingRow.status == status)
-        seen = roles.visible_projects(self.who)
-        if seen is not None:
-            q = q.where(TrainingRow.project.in_(seen))
+        q = self.visible(TrainingRow, TrainingRow.created, ("project", "status"))
         with self.Session() as s:
             rows = s.scalars(q).all()
             self.send({"items": [training_dict(t, s.get(WorkloadRow, t.name)) for t in rows]})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pwd
 import time
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete
 
 from gpupool.errors import GpupoolError
 
@@ -18,7 +18,6 @@ from ..db.tables import WorkloadRow, bump_version
 from ..host.accounts import Accounts
 from ..host.launch import output_log, read_from
 from ..org import projects as org
-from ..org import roles
 from ..requests.limits import limits_for
 from ..requests.rules import parse_request, workload_name
 from ..training.db import TrainingRow
@@ -75,14 +74,7 @@ def _has_job(handler: ApiHandler, name: str) -> bool:
 
 class WorkloadsHandler(ApiHandler):
     def get(self):
-        q = select(WorkloadRow).order_by(WorkloadRow.submit_time)
-        for key in ("kind", "project", "state", "owner"):
-            v = self.get_argument(key, None)
-            if v:
-                q = q.where(getattr(WorkloadRow, key) == v)
-        seen = roles.visible_projects(self.who)
-        if seen is not None:
-            q = q.where(WorkloadRow.project.in_(seen))
+        q = self.visible(WorkloadRow, WorkloadRow.submit_time, ("kind", "project", "state", "owner"))
         with self.Session() as s:
             rows = s.scalars(q).all()
         self.send({"items": [workload_dict(w) for w in rows]})

@@ -106,6 +106,10 @@ def credential_dict(c: CredentialRow) -> dict:
             "created": c.created, "updated": c.updated}
 
 
+ITEMS = project_items.Kind(CredentialRow, "credential", credential_dict)
+get, list_for, names_by_project = ITEMS.get, ITEMS.list_for, ITEMS.names_by_project
+
+
 def check_key(key, delivery: str, field_name: str = "data") -> str:
     if delivery == "env":
         if not validation.is_name(key, "env_key"):
@@ -171,22 +175,10 @@ def create(s, vault: Vault, project: str, data: dict, actor: str) -> dict:
 
 
 def delete(s, project: str, name: str, actor: str) -> None:
-    row = project_items.row(s, CredentialRow, "credential", project, name)
+    row = ITEMS.row(s, project, name)
     s.delete(row)
     audit.record(s, actor, "credential.deleted", f"{project}/{name}", {"keys": list(row.keys)},
                  project)
-
-
-def get(s, project: str, name: str) -> dict:
-    return credential_dict(project_items.row(s, CredentialRow, "credential", project, name))
-
-
-def list_for(s, project: str) -> list[dict]:
-    return [credential_dict(r) for r in project_items.rows(s, CredentialRow, project)]
-
-
-def names_by_project(s, projects) -> dict[str, list[str]]:
-    return project_items.names_by_project(s, CredentialRow, projects)
 
 
 def rows_for(s, project: str, names: list[str], field_name: str = "credentials") -> list[CredentialRow]:
@@ -194,11 +186,7 @@ def rows_for(s, project: str, names: list[str], field_name: str = "credentials")
     project does not have or two environment credentials setting the same variable."""
     rows, seen = [], {}
     for n in names:
-        row = s.get(CredentialRow, (project, n))
-        if row is None:
-            have = [c["name"] for c in list_for(s, project)]
-            raise FieldError(field_name, f"project {project!r} has no credential {n!r}; it has: "
-                             f"{', '.join(have) or '(none)'}")
+        row = ITEMS.named(s, project, n, field_name)
         if row.delivery == "env":
             for k in row.keys:
                 if k in seen:

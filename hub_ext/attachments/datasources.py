@@ -128,6 +128,10 @@ def datasource_dict(d: DataSourceRow) -> dict:
             "created_by": d.created_by, "created": d.created}
 
 
+ITEMS = project_items.Kind(DataSourceRow, "data source", datasource_dict)
+get, list_for, names_by_project = ITEMS.get, ITEMS.list_for, ITEMS.names_by_project
+
+
 def create(s, project: str, data: dict, actor: str) -> dict:
     if s.get(ProjectRow, project) is None:
         raise NotFound(f"project {project!r} does not exist")
@@ -145,21 +149,9 @@ def create(s, project: str, data: dict, actor: str) -> dict:
 
 
 def delete(s, project: str, name: str, actor: str) -> None:
-    row = project_items.row(s, DataSourceRow, "data source", project, name)
+    row = ITEMS.row(s, project, name)
     s.delete(row)
     audit.record(s, actor, "datasource.deleted", f"{project}/{name}", {"kind": row.kind}, project)
-
-
-def get(s, project: str, name: str) -> dict:
-    return datasource_dict(project_items.row(s, DataSourceRow, "data source", project, name))
-
-
-def list_for(s, project: str) -> list[dict]:
-    return [datasource_dict(r) for r in project_items.rows(s, DataSourceRow, project)]
-
-
-def names_by_project(s, projects) -> dict[str, list[str]]:
-    return project_items.names_by_project(s, DataSourceRow, projects)
 
 
 def rows_for(s, project: str, names: list[str], taken: dict[str, str] | None = None,
@@ -170,11 +162,7 @@ def rows_for(s, project: str, names: list[str], taken: dict[str, str] | None = N
     used = dict(taken or {})
     rows = []
     for n in names:
-        row = s.get(DataSourceRow, (project, n))
-        if row is None:
-            have = [d["name"] for d in list_for(s, project)]
-            raise FieldError(field_name, f"project {project!r} has no data source {n!r}; it has: "
-                             f"{', '.join(have) or '(none)'}")
+        row = ITEMS.named(s, project, n, field_name)
         for path, what in used.items():
             if _inside(row.mount_path, path) or _inside(path, row.mount_path):
                 raise FieldError(field_name, f"mount path {row.mount_path} of data source {n!r} "

@@ -7,11 +7,11 @@ concern            embedded (``hub_ext.backends.embedded``)       kubernetes (``
 placement          ``EmbeddedScheduler`` on the hub's    gpupool-scheduler (its own Deployment)
                    GPUs (NVML or ``declared_gpus``)      on the cluster's nodes; no declared GPUs
 workspaces         ``GpupoolLocalSpawner``               ``GpupoolKubeSpawner``
-trainings          ``training.embedded.JobRunner``       ``training.kubernetes.K8sTrainings``
+trainings          ``training.embedded.JobRunner``       ``training.kubernetes.KubernetesTrainings``
 inference replicas the hub's activator, replicas as      published for the chart's activator, whose
                    processes (``serving.embedded``)      replicas are pods (``serving.kubernetes``)
 logs               the owner's files                     the API server (pods/NAME/log)
-exec (SSH)         ``ssh.embedded.HostBackend``          ``ssh.kubernetes.KubeBackend``
+exec (SSH)         ``ssh.embedded.EmbeddedBackend``          ``ssh.kubernetes.KubernetesBackend``
 =================  ====================================  ===========================================
 
 The gpupool service process asks only the mode's class (``mode``) for what needs nothing

@@ -142,9 +142,9 @@ class EmbeddedMode:
 
     @staticmethod
     async def ssh(cfg: Gpupool, Session):
-        from ..ssh.embedded import HostBackend
+        from ..ssh.embedded import EmbeddedBackend
 
-        return HostBackend(Path(cfg.state_dir) / RUN_DIR, Session)
+        return EmbeddedBackend(Path(cfg.state_dir) / RUN_DIR, Session)
 
     @staticmethod
     def activity(cfg: Gpupool):

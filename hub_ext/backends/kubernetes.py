@@ -13,7 +13,7 @@ from scheduler.kubernetes.client import KubeClient
 
 from ..cluster.events import PodEvents
 from ..config import Gpupool
-from ..training.kubernetes import K8sTrainings, worker_logs
+from ..training.kubernetes import KubernetesTrainings, worker_logs
 
 log = logging.getLogger("gpupool")
 
@@ -38,7 +38,7 @@ class KubernetesMode:
         self.cfg, self.Session = cfg, Session
         self.nodes: list = []
         self.kube = kube_client(cfg)
-        self.trainings = K8sTrainings(
+        self.trainings = KubernetesTrainings(
             self.kube, Session, cfg.namespace, checkpoint_size=cfg.checkpoint_storage,
             storage_class=cfg.checkpoint_storage_class, default_image=cfg.workload_image)
         self.cluster: asyncio.Future | None = None
@@ -46,11 +46,11 @@ class KubernetesMode:
 
     def start(self) -> None:
         from ..cluster import (
-            follow as k8s_cluster,  # the organisation and the inventory from the cluster
+            follow as cluster_follow,  # the organisation and the inventory from the cluster
         )
 
         self.trainings.start()
-        self.cluster = asyncio.ensure_future(k8s_cluster.follow(self.cfg, self.Session))
+        self.cluster = asyncio.ensure_future(cluster_follow.follow(self.cfg, self.Session))
         asyncio.ensure_future(PodEvents(self.kube, self.Session, self.cfg.namespace).run())
 
     def free_per_gpu(self) -> list[int]:
@@ -65,9 +65,9 @@ class KubernetesMode:
     @staticmethod
     async def ssh(cfg: Gpupool, Session):
         from ..cluster.org import kubeconfig_path
-        from ..ssh.kubernetes import KubeBackend
+        from ..ssh.kubernetes import KubernetesBackend
 
-        return await KubeBackend.from_environment(cfg.namespace, kubeconfig_path(cfg.kubeconfig))
+        return await KubernetesBackend.from_environment(cfg.namespace, kubeconfig_path(cfg.kubeconfig))
 
     @staticmethod
     def activity(cfg: Gpupool):

@@ -168,19 +168,28 @@ def _differs(row, q: dict) -> bool:
     return any((row.pool_quotas or {} if k == "pool_quotas" else getattr(row, k)) != v for k, v in q.items())
 
 
+def _stored_and_wanted(s, Row, name: str, obj: dict) -> tuple:
+    """The row ``name`` (None: none yet) and the quota fields its object asks for."""
+    row = s.get(Row, name)
+    return row, {**quota_of(obj), "pool_quotas": pools_of(obj, row.pool_quotas if row is not None else None)}
+
+
+def _set(row, fields: dict) -> None:
+    for k, v in fields.items():
+        setattr(row, k, v)
+
+
 def reconcile(s, departments: dict[str, dict], projects: dict[str, dict]) -> bool:
     """Make the database's departments and projects equal to the objects (name -> object).
     A project whose department has no object yet waits for it. True when anything changed."""
     changed = False
     for name, obj in departments.items():
-        row = s.get(DepartmentRow, name)
-        q = {**quota_of(obj), "pool_quotas": pools_of(obj, row.pool_quotas if row is not None else None)}
+        row, q = _stored_and_wanted(s, DepartmentRow, name, obj)
         if row is None:
             s.add(DepartmentRow(name=name, **q))
             add_event(s, "org", f"department {name} created in the cluster")
         elif _differs(row, q):
-            for k, v in q.items():
-                setattr(row, k, v)
+            _set(row, q)
         else:
             continue
         changed = True
@@ -189,8 +198,7 @@ def reconcile(s, departments: dict[str, dict], projects: dict[str, dict]) -> boo
         dept = str((obj.get("spec") or {}).get("department", ""))
         if dept not in departments:
             continue
-        row = s.get(ProjectRow, name)
-        q = {**quota_of(obj), "pool_quotas": pools_of(obj, row.pool_quotas if row is not None else None)}
+        row, q = _stored_and_wanted(s, ProjectRow, name, obj)
         if row is None:
             s.add(ProjectRow(name=name, department=dept, **q))
             add_event(s, "org", f"project {name} created in the cluster with {q['gpus']:g} GPUs",
@@ -199,9 +207,7 @@ def reconcile(s, departments: dict[str, dict], projects: dict[str, dict]) -> boo
             if row.gpus != q["gpus"]:
                 add_event(s, "quota", f"project {name} quota {row.gpus:g} -> {q['gpus']:g} GPUs "
                           "in the cluster", project=name)
-            row.department = dept
-            for k, v in q.items():
-                setattr(row, k, v)
+            _set(row, {**q, "department": dept})
         else:
             continue
         changed = True

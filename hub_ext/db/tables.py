@@ -31,9 +31,9 @@ class Base(DeclarativeBase):
     pass
 
 
-class DepartmentRow(Base):
-    __tablename__ = "departments"
-    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+class Quotas:
+    """The quota columns a department and a project both have."""
+
     gpus: Mapped[float] = mapped_column(Float, default=0.0)
     over_quota_weight: Mapped[float] = mapped_column(Float, default=1.0)
     limit: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -43,17 +43,26 @@ class DepartmentRow(Base):
     pool_quotas: Mapped[dict] = mapped_column(JSON, default=dict, server_default="{}")
 
 
-class ProjectRow(Base):
+class DepartmentRow(Quotas, Base):
+    __tablename__ = "departments"
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+
+
+class ProjectRow(Quotas, Base):
     __tablename__ = "projects"
     name: Mapped[str] = mapped_column(String(63), primary_key=True)
     department: Mapped[str] = mapped_column(ForeignKey("departments.name"), index=True)
-    gpus: Mapped[float] = mapped_column(Float, default=0.0)
-    over_quota_weight: Mapped[float] = mapped_column(Float, default=1.0)
-    limit: Mapped[float | None] = mapped_column(Float, nullable=True)
-    cpu_quota: Mapped[float | None] = mapped_column(Float, nullable=True)  # CPUs; None: none
-    memory_quota_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
-    # node pool (not the default) -> its quota fields, as the columns above name them
-    pool_quotas: Mapped[dict] = mapped_column(JSON, default=dict, server_default="{}")
+
+
+class Submitted:
+    """The columns of a feature's submitted object (a training, an inference service): its
+    name, who submitted it to which project, and its spec as submitted."""
+
+    # first in the table, before the feature's own columns
+    name: Mapped[str] = mapped_column(String(63), primary_key=True, sort_order=-4)
+    owner: Mapped[str] = mapped_column(String(255), index=True, sort_order=-3)
+    project: Mapped[str] = mapped_column(String(63), index=True, sort_order=-2)
+    spec: Mapped[dict] = mapped_column(JSON, default=dict, sort_order=-1)
 
 
 class MemberRow(Base):

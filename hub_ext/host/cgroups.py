@@ -52,6 +52,15 @@ PTS_RULE = "c 136:* rwm"
 _GPU_NODE = re.compile(r"^nvidia(\d+)$")
 
 
+def _undone(group, what: str, error: Exception) -> CgroupError:
+    """The error of a group that could not be made, once its half-made folders are gone."""
+    try:
+        group.remove()
+    except CgroupError:
+        pass
+    return CgroupError(f"{what}: {error}")
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one workload may use. ``cpu`` in cores (0.5 = half of one core), ``memory_bytes``
@@ -424,11 +433,7 @@ class V1Cgroups(Cgroups):
             if rules is not None:
                 self.apply_device_rules(paths["devices"], rules)
         except (CgroupError, OSError) as e:
-            try:
-                group.remove()
-            except CgroupError:
-                pass
-            raise CgroupError(f"cgroup v1 group {name!r}: {e}") from None
+            raise _undone(group, f"cgroup v1 group {name!r}", e) from None
         return group
 
     @staticmethod
@@ -475,11 +480,7 @@ class V2Cgroups(Cgroups):
             if limits.cpu is not None:
                 _write(group.path / "cpu.max", f"{cpu_quota_us(limits.cpu)} {CPU_PERIOD_US}")
         except (CgroupError, OSError) as e:
-            try:
-                group.remove()
-            except CgroupError:
-                pass
-            raise CgroupError(f"cgroup v2 group {name!r}: {e}") from None
+            raise _undone(group, f"cgroup v2 group {name!r}", e) from None
         return group
 
     def to_json(self) -> dict:

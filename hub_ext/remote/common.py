@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import string
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,6 +59,16 @@ def add_gpu_options(p: argparse.ArgumentParser, per: str = "", memory: bool = Tr
                        help=f"deprecated (use --fraction or --gpus): GPUs{per}, below 1 a fraction")
 
 
+def submit_body(args, command: list[str], options) -> dict:
+    """A submission's body: its name, command and GPU options, each ``(field, value)`` of
+    ``options`` that is given, and its ``-e`` environment."""
+    body: dict = {"name": args.name, "command": command, **gpu_body(args)}
+    body.update((key, value) for key, value in options if value is not None)
+    if args.env:
+        body["env"] = env_option(args.env)
+    return body
+
+
 def gpu_body(args) -> dict:
     """The GPU options given, as request fields (the values as typed, for the hub's rules
     to check: ``--fraction 0`` is refused there, as in the form)."""
@@ -85,12 +96,11 @@ class Resource:
     """One row of the CLI's table of resources: what ``list``, ``describe`` and ``delete``
     do for a noun (workspace, training, inference), from its REST path. ``row``: a
     ``str.format`` line over the strings ``cells`` makes of one item (the header line is the
-    same format over ``headers``); ``show``: ``describe``'s text; ``deleted``: what
+    same format over the field names in capitals); ``show``: ``describe``'s text; ``deleted``: what
     ``delete`` prints, given the name and (where ``look_first``) the item before it went."""
 
     path: str
     row: str
-    headers: dict[str, str]
     cells: Callable[[dict], dict[str, str]]
     deleted: Callable[[str, dict | None], str]
     show: Callable[[dict], None] | None = None
@@ -100,7 +110,7 @@ class Resource:
     def list(self, args, api: ApiCall) -> int:
         q = "&".join(f"{k}={v}" for k in self.filters if (v := getattr(args, k, None)))
         path = self.path + (("&" if "?" in self.path else "?") + q if q else "")
-        print(self.row.format(**self.headers))
+        print(self.row.format(**{f: f.upper() for _, f, _, _ in string.Formatter().parse(self.row) if f}))
         for item in api(args, "GET", path)["items"]:
             print(self.row.format(**self.cells(item)))
         return 0

@@ -17,12 +17,13 @@ REST API answers it in ``Deprecation`` and ``Warning`` headers, and logs it), an
 names the field as the request wrote it.
 
 Each value is, in this order: the kind's built-in default, replaced by the policy's default,
-by the compute template's value, by the request's own; then it is held to its range, then
-to the policy's max (hub_ext.policy).
+by the compute template's value, by the request's own; then it is held to the policy's max
+(hub_ext.org.policy), then to its range: a value beyond both is told the policy's max.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -65,16 +66,23 @@ INFERENCE = KindRules(modes=("fraction", "whole"), cpu_memory=False, template_fr
 
 
 @dataclass
-class Resources:
-    """A request's resources, read; ``names`` maps each field to the one the request wrote."""
+class Ask:
+    """What a request asks for in GPU, CPU and memory, in the one spelling, and the compute
+    template it started from ('' none): the fields every kind's request holds."""
 
-    gpu_mode: str
+    gpu_mode: str = "fraction"
     gpu_fraction: float = 0.0
     gpu_memory_gib: float = 0.0
     gpus: int = 0
     cpu: float = 1.0
     memory_gib: float = 4.0
     template: str = ""
+
+
+@dataclass
+class Resources(Ask):
+    """A request's resources, read; ``names`` maps each field to the one the request wrote."""
+
     names: dict[str, str] = field(default_factory=dict)
 
     def name(self, key: str) -> str:
@@ -176,8 +184,9 @@ class Layered:
     names: dict[str, str] = field(default_factory=dict)
 
     def resources(self, pods: int = 1) -> Resources:
-        """Defaults, then range, then policy. ``pods``: workers of a gang, for the policy's
-        max on whole GPUs (counted over all of them)."""
+        """Defaults, then the policy's max, then the range: a value beyond both is told the
+        policy's max, the narrower bound. ``pods``: workers of a gang, for the policy's max
+        on whole GPUs (counted over all of them)."""
         data, rules, limits = self.data, self.rules, self.limits
         pol = limits.policy(self.project) if limits is not None else None
         res = Resources(gpu_mode=rules.mode, template=self.template, names=self.names)
@@ -186,8 +195,25 @@ class Layered:
             d = pol.default(key) if pol is not None else None
             return rules.defaults.get(key) if d is None else d
 
-        def number(key, lo, hi, integer=False, unit=""):
-            return validation.number(one(data, key, default(key)), res.name(key), lo, hi, integer, unit)
+        def beyond_policy(key, raw, per=1):
+            """The policy's refusal of ``raw`` when it is a number over the policy's max:
+            told before the range, which is the wider bound."""
+            if pol is None or isinstance(raw, bool):
+                return
+            try:
+                value = float(raw)
+            except (TypeError, ValueError, OverflowError):
+                return
+            if math.isfinite(value):
+                pol.check_max(res.name(key), key, value * per)
+
+        def number(key, lo, hi, integer=False, unit="", per=1):
+            raw = one(data, key, default(key))
+            try:
+                return validation.number(raw, res.name(key), lo, hi, integer, unit)
+            except FieldError:
+                beyond_policy(key, raw, per)
+                raise
 
         mode = one(data, "gpu_mode", rules.mode)
         if mode not in rules.modes:
@@ -200,6 +226,7 @@ class Layered:
             if rules.any_old_fraction and res.name("gpu_fraction") == "gpu":
                 res.gpu_fraction = f
             elif abs(steps - round(steps)) > 1e-6:
+                beyond_policy("gpu_fraction", f)
                 raise FieldError(res.name("gpu_fraction"), f"must be a multiple of {FRACTION_STEP:g} "
                                  f"from {FRACTION_MIN:g} to {FRACTION_MAX:g}, got {f:g}")
             else:
@@ -209,7 +236,7 @@ class Layered:
             res.gpu_memory_gib = number("gpu_memory_gib", GPU_MEMORY_MIN, most, unit=" GiB")
         elif mode == "whole":
             res.gpus = number("gpus", 1, most_gpus(rules, limits), integer=True,
-                              unit=" (GPUs of the largest node)")
+                              unit=" (GPUs of the largest node)", per=pods)
         if rules.cpu_memory:
             hi_cpu, hi_mem = (limits.max_cpu, limits.max_memory_gib) if limits is not None else (1024, 65536)
             res.cpu = number("cpu", 0.1, hi_cpu)

@@ -72,19 +72,13 @@ class Limits:
         return tuple(names) if only is None else tuple(n for n in names if n in only)
 
 
-@dataclass
-class WorkloadRequest:
+@dataclass(kw_only=True)
+class WorkloadRequest(request_reader.Ask):
     project: str
     kind: str = "workspace"
     workspace_kind: str = "jupyterlab"
-    gpu_mode: str = "fraction"
     gpu_fraction: float = 0.25
-    gpu_memory_gib: float = 0.0
-    gpus: int = 0
-    cpu: float = 1.0
-    memory_gib: float = 4.0
     environment: str = "default"
-    template: str = ""  # the compute template the request started from ('' none)
     node_pool: str = DEFAULT_POOL
     gpu_model: str = ""  # '' any
     preemptible: bool = False

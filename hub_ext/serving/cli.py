@@ -22,7 +22,7 @@ import argparse
 import sys
 
 from hub_ext.remote.commands import remote_action
-from hub_ext.remote.common import ApiCall, Resource, add_gpu_options, env_option, gpu_body, name_arg
+from hub_ext.remote.common import ApiCall, Resource, add_gpu_options, name_arg, submit_body
 
 OPTIONS = (("project", "project"), ("min_replicas", "min_replicas"),
            ("max_replicas", "max_replicas"), ("metric", "metric"), ("target", "target"),
@@ -39,15 +39,8 @@ def _submit(args, api: ApiCall, parser: argparse.ArgumentParser) -> int:
     if not command:
         sys.exit("gpupool: inference submit needs the model server's command after -- "
                  "(for example: -- python serve.py --socket {socket})")
-    body: dict = {"name": args.name, "command": command, **gpu_body(args)}
-    for attr, key in OPTIONS:
-        if getattr(args, attr) is not None:
-            body[key] = getattr(args, attr)
-    if args.public:
-        body["public"] = True
-    if args.env:
-        body["env"] = env_option(args.env)
-    s = api(args, "POST", "/inferences", body)
+    options = [(key, getattr(args, attr)) for attr, key in OPTIONS] + [("public", args.public or None)]
+    s = api(args, "POST", "/inferences", submit_body(args, command, options))
     print(f"{s['name']}: created in project {s['project']}; URL {args.url.rstrip('/')}{s['url']}")
     return 0
 
@@ -77,8 +70,6 @@ def _show(s: dict) -> None:
 RESOURCE = Resource(
     path="/inferences",
     row="{name:<24} {project:<12} {ready:>5} {desired:>7}  {gpu:>5}  {url}",
-    headers={"name": "NAME", "project": "PROJECT", "ready": "READY", "desired": "DESIRED", "gpu": "GPU",
-             "url": "URL"},
     cells=lambda s: {**{k: str(s[k]) for k in ("name", "project", "ready", "desired", "url")},
                      "gpu": f"{s['spec']['gpu']:g}"},
     deleted=lambda name, _: f"{name}: deleted (replicas drain and stop)",

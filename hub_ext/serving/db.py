@@ -10,21 +10,17 @@ from __future__ import annotations
 import re
 import time
 
-from sqlalchemy import JSON, Float, String, select
+from sqlalchemy import JSON, Float, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from hub_ext.db.tables import Base, WorkloadRow
+from hub_ext.db.tables import Base, Submitted, WorkloadRow
 from hub_ext.org.holds import project_holds
 
 REPLICA = re.compile(r"^(.+)-[0-9a-f]{6}$")  # a replica's name: SERVICE-hex (controller.py)
 
 
-class InferenceRow(Base):
+class InferenceRow(Submitted, Base):  # spec: ServiceSpec.to_dict()
     __tablename__ = "inference_services"
-    name: Mapped[str] = mapped_column(String(63), primary_key=True)
-    owner: Mapped[str] = mapped_column(String(255), index=True)
-    project: Mapped[str] = mapped_column(String(63), index=True)
-    spec: Mapped[dict] = mapped_column(JSON, default=dict)  # ServiceSpec.to_dict()
     created: Mapped[float] = mapped_column(Float, default=time.time)
     status: Mapped[dict] = mapped_column(JSON, default=dict)  # Service.status()
 

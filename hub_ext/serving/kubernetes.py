@@ -17,27 +17,17 @@ import logging
 from hub_ext.attachments.attach import Attachments, pod_parts, secret_manifest, secret_name
 from hub_ext.images import WORKLOAD_IMAGE
 from inference.service import Replica, RState, Service
-from scheduler.contract import (
-    PRELOAD,
-    SCHEDULER_NAME,
-    L,
-    Preload,
-    gpu_parts,
-    pod_condition,
-    request_annotations,
-    waiting_reason,
-    workload_annotations,
-)
+from scheduler import contract
 from scheduler.kubernetes.client import ApiError, KubeClient
 
 from .spec import ServiceSpec
 
 log = logging.getLogger("gpupool.inference")
-LABEL = L.INFERENCE
+LABEL = contract.L.INFERENCE
 
 
 def replica_pod(spec: ServiceSpec, name: str, namespace: str,
-                attachments: Attachments | None = None, preload: Preload = PRELOAD,
+                attachments: Attachments | None = None, preload: contract.Preload = contract.PRELOAD,
                 default_image: str = WORKLOAD_IMAGE) -> dict:
     """``attachments``: the service's credentials (by reference to the Secret
     ``SERVICE-credentials``, ``credentials_secret``) and data sources; ``default_image``: the
@@ -51,16 +41,16 @@ def replica_pod(spec: ServiceSpec, name: str, namespace: str,
         "readinessProbe": {"httpGet": {"path": spec.ready_path, "port": spec.port},
                            "periodSeconds": 1},
     }
-    ann = request_annotations(spec.project, "inference")
-    gpu = gpu_parts(name, spec.gpu, preload=preload)
+    ann = contract.request_annotations(spec.project, "inference")
+    gpu = contract.gpu_parts(name, spec.gpu, preload=preload)
     ann.update(gpu.annotations)
-    ann.update(workload_annotations(name, spec.owner))
+    ann.update(contract.workload_annotations(name, spec.owner))
     container["env"] += [{"name": k, "value": v} for k, v in gpu.env.items()]
     if gpu.limits:
         container["resources"] = {"limits": dict(gpu.limits)}
     if gpu.shared:
         container["envFrom"] = gpu.env_from
-    pod_spec: dict = {"schedulerName": SCHEDULER_NAME, "containers": [container],
+    pod_spec: dict = {"schedulerName": contract.SCHEDULER_NAME, "containers": [container],
                       "restartPolicy": "Always", "terminationGracePeriodSeconds": 30}
     mounts, volumes = list(gpu.mounts), list(gpu.volumes)
     if attachments:
@@ -72,7 +62,7 @@ def replica_pod(spec: ServiceSpec, name: str, namespace: str,
         container["volumeMounts"], pod_spec["volumes"] = mounts, volumes
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "annotations": ann,
-                         "labels": {LABEL: spec.name, L.MANAGED_BY: "gpupool"}},
+                         "labels": {LABEL: spec.name, contract.L.MANAGED_BY: "gpupool"}},
             "spec": pod_spec}
 
 
@@ -81,7 +71,7 @@ def credentials_secret(spec: ServiceSpec, namespace: str, values: dict[str, dict
     return secret_manifest(secret_name(spec.name), namespace, values, {LABEL: spec.name})
 
 
-class K8sBackend:
+class KubernetesBackend:
     def __init__(self, kc: KubeClient, namespace: str, poll_s: float = 0.5, attachments=None,
                  default_image: str = WORKLOAD_IMAGE):
         self.kc, self.namespace, self.poll_s = kc, namespace, poll_s
@@ -126,7 +116,7 @@ class K8sBackend:
                 continue
             ann = pod["metadata"].get("annotations", {})
             if not pod["spec"].get("nodeName"):
-                r.reason = waiting_reason(pod) or r.reason
+                r.reason = contract.waiting_reason(pod) or r.reason
                 continue
             if r.state == RState.PENDING:
                 r.state, r.reason = RState.STARTING, "model server starting"
@@ -139,10 +129,10 @@ class K8sBackend:
                 with contextlib.suppress(ApiError):
                     await self.kc.delete(f"{self.path}/{r.name}")
                 return
-            ready = pod_condition(pod, "Ready")
+            ready = contract.pod_condition(pod, "Ready")
             ip = pod.get("status", {}).get("podIP")
             if r.state == RState.STARTING and ready and ready.get("status") == "True" and ip:
                 svc.replica_ready(r, ip, svc.spec.port)
 
 
-__all__ = ["K8sBackend", "credentials_secret", "replica_pod"]
+__all__ = ["KubernetesBackend", "credentials_secret", "replica_pod"]

@@ -9,7 +9,7 @@ written only by the activator, which owns the replicas: it starts, scales (to ze
 and deletes them. The hub copies the state back into its rows for describe, the CLI and the
 admin panel.
 
-Both sides follow the ConfigMaps by a watch (``k8s_mirror.Mirror``): a change wakes them at
+Both sides follow the ConfigMaps by a watch (``cluster.mirror.Mirror``): a change wakes them at
 once, and every ``every_s`` they compare their own side (the hub's rows, the activator's
 services) with the copy, without asking the API server.
 """

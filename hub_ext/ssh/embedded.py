@@ -38,7 +38,7 @@ def sftp_server() -> str | None:
     return next((p for p in SFTP_SERVERS if os.access(p, os.X_OK)), None)
 
 
-class HostBackend:
+class EmbeddedBackend:
     def __init__(self, run_dir: Path, Session):
         self.run_dir, self.Session = Path(run_dir), Session
 
@@ -185,4 +185,4 @@ def _loopback_or_any(hexaddr: str) -> bool:
     return hexaddr in ("0" * 32, "0" * 24 + "01000000", "0000000000000000FFFF00000100007F")
 
 
-__all__ = ["HostBackend", "listening_inodes", "sftp_server", "socket_inodes", "workload_pids"]
+__all__ = ["EmbeddedBackend", "listening_inodes", "sftp_server", "socket_inodes", "workload_pids"]

@@ -37,15 +37,15 @@ class Refused(GpupoolError):
         self.status = status
 
 
-class KubeBackend:
+class KubernetesBackend:
     def __init__(self, namespace: str, configuration: client.Configuration | None = None,
                  headers: dict[str, str] | None = None):
         self.namespace, self.configuration, self.headers = namespace, configuration, dict(headers or {})
 
     @classmethod
-    async def from_environment(cls, namespace: str, kubeconfig: str = "") -> KubeBackend:
+    async def from_environment(cls, namespace: str, kubeconfig: str = "") -> KubernetesBackend:
         """The hub's own way to the API server: ``kubeconfig`` (Gpupool.kubeconfig or
-        $KUBECONFIG, k8s_org.kubeconfig_path) when set, else the pod's service account."""
+        $KUBECONFIG, cluster.org.kubeconfig_path) when set, else the pod's service account."""
         cfg = client.Configuration()
         if kubeconfig:
             await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg,
@@ -203,4 +203,4 @@ async def _bridge(process: asyncssh.SSHServerProcess, ws) -> int:
     return code
 
 
-__all__ = ["KubeBackend", "Refused"]
+__all__ = ["KubernetesBackend", "Refused"]

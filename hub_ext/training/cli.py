@@ -20,7 +20,7 @@ import sys
 import time
 
 from hub_ext.remote.commands import remote_action
-from hub_ext.remote.common import ApiCall, Resource, add_gpu_options, env_option, gpu_body, name_arg
+from hub_ext.remote.common import ApiCall, Resource, add_gpu_options, name_arg, submit_body
 
 
 def _age(ts: float) -> str:
@@ -32,16 +32,11 @@ def _submit(args, api: ApiCall) -> int:
     command = list(args.command)
     if not command:
         sys.exit("gpupool: training submit needs a command after -- (for example: -- python train.py)")
-    body: dict = {"name": args.name, "command": command, **gpu_body(args)}
-    for key, value in (("project", args.project), ("workers", args.workers), ("preemptible", args.preemptible),
-                       ("node_pool", args.node_pool), ("checkpoint_dir", args.checkpoint_dir),
-                       ("image", args.image), ("grace_period_s", args.grace_period),
-                       ("restart_policy", args.restart_policy), ("backoff_limit", args.backoff_limit)):
-        if value is not None:
-            body[key] = value
-    if args.env:
-        body["env"] = env_option(args.env)
-    t = api(args, "POST", "/trainings", body)
+    options = (("project", args.project), ("workers", args.workers), ("preemptible", args.preemptible),
+               ("node_pool", args.node_pool), ("checkpoint_dir", args.checkpoint_dir),
+               ("image", args.image), ("grace_period_s", args.grace_period),
+               ("restart_policy", args.restart_policy), ("backoff_limit", args.backoff_limit))
+    t = api(args, "POST", "/trainings", submit_body(args, command, options))
     print(f"{t['name']}: {t['status']} in project {t['project']} ({t['gpu']})")
     return 0
 
@@ -69,8 +64,6 @@ def _show(t: dict) -> None:
 RESOURCE = Resource(
     path="/trainings",
     row="{name:<24} {project:<12} {status:<10} {gpu:<22} {age:>5}  {reason}",
-    headers={"name": "NAME", "project": "PROJECT", "status": "STATUS", "gpu": "GPU", "age": "AGE",
-             "reason": "REASON"},
     cells=lambda t: {**{k: t[k] for k in ("name", "project", "status", "gpu", "reason")},
                      "age": _age(t["created"])},
     deleted=lambda name, _: f"{name}: deleting",

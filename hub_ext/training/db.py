@@ -18,7 +18,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from ..attachments import attach
 from ..db.events import add_event
-from ..db.tables import Base, WorkloadRow, bump_version
+from ..db.tables import Base, Submitted, WorkloadRow, bump_version
 from .spec import TrainingSpec
 
 # Job states a user sees (the names) and the WorkloadRow.state each maps to.
@@ -30,12 +30,8 @@ SUBMITTED = "submitted"  # WorkloadRow.state before the runner takes the job
 LOGS = "logs.json"
 
 
-class TrainingRow(Base):
+class TrainingRow(Submitted, Base):  # spec: TrainingSpec.to_dict()
     __tablename__ = "trainings"
-    name: Mapped[str] = mapped_column(String(63), primary_key=True)
-    owner: Mapped[str] = mapped_column(String(255), index=True)
-    project: Mapped[str] = mapped_column(String(63), index=True)
-    spec: Mapped[dict] = mapped_column(JSON, default=dict)  # TrainingSpec.to_dict()
     status: Mapped[str] = mapped_column(String(16), default="Pending", index=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     request: Mapped[str] = mapped_column(String(16), default="")  # "" | suspend | resume | delete

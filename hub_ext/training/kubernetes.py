@@ -3,8 +3,8 @@
 It takes the jobs the REST API, the CLI and the widget submit (rows in state ``submitted``,
 as the embedded ``JobRunner`` does) and makes, per job, a checkpoint claim that outlives
 the pods (``NAME-checkpoints``), a headless Service and one pod per worker
-(``training.k8s.training_objects``) that gpupool-scheduler binds as one gang. It follows
-the pods with a watch (``k8s_mirror.Mirror``: listed once, then each change wakes it) and
+(``training.pods.training_objects``) that gpupool-scheduler binds as one gang. It follows
+the pods with a watch (``cluster.mirror.Mirror``: listed once, then each change wakes it) and
 moves the job:
 
 - Pending, with gpupool-scheduler's reason (the pods' ``PodScheduled=False`` message);
@@ -34,12 +34,12 @@ from ..db.events import add_event
 from ..db.tables import WorkloadRow
 from ..images import WORKLOAD_IMAGE
 from .db import FINAL, SUBMITTED, TrainingRow, set_status, take_requests
-from .pods import K8sOptions, training_objects
+from .pods import KubernetesOptions, training_objects
 from .spec import TrainingSpec
 
 log = logging.getLogger("gpupool.training")
 
-__all__ = ["GangState", "K8sTrainings", "checkpoint_claim", "gang_state", "worker_logs"]
+__all__ = ["GangState", "KubernetesTrainings", "checkpoint_claim", "gang_state", "worker_logs"]
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def claim_manifest(spec: TrainingSpec, namespace: str, size: str, storage_class:
     return claim
 
 
-class K8sTrainings:
+class KubernetesTrainings:
     """The training backend on Kubernetes; one per hub process (``KubernetesMode.trainings``)."""
 
     def __init__(self, kc: KubeClient, Session, namespace: str, poll_s: float = 0.5,
@@ -203,8 +203,8 @@ class K8sTrainings:
             if t is None:
                 return
             spec, preemptions, owner = TrainingSpec.from_dict(t.spec), t.preemptions, t.owner
-        opts = K8sOptions(namespace=self.namespace, checkpoint_claim=checkpoint_claim(name), owner=owner,
-                          default_image=self.default_image,
+        opts = KubernetesOptions(namespace=self.namespace, checkpoint_claim=checkpoint_claim(name), owner=owner,
+                                 default_image=self.default_image,
                           priority=spec.priority + preemptions if preemptions else None, resumed=resumed)
         self._busy.add(name)
         try:

@@ -34,7 +34,7 @@ LABEL_RANK = L.RANK
 
 
 @dataclass(frozen=True)
-class K8sOptions:
+class KubernetesOptions:
     namespace: str = "default"
     scheduler_name: str = SCHEDULER_NAME
     master_port: int = 29500
@@ -55,7 +55,7 @@ def _checkpoint_dir(spec: TrainingSpec) -> str:
     return spec.checkpoint_dir or "/checkpoints"
 
 
-def headless_service(spec: TrainingSpec, opts: K8sOptions = K8sOptions()) -> dict:
+def headless_service(spec: TrainingSpec, opts: KubernetesOptions = KubernetesOptions()) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -70,7 +70,7 @@ def headless_service(spec: TrainingSpec, opts: K8sOptions = K8sOptions()) -> dic
     }
 
 
-def worker_pod(spec: TrainingSpec, rank: int, opts: K8sOptions = K8sOptions()) -> dict:
+def worker_pod(spec: TrainingSpec, rank: int, opts: KubernetesOptions = KubernetesOptions()) -> dict:
     name = f"{spec.name}-{rank}"
     master = f"{spec.name}-0.{spec.name}.{opts.namespace}.svc"
     env = {**spec.env, **distributed_env(rank, spec.workers, rank, 0, 1, master, opts.master_port,
@@ -131,7 +131,7 @@ def worker_pod(spec: TrainingSpec, rank: int, opts: K8sOptions = K8sOptions()) -
     }
 
 
-def training_objects(spec: TrainingSpec, opts: K8sOptions = K8sOptions(),
+def training_objects(spec: TrainingSpec, opts: KubernetesOptions = KubernetesOptions(),
                      credential_values: dict[str, dict[str, str]] | None = None) -> list[dict]:
     """The credentials' Secret (when ``credential_values``: attach.values), the headless
     Service (so DNS exists when the workers start), then the pods."""

@@ -74,7 +74,7 @@ class ClusterInfo:
     token: str
     ca_file: Path
     state_dir: Path
-    k8s_bin: Path
+    kubernetes_bin: Path
     real_node: str | None = None  # the real node's name (up --real-node), else None
     holder_pid: int | None = None  # the process that holds the real node's namespaces
     node_cgroup: str | None = None  # the real node's cgroupRoot, e.g. /gpupool-0123456789
@@ -144,7 +144,7 @@ class TestCluster:
             token=env["K8S_TOKEN"],
             ca_file=Path(env["K8S_CA"]),
             state_dir=d,
-            k8s_bin=Path(env["K8S_BIN"]),
+            kubernetes_bin=Path(env["K8S_BIN"]),
             real_node=env.get("REAL_NODE"),
             holder_pid=int(env["REAL_NODE_HOLDER_PID"]) if "REAL_NODE_HOLDER_PID" in env else None,
             node_cgroup=env.get("REAL_NODE_CGROUP"),

@@ -447,7 +447,7 @@ def test_k8s_pods_reference_the_secret(k8s_cluster):  # noqa: F811
     from hub_ext.attachments.attach import Attachments, CredentialRef, DataSourceRef, secret_name
     from hub_ext.serving.kubernetes import credentials_secret, replica_pod
     from hub_ext.serving.spec import parse_spec
-    from hub_ext.training.pods import K8sOptions, training_objects
+    from hub_ext.training.pods import KubernetesOptions, training_objects
     from hub_ext.training.spec import TrainingSpec
     from scheduler.kubernetes.client import ApiError
     from tests.k8s.helpers import create_namespace, delete_pods, kube
@@ -473,7 +473,7 @@ def test_k8s_pods_reference_the_secret(k8s_cluster):  # noqa: F811
                         await kc.delete(f"/api/v1/namespaces/{ns}/{kind}/{name}")
                     except ApiError:
                         pass
-            objs = training_objects(spec, K8sOptions(namespace=ns, attachments=att), values)
+            objs = training_objects(spec, KubernetesOptions(namespace=ns, attachments=att), values)
             assert [o["kind"] for o in objs] == ["Secret", "Service", "Pod", "Pod"]
             objs += [credentials_secret(svc, ns, values), replica_pod(svc, "kserve-1", ns, att)]
             for o in objs:

@@ -143,9 +143,10 @@ def _remove_server(h: Hub, server: str) -> None:
                           {"remove": True}, api=False)[0] in (202, 204, 404), f"server {server} removed")
 
 
-# The widget submits trainings: its GPU field is a fraction below 1, whole GPUs from 1.
-WIDGET = {"gpu_fraction": (0.25, 0.5, 0.75, "gpu: project nlp's policy allows at most 0.5, got 0.75"),
-          "gpus": (1, 2, 3, "gpu: project nlp's policy allows at most 2, got 3")}
+# The widget submits trainings: its GPU field is a fraction below 1, whole GPUs from 1, sent
+# as gpu_fraction or gpus.
+WIDGET = {"gpu_fraction": (0.25, 0.5, 0.75, "gpu_fraction: project nlp's policy allows at most 0.5, got 0.75"),
+          "gpus": (1, 2, 3, "gpus: project nlp's policy allows at most 2, got 3")}
 
 
 @pytest.mark.parametrize("level", LEVELS)

@@ -108,9 +108,10 @@ def test_range_errors_name_the_same_field_for_every_kind(kind, body, words):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_default_then_policy_default_then_template_then_request_then_range_then_policy(kind):
+def test_default_then_policy_default_then_template_then_request_then_policy_then_range(kind):
     """A value left out: the kind's default, replaced by the policy's default, by the
-    template's; the request's own replaces them all. Then the range, then the policy's max."""
+    template's; the request's own replaces them all. Then the policy's max, then the range:
+    a value beyond both is told the policy's max, the narrower bound."""
     frac = {"gpu_mode": "fraction"}
     small = {"small": {"gpu_mode": "fraction", "gpu_fraction": 0.75}}
     assert ask(kind, frac) == 0.25
@@ -120,8 +121,16 @@ def test_default_then_policy_default_then_template_then_request_then_range_then_
                limits({"gpu_fraction_default": 0.5}, small)) == 0.1
     with pytest.raises(FieldError, match=f"^gpu_fraction: {POLICY} allows at most 0.5, got 0.75"):
         ask(kind, {"template": "small"}, limits({"gpu_fraction_max": 0.5}, small))
-    with pytest.raises(FieldError, match="^gpu_fraction: must be from 0.05 to 1, got 1.5"):
+    with pytest.raises(FieldError, match=f"^gpu_fraction: {POLICY} allows at most 0.5, got 1.5"):
         ask(kind, {"gpu_fraction": 1.5}, limits({"gpu_fraction_max": 0.5}))
+    with pytest.raises(FieldError, match=f"^gpu_fraction: {POLICY} allows at most 0.5, got 0.77"):
+        ask(kind, {"gpu_fraction": 0.77}, limits({"gpu_fraction_max": 0.5}))
+    with pytest.raises(FieldError, match="^gpu_fraction: must be from 0.05 to 1, got 1.5"):
+        ask(kind, {"gpu_fraction": 1.5}, limits())
+    with pytest.raises(FieldError, match="^gpu_fraction: must be from 0.05 to 1, got 0.01"):
+        ask(kind, {"gpu_fraction": 0.01}, limits({"gpu_fraction_max": 0.5}))
+    with pytest.raises(FieldError, match="^gpu_fraction: must be a number from 0.05 to 1, got 'x'"):
+        ask(kind, {"gpu_fraction": "x"}, limits({"gpu_fraction_max": 0.5}))
     with pytest.raises(FieldError, match="^template: must be one of small, got 'big'"):
         ask(kind, {"template": "big"}, limits(templates=small))
 

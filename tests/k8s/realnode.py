@@ -42,7 +42,7 @@ def pinned_pod(name: str, node: str, script: str, memory: str = "64Mi") -> dict:
 
 
 def kubectl(info: ClusterInfo, *args: str, timeout: float = 60) -> str:
-    proc = subprocess.run([str(info.k8s_bin / "kubectl"), *args], env=info.env(),
+    proc = subprocess.run([str(info.kubernetes_bin / "kubectl"), *args], env=info.env(),
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr}")

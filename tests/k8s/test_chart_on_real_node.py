@@ -115,7 +115,7 @@ def _describe(info: ClusterInfo) -> str:
     for p in run(_pods(info)):
         name = p["metadata"]["name"]
         out.append(f"{name}: {json.dumps((p.get('status') or {}).get('containerStatuses'))}")
-        logs = subprocess.run([str(info.k8s_bin / "kubectl"), "-n", NS, "logs", name,
+        logs = subprocess.run([str(info.kubernetes_bin / "kubectl"), "-n", NS, "logs", name,
                                "--tail=30"], env=info.env(), capture_output=True, text=True,
                               timeout=60)
         out.append(logs.stdout[-3000:] + logs.stderr[-500:])
@@ -163,7 +163,7 @@ def test_the_hub_answers_through_the_chart_s_proxy(release: ClusterInfo):
             "app.kubernetes.io/component") == "hub" and _ready(p)), None)
 
     run(wait_until(hub_ready, "the hub pod Ready", timeout=300))
-    pf = subprocess.Popen([str(info.k8s_bin / "kubectl"), "-n", NS, "port-forward",
+    pf = subprocess.Popen([str(info.kubernetes_bin / "kubectl"), "-n", NS, "port-forward",
                            f"svc/{RELEASE}-hub", ":80"], env=info.env(),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hub_ext.requests.rules import WorkloadRequest
 from hub_ext.serving.kubernetes import replica_pod
 from hub_ext.serving.spec import parse_spec
-from hub_ext.training.pods import K8sOptions, worker_pod
+from hub_ext.training.pods import KubernetesOptions, worker_pod
 from hub_ext.training.spec import TrainingSpec
 from scheduler.contract import (
     DEFAULT_PRELOAD,
@@ -111,7 +111,7 @@ def test_fractional_workspace_training_and_inference_pods_all_mount_the_library(
     # KubeSpawner writes env as a list and envFrom without optional=False defaults
     _check_fractional(ws, 0.25)
     tr = worker_pod(TrainingSpec(name="t", project="p", command=["python", "t.py"], gpu=0.25, workers=2),
-                    1, K8sOptions(namespace="ns"))
+                    1, KubernetesOptions(namespace="ns"))
     _check_fractional(tr, 0.25)
     inf = replica_pod(parse_spec({"name": "llm", "project": "p", "command": ["serve"], "gpu": 0.25}),
                       "llm-abc", "ns")
@@ -121,7 +121,7 @@ def test_fractional_workspace_training_and_inference_pods_all_mount_the_library(
 
 
 def test_whole_gpu_pods_mount_nothing():
-    tr = worker_pod(TrainingSpec(name="t", project="p", command=["x"], gpu=2), 0, K8sOptions(namespace="ns"))
+    tr = worker_pod(TrainingSpec(name="t", project="p", command=["x"], gpu=2), 0, KubernetesOptions(namespace="ns"))
     c = tr["spec"]["containers"][0]
     assert c["resources"]["limits"] == {GPU_RESOURCE: "2"}
     assert "envFrom" not in c and "volumes" not in tr["spec"]
@@ -148,11 +148,11 @@ def test_trainings_and_services_without_an_image_run_the_workload_image():
     def image(pod: dict) -> str:
         return pod["spec"]["containers"][0]["image"]
 
-    assert image(worker_pod(spec, 0, K8sOptions(namespace="ns"))) == WORKLOAD_IMAGE
+    assert image(worker_pod(spec, 0, KubernetesOptions(namespace="ns"))) == WORKLOAD_IMAGE
     assert image(replica_pod(svc, "llm-1", "ns")) == WORKLOAD_IMAGE
-    assert image(worker_pod(spec, 0, K8sOptions(namespace="ns", default_image="own:1"))) == "own:1"
+    assert image(worker_pod(spec, 0, KubernetesOptions(namespace="ns", default_image="own:1"))) == "own:1"
     assert image(replica_pod(svc, "llm-1", "ns", default_image="own:1")) == "own:1"
     spec = TrainingSpec(name="t", project="p", command=["x"], gpu=1, image="mine:2")
     svc = parse_spec({"name": "llm", "project": "p", "command": ["serve"], "gpu": 1, "image": "mine:2"})
-    assert image(worker_pod(spec, 0, K8sOptions(namespace="ns", default_image="own:1"))) == "mine:2"
+    assert image(worker_pod(spec, 0, KubernetesOptions(namespace="ns", default_image="own:1"))) == "mine:2"
     assert image(replica_pod(svc, "llm-1", "ns", default_image="own:1")) == "mine:2"

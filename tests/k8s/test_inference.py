@@ -1,4 +1,4 @@
-"""Inference replicas on the local cluster: the controller's K8sBackend creates replica
+"""Inference replicas on the local cluster: the controller's KubernetesBackend creates replica
 pods that gpupool-scheduler places (kind inference, in quota), scales them up and down,
 and shows the core's reason for a replica that cannot be placed. Services the hub publishes
 reach an activator and their state comes back, each side following the ConfigMaps by a
@@ -13,7 +13,7 @@ import pytest
 
 from hub_ext.schema import make_sessionmaker
 from hub_ext.serving.db import InferenceRow
-from hub_ext.serving.kubernetes import LABEL, K8sBackend, replica_pod
+from hub_ext.serving.kubernetes import LABEL, KubernetesBackend, replica_pod
 from hub_ext.serving.published import Follower, Publisher
 from hub_ext.serving.spec import parse_spec
 from inference.controller import Controller
@@ -64,7 +64,7 @@ def test_replicas_are_placed_scaled_and_explained(k8s_cluster: ClusterInfo, sche
         async with kube(k8s_cluster) as kc:
             await create_namespace(kc, NS)
             await create_org(kc, "inf-dept", 1.0, {"inf-proj": {"gpus": 1.0}})
-            controller = Controller(K8sBackend(kc, NS, poll_s=0.3), tick_s=0.3)
+            controller = Controller(KubernetesBackend(kc, NS, poll_s=0.3), tick_s=0.3)
             controller.start()
             try:
                 base = {"name": "llm", "project": "inf-proj", "command": [sys.executable],
@@ -112,7 +112,7 @@ def test_published_services_reach_the_activator_by_a_watch(k8s_cluster: ClusterI
     async def go():
         async with kube(k8s_cluster) as hub_kc, kube(k8s_cluster) as act_kc:
             hub_lists, act_lists = count_reads(hub_kc, path.__eq__), count_reads(act_kc, path.__eq__)
-            controller = Controller(K8sBackend(act_kc, ns), tick_s=0.3)
+            controller = Controller(KubernetesBackend(act_kc, ns), tick_s=0.3)
             publisher = Publisher(hub_kc, ns, Session)
             follower = Follower(act_kc, ns, controller, set())
             # every 3600 s: only a change of a ConfigMap wakes a side before then; the row
@@ -182,7 +182,7 @@ def test_the_policy_idle_limit_is_published_with_the_service_and_its_stop_comes_
     async def go():
         async with kube(k8s_cluster) as kc:
             await create_namespace(kc, NS)
-            publisher, controller = Publisher(kc, NS, Session), Controller(K8sBackend(kc, NS), tick_s=3600)
+            publisher, controller = Publisher(kc, NS, Session), Controller(KubernetesBackend(kc, NS), tick_s=3600)
             follower = Follower(kc, NS, controller, set())
 
             async def seen(side, test, what: str) -> None:  # each side syncs from its watch's copy

@@ -75,7 +75,7 @@ def test_a_pod_runs_on_the_real_node_with_logs_exec_and_port_forward(real_cluste
 
     # port-forward: the pod's address exists only inside the node's namespace, so the
     # page comes through the API server and the kubelet.
-    pf = subprocess.Popen([str(info.k8s_bin / "kubectl"), "-n", "real-node-basics",
+    pf = subprocess.Popen([str(info.kubernetes_bin / "kubectl"), "-n", "real-node-basics",
                            "port-forward", "pod/web", ":8080"], env=info.env(),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
-from hub_ext.ssh.kubernetes import KubeBackend, Refused
+from hub_ext.ssh.kubernetes import KubernetesBackend, Refused
 from scheduler.kubernetes.testcluster import ClusterInfo, script_path
 from tests.k8s.helpers import kube, wait_until
 
@@ -42,11 +42,11 @@ async def bind(kc, ns: str, role: dict, sa: str) -> None:
         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]})
 
 
-def backend(info: ClusterInfo, ns: str, sa: str) -> KubeBackend:
+def backend(info: ClusterInfo, ns: str, sa: str) -> KubernetesBackend:
     cfg = client.Configuration(host=info.host, api_key={"BearerToken": info.token},
                                api_key_prefix={"BearerToken": "Bearer"})
     cfg.ssl_ca_cert = str(info.ca_file)
-    return KubeBackend(ns, cfg, {"Impersonate-User": f"system:serviceaccount:{ns}:{sa}"})
+    return KubernetesBackend(ns, cfg, {"Impersonate-User": f"system:serviceaccount:{ns}:{sa}"})
 
 
 async def workspace_pod(kc, ns: str) -> str:
@@ -64,7 +64,7 @@ async def workspace_pod(kc, ns: str) -> str:
     return "jupyter-alice"
 
 
-async def attempt(b: KubeBackend, pod: str, what: str) -> int:
+async def attempt(b: KubernetesBackend, pod: str, what: str) -> int:
     """The status the API server answers an exec or port-forward request with."""
     try:
         if what == "exec":

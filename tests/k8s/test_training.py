@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from hub_ext.training.pods import LABEL_JOB, LABEL_RANK, K8sOptions, training_objects
+from hub_ext.training.pods import LABEL_JOB, LABEL_RANK, KubernetesOptions, training_objects
 from hub_ext.training.spec import TrainingSpec
 from scheduler.kubernetes.testcluster import ClusterInfo
 
@@ -49,7 +49,7 @@ async def _place(k8s_cluster: ClusterInfo, ns: str, spec: TrainingSpec, project_
     async with kube(k8s_cluster) as kc:
         await create_org(kc, dept, NODES * GPUS_PER_NODE, {project: {"gpus": project_quota}})
         try:
-            await _apply(kc, ns, training_objects(spec, K8sOptions(namespace=ns)))
+            await _apply(kc, ns, training_objects(spec, KubernetesOptions(namespace=ns)))
 
             async def all_bound():
                 pods = await _gang_pods(kc, ns, spec.name)
@@ -139,7 +139,7 @@ def test_training_gang_that_cannot_fit_stays_unbound(k8s_cluster: ClusterInfo, n
             await create_org(kc, "d-train-huge", NODES * GPUS_PER_NODE * 2,
                              {spec.project: {"gpus": GPUS_PER_NODE * workers}})
             try:
-                await _apply(kc, ns, training_objects(spec, K8sOptions(namespace=ns)))
+                await _apply(kc, ns, training_objects(spec, KubernetesOptions(namespace=ns)))
 
                 async def all_reported():
                     pods = await _gang_pods(kc, ns, spec.name)

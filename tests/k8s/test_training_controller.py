@@ -12,7 +12,7 @@ import asyncio
 from hub_ext.db.tables import EventRow, WorkloadRow
 from hub_ext.schema import make_sessionmaker
 from hub_ext.training.db import TrainingRow, add_training
-from hub_ext.training.kubernetes import K8sTrainings, checkpoint_claim, gang_state
+from hub_ext.training.kubernetes import KubernetesTrainings, checkpoint_claim, gang_state
 from hub_ext.training.spec import TrainingSpec
 from scheduler.contract import A, L
 from scheduler.kubernetes.testcluster import ClusterInfo
@@ -62,7 +62,7 @@ def test_training_gang_preempted_requeued_and_bound_again_with_its_claim(k8s_clu
         async with kube(k8s_cluster) as kc, kube(k8s_cluster) as ctl_kc:
             await create_org(kc, "d-ctl", 32, projects)
             lists = count_reads(ctl_kc, f"/api/v1/namespaces/{ns}/pods".__eq__)
-            ctl = K8sTrainings(ctl_kc, Session, ns, poll_s=0.2)
+            ctl = KubernetesTrainings(ctl_kc, Session, ns, poll_s=0.2)
             try:
                 # the other project holds 16 GPUs, so the gang (16 more, over quota) fills the cluster
                 for i in range(2):

@@ -14,7 +14,7 @@ import pytest
 
 from gpupool.checkpoint import Checkpointer, CheckpointError, latest_step
 from hub_ext.training.gang import gang_env, ranks
-from hub_ext.training.pods import K8sOptions, training_objects
+from hub_ext.training.pods import KubernetesOptions, training_objects
 from hub_ext.training.spec import TrainingSpec
 from scheduler.kubernetes.objects import parse_pod
 from scheduler.model import PodPlacement
@@ -158,7 +158,7 @@ def test_gang_env_ranks_across_nodes():
 def test_kubernetes_objects_for_a_fractional_gang():
     spec = TrainingSpec(name="bert", project="nlp", command=["python", "train.py"], gpu=0.5, workers=2,
                         grace_period_s=90, image="pytorch/pytorch:2.4", env={"SEED": "1"})
-    svc, pod0, pod1 = training_objects(spec, K8sOptions(namespace="team", checkpoint_claim="ckpt"))
+    svc, pod0, pod1 = training_objects(spec, KubernetesOptions(namespace="team", checkpoint_claim="ckpt"))
     assert svc == {
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "bert", "namespace": "team",
@@ -197,7 +197,7 @@ def test_kubernetes_objects_for_a_fractional_gang():
 
 def test_kubernetes_whole_gpus_and_raised_priority():
     spec = TrainingSpec(name="big", project="cv", command=["torchrun", "x.py"], gpu=4, preemptible=False)
-    pod = training_objects(spec, K8sOptions(priority=51))[1]
+    pod = training_objects(spec, KubernetesOptions(priority=51))[1]
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}
     assert "envFrom" not in pod["spec"]["containers"][0]
     req = parse_pod(pod)
@@ -207,7 +207,7 @@ def test_kubernetes_whole_gpus_and_raised_priority():
 def test_kubernetes_pods_of_a_requeued_job_are_marked_resumed():
     spec = TrainingSpec(name="big", project="cv", command=["torchrun", "x.py"], gpu=1, workers=2)
     fresh = training_objects(spec)[1:]
-    again = training_objects(spec, K8sOptions(priority=51, resumed=True))[1:]
+    again = training_objects(spec, KubernetesOptions(priority=51, resumed=True))[1:]
     assert [parse_pod(p).resumed for p in fresh] == [False, False]
     assert "gpupool.io/resumed" not in fresh[0]["metadata"]["annotations"]
     assert [p["metadata"]["annotations"]["gpupool.io/resumed"] for p in again] == ["true", "true"]

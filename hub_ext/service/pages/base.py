@@ -10,6 +10,7 @@ from tornado import web
 
 from ... import humanize
 from ...api.base import BaseHandler
+from ...org import projects as org
 from ...org import roles
 
 _env = Environment(
@@ -26,6 +27,12 @@ NEEDS = {"audit": f"a department admin or a platform admin ({roles.ADMIN_SCOPE})
 
 
 class PageHandler(BaseHandler):
+    def visible_org(self, s) -> tuple[list[dict], list[dict]]:
+        """The departments and the projects the caller may see (org.projects' dicts)."""
+        seen = roles.visible_departments(self.who)
+        projects = org.list_projects(s, roles.visible_projects(self.who))
+        return [d for d in org.list_departments(s) if seen is None or d["name"] in seen], projects
+
     def _may_open(self, path: str) -> bool:
         if path == "usage":
             return self.is_admin

@@ -9,7 +9,6 @@ from tornado import web
 from scheduler.model import DEFAULT_POOL
 
 from ...db.tables import NodeRow
-from ...org import projects as org
 from ...org import roles
 from .base import PageHandler
 
@@ -18,10 +17,8 @@ class OrgPage(PageHandler):
     @web.authenticated
     def get(self):
         who = self.who
-        seen = roles.visible_departments(who)
         with self.Session() as s:
-            projects = org.list_projects(s, roles.visible_projects(who))
-            depts = [d for d in org.list_departments(s) if seen is None or d["name"] in seen]
+            depts, projects = self.visible_org(s)
             node_pools = set(s.scalars(select(NodeRow.pool).distinct()))
         editable = {p["name"] for p in projects if roles.allowed(who, "manage_project", project=p["name"])}
         creatable = [d["name"] for d in depts if roles.allowed(who, "manage_project", department=d["name"])]

@@ -8,7 +8,6 @@ import json
 from tornado import web
 
 from ...org import policy, roles
-from ...org import projects as org
 from .base import PageHandler
 
 
@@ -16,10 +15,9 @@ class PoliciesPage(PageHandler):
     @web.authenticated
     def get(self):
         who = self.who
-        seen_depts = roles.visible_departments(who)
         with self.Session() as s:
-            projects = org.list_projects(s, roles.visible_projects(who))
-            depts = [d["name"] for d in org.list_departments(s) if seen_depts is None or d["name"] in seen_depts]
+            departments, projects = self.visible_org(s)
+            depts = [d["name"] for d in departments]
             rows = [("department", d, policy.stored(s, "department", d),
                      roles.allowed(who, "manage_department", department=d)) for d in depts]
             rows += [("project", p["name"], policy.stored(s, "project", p["name"]),
