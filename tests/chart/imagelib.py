@@ -86,10 +86,12 @@ def run_in(root: Path, config: dict, argv: list[str], user: str | None = None,
     """argv in the image's root filesystem: its Env, WorkingDir and User (or user)."""
     cfg = config.get("config") or {}
     env = dict(e.split("=", 1) for e in cfg.get("Env") or [])
-    env.setdefault("HOME", "/root")
     u = user if user is not None else (cfg.get("User") or "0")
     uid = u.split(":")[0]
     spec = f"{uid}:{u.split(':')[1] if ':' in u else uid}"
+    homes = {f[2]: f[5] for f in (line.split(":") for line in
+                                  (root / "etc/passwd").read_text().splitlines()) if len(f) > 5}
+    env.setdefault("HOME", homes.get(uid, "/"))  # as a container runtime sets it
     cwd = cfg.get("WorkingDir") or "/"
     return subprocess.run(["chroot", f"--userspec={spec}", str(root), "/bin/sh", "-c",
                            'cd "$0" && exec "$@"', cwd, *argv],
