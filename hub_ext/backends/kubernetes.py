@@ -40,7 +40,7 @@ class KubernetesMode:
         self.kube = kube_client(cfg)
         self.trainings = KubernetesTrainings(
             self.kube, Session, cfg.namespace, checkpoint_size=cfg.checkpoint_storage,
-            storage_class=cfg.checkpoint_storage_class)
+            storage_class=cfg.checkpoint_storage_class, default_image=cfg.workload_image)
         self.cluster: asyncio.Future | None = None
         log.info("gpupool: kubernetes backend: workloads are pods in namespace %s", cfg.namespace)
 

@@ -32,6 +32,7 @@ from scheduler.kubernetes.client import ApiError, KubeClient
 from ..cluster.mirror import Mirror
 from ..db.events import add_event
 from ..db.tables import WorkloadRow
+from ..images import WORKLOAD_IMAGE
 from .db import FINAL, SUBMITTED, TrainingRow, set_status, take_requests
 from .pods import KubernetesOptions, training_objects
 from .spec import TrainingSpec
@@ -123,11 +124,13 @@ class KubernetesTrainings:
     """The training backend on Kubernetes; one per hub process (``KubernetesMode.trainings``)."""
 
     def __init__(self, kc: KubeClient, Session, namespace: str, poll_s: float = 0.5,
-                 checkpoint_size: str = "10Gi", storage_class: str = ""):
+                 checkpoint_size: str = "10Gi", storage_class: str = "",
+                 default_image: str = WORKLOAD_IMAGE):
         # poll_s: how often the hub's own rows are read (new jobs, control requests); the
         # pods come from the watch, and any change of one wakes the controller at once
         self.kc, self.Session, self.namespace, self.poll_s = kc, Session, namespace, poll_s
         self.checkpoint_size, self.storage_class = checkpoint_size, storage_class
+        self.default_image = default_image
         self.api = f"/api/v1/namespaces/{namespace}"
         self.pods = Mirror(kc, Session, {"pods": f"{self.api}/pods"}, selectors={"pods": L.TRAINING})
         self._task: asyncio.Task | None = None
@@ -201,6 +204,7 @@ class KubernetesTrainings:
                 return
             spec, preemptions, owner = TrainingSpec.from_dict(t.spec), t.preemptions, t.owner
         opts = KubernetesOptions(namespace=self.namespace, checkpoint_claim=checkpoint_claim(name), owner=owner,
+                                 default_image=self.default_image,
                           priority=spec.priority + preemptions if preemptions else None, resumed=resumed)
         self._busy.add(name)
         try:
