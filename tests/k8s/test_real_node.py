@@ -307,6 +307,7 @@ def test_a_quarter_gpu_workspace_runs_with_the_interception_library_holding_its_
     for key, value in cm["data"].items():  # the fraction's environment, from the ConfigMap
         if key.startswith("GPUPOOL_") or key == "LD_PRELOAD":
             assert probe["env"].get(key) == value, key
+    assert probe["env"]["GPUPOOL_GPU_MILLI"] == "250"
     assert cm["data"]["LD_PRELOAD"] in probe["maps"]  # loaded into the process
     limit = probe["total"]
     assert 0 < limit <= DECLARED_GPU["memory_mib"] * 2**20 // 4
