@@ -38,8 +38,6 @@ def real_cluster(tmp_path_factory) -> ClusterInfo:
     """A cluster of its own with one real node (containerd + kubelet; scripts/test-cluster
     up --real-node), the busybox test image loaded, kube-controller-manager for service
     accounts and volume binding, and gpupool's CRDs; no kwok nodes."""
-    import os
-
     from scheduler.kubernetes.testcluster import TestCluster
     from tests.conftest import _build_first
 
@@ -47,19 +45,7 @@ def real_cluster(tmp_path_factory) -> ClusterInfo:
 
     _build_first()
     image = build_test_image(tmp_path_factory.mktemp("images") / "busybox.tar")
-    cluster = TestCluster(nodes=0, real_node=True, controller_manager=True,
-                          image_archives=(image,))
-    saved = os.environ.get("KCM_CONTROLLERS")
-    os.environ["KCM_CONTROLLERS"] = REAL_NODE_CONTROLLERS  # read by scripts/test-cluster up
-    try:
-        info = cluster.start()
-    finally:
-        if saved is None:
-            os.environ.pop("KCM_CONTROLLERS", None)
-        else:
-            os.environ["KCM_CONTROLLERS"] = saved
-    try:
+    with TestCluster(nodes=0, real_node=True, controller_manager=True,
+                     controllers=REAL_NODE_CONTROLLERS, image_archives=(image,)) as info:
         asyncio.run(apply_crds(info))
         yield info
-    finally:
-        cluster.stop()

@@ -11,7 +11,6 @@ import asyncio
 import ipaddress
 import json
 import os
-import re
 import secrets
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from .realnode import (
     ns_inode,
     pids_in,
     pinned_pod,
+    port_forward,
 )
 
 pytestmark = pytest.mark.timeout(900)
@@ -109,19 +109,9 @@ def test_a_pod_runs_on_the_real_node_with_logs_exec_and_port_forward(real_cluste
 
     # port-forward: the pod's address exists only inside the node's namespace, so the
     # page comes through the API server and the kubelet.
-    pf = subprocess.Popen([str(info.kubernetes_bin / "kubectl"), "-n", "real-node-basics",
-                           "port-forward", "pod/web", ":8080"], env=info.env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert pf.stdout is not None
-        line = pf.stdout.readline()
-        port = re.search(r"127\.0\.0\.1:(\d+) -> 8080", line)
-        assert port, f"no forwarding line: {line!r} {pf.stderr.read() if pf.poll() else ''}"
-        with urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/", timeout=30) as r:
-            assert r.read().decode().strip() == token
-    finally:
-        pf.terminate()
-        pf.wait(timeout=10)
+    with port_forward(info, "real-node-basics", "pod/web", 8080) as base, \
+            urllib.request.urlopen(f"{base}/", timeout=30) as r:
+        assert r.read().decode().strip() == token
 
 
 def test_a_memory_hog_is_killed_at_its_limit(real_cluster):
