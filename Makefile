@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 # prefer the system's Python (3.11+) to one inside a private home (pyenv under /root).
 PYTHON3 ?= $(shell /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo /usr/bin/python3 || echo python3)
 
-.PHONY: setup run test lint native bench clean system k8s dex docs fuzz replay-sweep
+.PHONY: setup run test lint native bench clean system k8s dex images docs fuzz replay-sweep
 
 setup: $(VENV)/.installed
 
@@ -37,11 +37,16 @@ k8s:
 dex:
 	scripts/build-dex >/dev/null
 
+# The chart's images from docker/*/Dockerfile, without Docker: buildah on a local Debian base,
+# docker-archive tars cached in ~/.cache/gpupool/images by their inputs (scripts/build-images).
+images: system
+	scripts/build-images >/dev/null
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy scheduler
 
-test: setup system native lint k8s dex
+test: setup system native lint k8s dex images
 	$(VENV)/bin/pytest -q tests
 
 # The scheduler's property tests with a long random profile (CI runs a fixed, short one).

@@ -14,6 +14,7 @@ from traitlets.config import Configurable
 
 from . import ports
 from .host.accounts import default_prefix
+from .images import WORKLOAD_IMAGE
 from .validation import MAX_BODY_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -272,6 +273,10 @@ class Gpupool(Configurable):
     checkpoint_storage_class = Unicode(
         "", help="StorageClass of the checkpoint claims (backend = kubernetes); empty: the "
         "cluster's default. It must allow ReadWriteMany when a training's workers span nodes.",
+    ).tag(config=True)
+    workload_image = Unicode(
+        WORKLOAD_IMAGE, help="Image of trainings whose spec names none (backend = kubernetes): "
+        "the project's workspace image holds gpupool.checkpoint and numpy.",
     ).tag(config=True)
 
     topology_key = Unicode(

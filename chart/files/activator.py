@@ -9,6 +9,7 @@ the replicas of all of them. ``GET /_status`` lists the services' state.
 
     python activator.py --services services.json [--port 9000] [--host 0.0.0.0]
                         [--namespace NS] [--kubeconfig FILE] [--poll SECONDS]
+                        [--default-image IMAGE]
 """
 
 import argparse
@@ -20,7 +21,7 @@ import signal
 import sys
 
 from hub_ext.requests.rules import FieldError
-from hub_ext.serving.kubernetes import KubernetesBackend
+from hub_ext.serving.kubernetes import WORKLOAD_IMAGE, KubernetesBackend
 from hub_ext.serving.published import Follower
 from hub_ext.serving.spec import parse_spec
 from inference import activator
@@ -40,7 +41,8 @@ async def serve(args) -> None:
     kc = await KubeClient.from_kubeconfig(args.kubeconfig)
     async with kc:
         # published services' credentials and data sources come with their ConfigMaps
-        backend = KubernetesBackend(kc, args.namespace, attachments=lambda spec: follower.attachments(spec))
+        backend = KubernetesBackend(kc, args.namespace, attachments=lambda spec: follower.attachments(spec),
+                                    default_image=args.default_image)
         controller = Controller(backend)
         for spec in specs:
             controller.put(spec)
@@ -72,6 +74,8 @@ def main() -> None:
     ap.add_argument("--host", default="0.0.0.0")
     ap.add_argument("--namespace", default=os.environ.get("GPUPOOL_NAMESPACE", "default"))
     ap.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
+    ap.add_argument("--default-image", default=WORKLOAD_IMAGE,
+                    help="image of the services whose spec names none")
     ap.add_argument("--poll", type=float, default=1.0, help="seconds between writes of the services' state")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

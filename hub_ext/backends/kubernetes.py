@@ -46,10 +46,12 @@ class KubernetesMode:
         self.trainings = KubernetesTrainings(
             self.kube, Session, cfg.namespace, checkpoint_size=cfg.checkpoint_storage,
             storage_class=cfg.checkpoint_storage_class, topology_key=cfg.topology_key,
+            default_image=cfg.workload_image,
             vault=delivery.vault if delivery is not None else None)
         self.commands = KubernetesCommands(
             self.kube, Session, cfg.namespace, vault=self.trainings.vault,
-            images={k: (v or {}).get("image") or "" for k, v in cfg.environments.items()})
+            images={k: (v or {}).get("image") or "" for k, v in cfg.environments.items()},
+            default_image=cfg.workload_image)
         self.cluster: asyncio.Future | None = None
         log.info("gpupool: kubernetes backend: workloads are pods in namespace %s", cfg.namespace)
 

@@ -39,6 +39,7 @@ from ..attachments import attach
 from ..cluster.mirror import Mirror, WatchLoop
 from ..db.events import add_event
 from ..db.tables import WorkloadRow
+from ..images import WORKLOAD_IMAGE
 from ..requests.rules import FieldError, WorkloadRequest
 from ..training.db import TrainingRow
 
@@ -46,7 +47,6 @@ log = logging.getLogger("gpupool")
 LABEL = "gpupool.io/command"  # value: the workload's name (names are DNS labels)
 KINDS = ("training", "inference")
 _ACTIVE = ("pending", "running", "stopping", "releasing")
-DEFAULT_IMAGE = "python:3.11-slim"  # an environment without an image
 
 
 def command_pod(name: str, owner: str, req: WorkloadRequest, namespace: str, image: str,
@@ -102,10 +102,12 @@ class KubernetesCommands(WatchLoop):
     failure = "following command workloads failed"
 
     def __init__(self, kc: KubeClient, Session, namespace: str, images: dict[str, str] | None = None,
-                 vault=None, poll_s: float = 1.0, preload: Preload = PRELOAD):
-        # images: environment -> image (Gpupool.environments); poll_s: how often the hub's
-        # rows are read (new submits, stops), the pods come by watch
+                 vault=None, poll_s: float = 1.0, preload: Preload = PRELOAD,
+                 default_image: str = WORKLOAD_IMAGE):
+        # images: environment -> image (Gpupool.environments), default_image for one without;
+        # poll_s: how often the hub's rows are read (new submits, stops), the pods come by watch
         self.kc, self.Session, self.namespace, self.images = kc, Session, namespace, images or {}
+        self.default_image = default_image
         self.vault, self.poll_s, self.preload = vault, poll_s, preload
         self.api = f"/api/v1/namespaces/{namespace}"
         self.pods = Mirror(kc, Session, {"pods": f"{self.api}/pods"}, selectors={"pods": LABEL})
@@ -155,7 +157,7 @@ class KubernetesCommands(WatchLoop):
             if values:
                 await self.kc.apply(f"{self.api}/secrets", attach.secret_manifest(
                     attach.secret_name(name), self.namespace, values, {LABEL: name}))
-            image = self.images.get(req.environment) or DEFAULT_IMAGE
+            image = self.images.get(req.environment) or self.default_image
             await self.kc.post(f"{self.api}/pods", command_pod(name, owner, req, self.namespace, image, att,
                                                                self.preload))
         except ApiError as e:

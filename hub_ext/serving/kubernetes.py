@@ -17,6 +17,7 @@ import contextlib
 import logging
 
 from hub_ext.attachments.attach import Attachments, pod_parts, secret_manifest, secret_name
+from hub_ext.images import WORKLOAD_IMAGE
 from inference.service import Replica, RState, Service
 from scheduler import contract
 from scheduler.kubernetes.client import ApiError, KubeClient
@@ -29,11 +30,13 @@ LABEL = contract.L.INFERENCE
 
 
 def replica_pod(spec: ServiceSpec, name: str, namespace: str,
-                attachments: Attachments | None = None, preload: contract.Preload = contract.PRELOAD) -> dict:
+                attachments: Attachments | None = None, preload: contract.Preload = contract.PRELOAD,
+                default_image: str = WORKLOAD_IMAGE) -> dict:
     """``attachments``: the service's credentials (by reference to the Secret
-    ``SERVICE-credentials``, ``credentials_secret``) and data sources."""
+    ``SERVICE-credentials``, ``credentials_secret``) and data sources; ``default_image``: the
+    image when the spec names none."""
     container: dict = {
-        "name": "server", "image": spec.image or "python:3.11-slim",
+        "name": "server", "image": spec.image or default_image,
         "command": list(spec.command),
         "env": [{"name": "PORT", "value": str(spec.port)},
                 *({"name": k, "value": v} for k, v in sorted(spec.env.items()))],
@@ -72,10 +75,12 @@ def credentials_secret(spec: ServiceSpec, namespace: str, values: dict[str, dict
 
 
 class KubernetesBackend:
-    def __init__(self, kc: KubeClient, namespace: str, poll_s: float = 0.5, attachments=None):
+    def __init__(self, kc: KubeClient, namespace: str, poll_s: float = 0.5, attachments=None,
+                 default_image: str = WORKLOAD_IMAGE):
         # poll_s: the longest a replica waits without a change of any replica pod before it
         # looks again at the watch's copy (no request: the copy is the watch's)
         self.kc, self.namespace, self.poll_s = kc, namespace, poll_s
+        self.default_image = default_image
         # attachments(spec) -> (Attachments, values): resolves a service's credentials and
         # data sources (hub_ext.attach.check + values); None: services attach nothing
         self.attachments = attachments
@@ -104,7 +109,8 @@ class KubernetesBackend:
                 if values:
                     await self.kc.apply(f"/api/v1/namespaces/{self.namespace}/secrets",
                                         credentials_secret(svc.spec, self.namespace, values))
-            made = await self.kc.post(self.path, replica_pod(svc.spec, r.name, self.namespace, att))
+            made = await self.kc.post(self.path, replica_pod(svc.spec, r.name, self.namespace, att,
+                                                             default_image=self.default_image))
         except (ApiError, ValueError) as e:
             svc.replica_gone(r, RState.FAILED, f"pod not created: {e}")
             svc.on_activate(svc)

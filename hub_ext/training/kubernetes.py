@@ -36,6 +36,7 @@ from ..attachments import attach
 from ..cluster.mirror import Mirror, WatchLoop
 from ..db.events import add_event
 from ..db.tables import WorkloadRow
+from ..images import WORKLOAD_IMAGE
 from ..requests.rules import FieldError
 from .db import FINAL, SUBMITTED, TrainingRow, set_status, take_requests
 from .pods import KubernetesOptions, training_objects
@@ -131,13 +132,14 @@ class KubernetesTrainings(WatchLoop):
 
     def __init__(self, kc: KubeClient, Session, namespace: str, poll_s: float = 0.5,
                  checkpoint_size: str = "10Gi", storage_class: str = "", vault=None,
-                 topology_key: str = ""):
+                 topology_key: str = "", default_image: str = WORKLOAD_IMAGE):
         # poll_s: how often the hub's own rows are read (new jobs, control requests); the
         # pods come from the watch, and any change of one wakes the controller at once
         self.kc, self.Session, self.namespace, self.poll_s = kc, Session, namespace, poll_s
         self.checkpoint_size, self.storage_class = checkpoint_size, storage_class
         self.vault = vault  # credentials.Vault: opens the attached credentials' values
         self.topology_key = topology_key
+        self.default_image = default_image
         self.api = f"/api/v1/namespaces/{namespace}"
         self.pods = Mirror(kc, Session, {"pods": f"{self.api}/pods"}, selectors={"pods": L.TRAINING})
         self._busy: set[str] = set()  # jobs whose pods the hub itself is deleting or creating
@@ -196,6 +198,7 @@ class KubernetesTrainings(WatchLoop):
             self._set(name, "Failed", f"could not attach: {e}", "failed", workload_state="failed")
             return
         opts = KubernetesOptions(namespace=self.namespace, checkpoint_claim=checkpoint_claim(name), owner=owner,
+                                 default_image=self.default_image,
                                  priority=spec.priority + preemptions if preemptions else None, resumed=resumed,
                                  attachments=att, topology_key=self.topology_key)
         self._busy.add(name)

@@ -25,6 +25,7 @@ from scheduler.contract import (
 )
 
 from ..attachments.attach import Attachments, pod_parts, secret_manifest, secret_name
+from ..images import WORKLOAD_IMAGE
 from .gang import distributed_env
 from .spec import TrainingSpec
 
@@ -38,7 +39,7 @@ class KubernetesOptions:
     scheduler_name: str = SCHEDULER_NAME
     master_port: int = 29500
     checkpoint_claim: str = ""  # a PersistentVolumeClaim mounted at the checkpoint folder
-    default_image: str = "python:3.11-slim"
+    default_image: str = WORKLOAD_IMAGE
     priority: int | None = None  # set on requeue (the spec's priority + 1)
     # Set on requeue too: the pods of a preempted job that restarts (as the embedded runner's
     # ``t.preemptions > 0 and t.status == "Preempted"``) carry gpupool.io/resumed, which

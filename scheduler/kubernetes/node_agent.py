@@ -2,7 +2,9 @@
 DaemonSet in a cluster).
 
 It reads the GPUs from an inventory source (NVML through pynvml, or an injected inventory:
-a JSON/YAML file or a Python callable, for tests and machines without GPUs) and writes:
+a JSON/YAML file or a Python callable, for tests and machines without GPUs) and writes
+(``--declared-gpus``: where NVML finds no GPU, the declared ones, as embedded mode's
+``declared_gpus``):
 
 - labels ``nvidia.com/gpu.present``, ``nvidia.com/gpu.count``, ``nvidia.com/gpu.product``
   (the model, as GPU feature discovery spells it: spaces become ``-``) and
@@ -66,6 +68,8 @@ __all__ = [
     "GpuUsage",
     "NodeAgent",
     "copy_preload",
+    "declared_gpus",
+    "declared_inventory",
     "inventory_from",
     "main",
     "node_patch",
@@ -85,6 +89,9 @@ ANN_ACTIVITY = A.NODE_GPU_ACTIVITY
 PRELOAD_NAME = Preload().name
 DEFAULT_HOST_LIB_DIR = Preload().host_dir
 REPO = Path(__file__).resolve().parents[2]
+# embedded mode's declared_gpus defaults (hub_ext.config)
+DECLARED_MODEL = "NVIDIA H100 80GB HBM3"
+DECLARED_MEMORY_MIB = 81559
 
 
 @dataclass
@@ -176,6 +183,51 @@ def _nvlink_peers(nv: Any, h: Any, bus: dict[str, int], me: int) -> list[int]:
         if remote in bus and bus[remote] != me:
             peers.add(bus[remote])
     return sorted(peers)
+
+
+def declared_gpus(text: str) -> dict:
+    """``--declared-gpus`` JSON: ``{"count": N, "model": ..., "memory_mib": ...}`` (count 1+,
+    model and memory_mib optional, as embedded mode's ``declared_gpus`` entries)."""
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--declared-gpus: not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise argparse.ArgumentTypeError("--declared-gpus: a JSON object {count, model, memory_mib}")
+    unknown = set(doc) - {"count", "model", "memory_mib"}
+    if unknown:
+        raise argparse.ArgumentTypeError(f"--declared-gpus: unknown fields {sorted(unknown)} "
+                                         "(allowed: count, model, memory_mib)")
+    out = {"count": doc.get("count", 1), "model": doc.get("model", DECLARED_MODEL),
+           "memory_mib": doc.get("memory_mib", DECLARED_MEMORY_MIB)}
+    for k in ("count", "memory_mib"):
+        if not isinstance(out[k], int) or isinstance(out[k], bool) or not 1 <= out[k] <= 1024 * 1024:
+            raise argparse.ArgumentTypeError(f"--declared-gpus: {k} must be an integer from 1 to "
+                                             f"{1024 * 1024}, not {out[k]!r}")
+    if not isinstance(out["model"], str) or not out["model"].strip():
+        raise argparse.ArgumentTypeError("--declared-gpus: model must be a non-empty string")
+    return out
+
+
+def declared_inventory(node: str, declared: dict,
+                       nvml: Callable[[], Inventory] = nvml_inventory) -> Callable[[], Inventory]:
+    """NVML's GPUs where it finds any, else the declared ones, with embedded mode's UUIDs
+    (``GPU-declared-<node>-<index>``): a node without GPUs (a test cluster, a demo) then
+    offers GPUs to gpupool-scheduler as an embedded hub's declared node does."""
+    gpus = [GpuInfo(j, f"GPU-declared-{node}-{j}", declared["model"], declared["memory_mib"])
+            for j in range(declared["count"])]
+
+    def read() -> Inventory:
+        try:
+            inv = nvml()
+        except Exception as e:  # no driver, no pynvml: this node has no NVML to ask
+            log.debug("NVML unavailable (%s): declared GPUs", e)
+        else:
+            if inv.gpus:
+                return inv
+        return Inventory(list(gpus), [GpuUsage(g.index, 0, 0) for g in gpus])
+
+    return read
 
 
 def inventory_from(spec: str | None) -> Callable[[], Inventory]:
@@ -350,6 +402,10 @@ def parser() -> argparse.ArgumentParser:
                     help="the Node to write (default $NODE_NAME, from the downward API)")
     ap.add_argument("--inventory", default=os.environ.get("GPUPOOL_INVENTORY", "nvml"),
                     help="nvml (default), a JSON/YAML file, or module:function")
+    ap.add_argument("--declared-gpus", type=declared_gpus,
+                    default=os.environ.get("GPUPOOL_DECLARED_GPUS") or None,
+                    help='with --inventory=nvml: the GPUs to publish where NVML finds none, '
+                         'as JSON {"count": N, "model": ..., "memory_mib": ...}')
     ap.add_argument("--period", type=float, default=10.0, help="seconds between usage updates")
     ap.add_argument("--advertise-capacity", action="store_true",
                     help=f"also set {GPU_RESOURCE} capacity in the node status (no device plugin)")
@@ -377,7 +433,13 @@ async def _amain(args: argparse.Namespace) -> int:
         raise SystemExit("gpupool-node-agent: --node-name (or $NODE_NAME) is required")
     src = Path(args.preload_src) if args.preload_src else default_preload_src()
     kc = await KubeClient.from_kubeconfig(args.kubeconfig)
-    agent = NodeAgent(kc, args.node_name, inventory_from(args.inventory), args.period,
+    inventory = inventory_from(args.inventory)
+    if args.declared_gpus:
+        if args.inventory != "nvml":
+            raise SystemExit("gpupool-node-agent: --declared-gpus goes with --inventory=nvml "
+                             f"(not {args.inventory})")
+        inventory = declared_inventory(args.node_name, args.declared_gpus)
+    agent = NodeAgent(kc, args.node_name, inventory, args.period,
                       args.advertise_capacity, src, Path(args.host_lib_dir),
                       Path(args.pods_dir) if args.pods_dir else None)
     async with kc:

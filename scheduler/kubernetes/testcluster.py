@@ -4,7 +4,8 @@ Thin wrapper over ``scripts/test-cluster up``: starts it in its own process grou
 for its ``ready`` file, and stops it (SIGTERM; the script tears down every process it
 started). Nothing here fakes the API server: the cluster is etcd + kube-apiserver (+ kwok
 for nodes and, on request, kube-controller-manager and kube-scheduler) built from the
-pinned upstream sources.
+pinned upstream sources. With ``real_node=True`` it also runs one real node (containerd and
+kubelet in a network namespace of the run's own; docs/decisions/0064).
 
 Errors: ``TestClusterError`` when the script fails or the cluster does not come up; its
 message carries the tail of the script's output.
@@ -74,6 +75,9 @@ class ClusterInfo:
     ca_file: Path
     state_dir: Path
     kubernetes_bin: Path
+    real_node: str | None = None  # the real node's name (up --real-node), else None
+    holder_pid: int | None = None  # the process that holds the real node's namespaces
+    node_cgroup: str | None = None  # the real node's cgroupRoot, e.g. /gpupool-0123456789
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
@@ -90,7 +94,10 @@ class TestCluster:
     gpu_model: str = "NVIDIA-H100-80GB-HBM3"
     gpu_memory_mib: int = 81559
     controller_manager: bool = False
+    controllers: str | None = None  # kube-controller-manager's --controllers (KCM_CONTROLLERS)
     kube_scheduler: bool = False
+    real_node: bool = False
+    image_archives: tuple[Path, ...] = ()
     state_dir: Path | None = None
     start_timeout_s: float = 600.0
     _proc: subprocess.Popen | None = field(default=None, repr=False)
@@ -111,9 +118,14 @@ class TestCluster:
             cmd.append("--controller-manager")
         if self.kube_scheduler:
             cmd.append("--kube-scheduler")
+        if self.real_node:
+            cmd.append("--real-node")
+        for archive in self.image_archives:
+            cmd += ["--image-archive", str(archive)]
         log = open(d / "test-cluster.out", "wb")  # noqa: SIM115 - lives as long as the cluster
+        env = {**os.environ, "KCM_CONTROLLERS": self.controllers} if self.controllers else None
         self._proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
         log.close()
         ready = d / "ready"
@@ -135,6 +147,9 @@ class TestCluster:
             ca_file=Path(env["K8S_CA"]),
             state_dir=d,
             kubernetes_bin=Path(env["K8S_BIN"]),
+            real_node=env.get("REAL_NODE"),
+            holder_pid=int(env["REAL_NODE_HOLDER_PID"]) if "REAL_NODE_HOLDER_PID" in env else None,
+            node_cgroup=env.get("REAL_NODE_CGROUP"),
         )
         return self.info
 

@@ -34,7 +34,8 @@ VALUE_SETS = {
                       "topologyKey": "gpupool.io/rack", "consolidateInQuota": False, "gpuReservations": True},
     },
     "agent-capacity-no-org": {"nodeAgent": {"advertiseCapacity": True, "runtimeClassName": "nvidia",
-                                            "nodeSelector": {"nvidia.com/gpu.present": "true"}},
+                                            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+                                            "declaredGpus": {"count": 2, "model": "NVIDIA L4"}},
                               "organisation": {"create": False}},
 }
 
@@ -143,6 +144,10 @@ def check_value_set(name: str, objs: list[dict]) -> None:
             assert d["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
         assert '"pytorch":"nvcr.io/nvidia/pytorch:25.01-py3"' in cfg
         assert '"default":"registry.example.org/ml/gpupool-workspace:0.1.0"' in cfg
+        # trainings and inference services without an image run the workspace image
+        assert 'c.Gpupool.workload_image = "registry.example.org/ml/gpupool-workspace:0.1.0"' in cfg
+        act = _container(objs, "Deployment", "gpupool-activator")["command"]
+        assert act[act.index("--default-image") + 1] == "registry.example.org/ml/gpupool-workspace:0.1.0"
         assert 'c.KubeSpawner.image_pull_secrets = ["regcred"]' in cfg
     elif name == "agent-capacity-no-org":
         assert "Department" not in {o["kind"] for o in objs}
@@ -151,6 +156,9 @@ def check_value_set(name: str, objs: list[dict]) -> None:
         ds = by_kind(objs, "DaemonSet")["gpupool-node-agent"]["spec"]["template"]["spec"]
         assert ds["runtimeClassName"] == "nvidia"
         assert "--advertise-capacity" in ds["containers"][0]["args"]
+        # where NVML finds no GPU, the declared ones (the agent's --declared-gpus JSON)
+        assert '--declared-gpus={"count":2,"memory_mib":81559,"model":"NVIDIA L4"}' in \
+            ds["containers"][0]["args"]
 
 
 # ------------------------------------------------------------------------------- schema
@@ -180,6 +188,7 @@ BAD = [
     ("hub.auth.sharedPassword.adminPassword", "short",
      "at '/hub/auth/sharedPassword/adminPassword'"),
     ("nodeAgent.hostLibDir", "relative/dir", "at '/nodeAgent/hostLibDir'"),
+    ("nodeAgent.declaredGpus.count", -1, "at '/nodeAgent/declaredGpus/count': minimum"),
     ("imagePullPolicy", "Sometimes", "at '/imagePullPolicy'"),
     ("hub.auth.oidc.issuer", "", None),  # with type oidc below: issuer and client id required
 ]
@@ -249,6 +258,7 @@ def test_rendered_hub_config_loads(helm, tmp_path, monkeypatch, name):
     assert set(cfg.environments) == set(envs)
     assert set(c.GpupoolKubeSpawner.environment_images) == set(envs)
     assert c.KubeSpawner.namespace == "cfg"
+    assert cfg.workload_image == c.KubeSpawner.image  # the workspace image
     assert cfg.auth == ("oidc" if name == "oidc" else "shared-password")
     if name == "oidc":
         assert cfg.oidc_issuer == "https://idp.example.org/realms/gpupool"

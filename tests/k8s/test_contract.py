@@ -143,3 +143,23 @@ def test_training_workers_carry_the_topology_key_the_scheduler_reads():
     pod = worker_pod(spec, 0, KubernetesOptions(namespace="ns", topology_key="example.com/rack"))
     assert parse_pod(pod).topology_key == "example.com/rack"
     assert parse_pod(worker_pod(spec, 0, KubernetesOptions(namespace="ns"))).topology_key is None
+
+
+def test_trainings_and_services_without_an_image_run_the_workload_image():
+    """The workspace image (gpupool.checkpoint, numpy), or the hub's configured one."""
+    from hub_ext.images import WORKLOAD_IMAGE
+
+    spec = TrainingSpec(name="t", project="p", command=["x"], gpu=1)
+    svc = parse_spec({"name": "llm", "project": "p", "command": ["serve"], "gpu": 1})
+
+    def image(pod: dict) -> str:
+        return pod["spec"]["containers"][0]["image"]
+
+    assert image(worker_pod(spec, 0, KubernetesOptions(namespace="ns"))) == WORKLOAD_IMAGE
+    assert image(replica_pod(svc, "llm-1", "ns")) == WORKLOAD_IMAGE
+    assert image(worker_pod(spec, 0, KubernetesOptions(namespace="ns", default_image="own:1"))) == "own:1"
+    assert image(replica_pod(svc, "llm-1", "ns", default_image="own:1")) == "own:1"
+    spec = TrainingSpec(name="t", project="p", command=["x"], gpu=1, image="mine:2")
+    svc = parse_spec({"name": "llm", "project": "p", "command": ["serve"], "gpu": 1, "image": "mine:2"})
+    assert image(worker_pod(spec, 0, KubernetesOptions(namespace="ns", default_image="own:1"))) == "mine:2"
+    assert image(replica_pod(svc, "llm-1", "ns", default_image="own:1")) == "mine:2"

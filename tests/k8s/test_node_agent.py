@@ -14,6 +14,7 @@ from scheduler.kubernetes.client import ApiError
 from scheduler.kubernetes.node_agent import (
     ANN_GPUS,
     ANN_USAGE,
+    REPO,
     GpuInfo,
     GpuUsage,
     Inventory,
@@ -203,3 +204,78 @@ def test_inventory_from_callable_and_file(tmp_path):
     f = tmp_path / "inv.json"
     f.write_text(json.dumps(callable_inventory()))
     assert inventory_from(str(f))().gpus == inv.gpus
+
+
+def test_declared_gpus_where_nvml_finds_none():
+    """As embedded mode's declared_gpus: NVML's GPUs win where it finds any."""
+    from scheduler.kubernetes.node_agent import declared_gpus, declared_inventory
+
+    decl = declared_gpus('{"count": 2, "model": "NVIDIA L4", "memory_mib": 23034}')
+
+    def no_driver() -> Inventory:
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    inv = declared_inventory("n1", decl, nvml=no_driver)()
+    assert inv.gpus == [GpuInfo(0, "GPU-declared-n1-0", "NVIDIA L4", 23034),
+                        GpuInfo(1, "GPU-declared-n1-1", "NVIDIA L4", 23034)]
+    assert node_patch(inv)["metadata"]["labels"]["nvidia.com/gpu.count"] == "2"
+    assert declared_inventory("n1", decl, nvml=lambda: Inventory([]))().gpus == inv.gpus
+    assert declared_inventory("n1", decl, nvml=lambda: INV)() is INV
+    # count alone: embedded mode's model and memory
+    assert declared_gpus('{"count": 1}') == {"count": 1, "model": "NVIDIA H100 80GB HBM3",
+                                             "memory_mib": 81559}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("4", "a JSON object"),
+    ("{count: 4}", "not JSON"),
+    ('{"count": 0}', "count must be an integer from 1 to 1048576, not 0"),
+    ('{"count": true}', "count must be an integer"),
+    ('{"count": 1, "memory_mib": "80G"}', "memory_mib must be an integer"),
+    ('{"count": 1, "model": ""}', "model must be a non-empty string"),
+    ('{"count": 1, "gpus": 2}', "unknown fields ['gpus']"),
+])
+def test_declared_gpus_refuses_bad_input(text, message, capsys):
+    from scheduler.kubernetes.node_agent import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--declared-gpus", text])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_agent_cli_publishes_declared_gpus(k8s_cluster: ClusterInfo, ns, tmp_path):
+    """gpupool-node-agent on a node without NVML (this machine) publishes its declared GPUs."""
+    import subprocess
+    import sys
+
+    node = f"declared-{ns[-8:]}"
+
+    async def add_node():
+        async with kube(k8s_cluster) as kc:
+            await kc.post("/api/v1/nodes", _node(node, node))
+
+    async def read_and_delete():
+        async with kube(k8s_cluster) as kc:
+            try:
+                return await kc.get(f"/api/v1/nodes/{node}")
+            finally:
+                await kc.delete(f"/api/v1/nodes/{node}")
+
+    run(add_node())
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "scheduler.kubernetes.node_agent", "--once",
+             "--node-name", node, "--host-lib-dir", str(tmp_path),
+             "--declared-gpus", '{"count": 3, "model": "NVIDIA L4"}'],
+            env={**k8s_cluster.env(), "GPUPOOL_INVENTORY": "nvml"}, cwd=REPO,
+            capture_output=True, text=True, timeout=60)
+    finally:
+        n = run(read_and_delete())
+    assert p.returncode == 0, p.stderr
+    labels, ann = n["metadata"]["labels"], n["metadata"]["annotations"]
+    assert labels["nvidia.com/gpu.count"] == "3"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-L4"
+    assert ann["gpupool.io/gpu-uuids"] == ",".join(f"GPU-declared-{node}-{i}" for i in range(3))
+    assert parse_node(n).gpus[2].model == "NVIDIA-L4"

@@ -1,0 +1,114 @@
+"""The real node of the test cluster (``scripts/test-cluster up --real-node``) for tests:
+its test image, pods pinned to it, ``kubectl`` through the API server, and a snapshot of
+what a run may leave on the host."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduler.kubernetes.testcluster import REPO, ClusterInfo
+
+BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static (scripts/setup-system)
+TEST_IMAGE = "gpupool.local/busybox:test"
+HOST_SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+HOST_PATHS = ("/var/lib/cni", "/run/containerd", "/var/lib/kubelet", "/run/netns",
+              "/var/log/pods")
+
+
+def build_test_image(out: Path) -> Path:
+    """A one-file image: static busybox (a shell, httpd, cat) as a docker-archive."""
+    subprocess.run([str(REPO / "scripts" / "docker-archive"), "--tag", TEST_IMAGE,
+                    "--entrypoint", "/bin/busybox", "--out", str(out),
+                    f"{BUSYBOX}:/bin/busybox"], check=True)
+    return out
+
+
+def pinned_pod(name: str, node: str, script: str, memory: str = "64Mi") -> dict:
+    """A busybox pod bound to ``node`` directly (no scheduler needed) running ``script``."""
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "main", "image": TEST_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/busybox", "sh", "-c", script],
+                "resources": {"limits": {"memory": memory, "cpu": "500m"}},
+            }],
+        },
+    }
+
+
+def kubectl(info: ClusterInfo, *args: str, timeout: float = 60) -> str:
+    proc = subprocess.run([str(info.kubernetes_bin / "kubectl"), *args], env=info.env(),
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr}")
+    return proc.stdout
+
+
+@contextlib.contextmanager
+def port_forward(info: ClusterInfo, ns: str, target: str, port: int) -> Iterator[str]:
+    """``kubectl port-forward`` to ``target`` (``pod/NAME``, ``svc/NAME``) ``port`` through
+    the API server, on a free local port; yields ``http://127.0.0.1:LOCAL``."""
+    pf = subprocess.Popen([str(info.kubernetes_bin / "kubectl"), "-n", ns, "port-forward",
+                           target, f":{port}"], env=info.env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert pf.stdout is not None
+        line = pf.stdout.readline()
+        local = re.search(r"127\.0\.0\.1:(\d+) -> \d+", line)
+        assert local, f"no forwarding line: {line!r} {pf.stderr.read() if pf.poll() else ''}"
+        yield f"http://127.0.0.1:{local.group(1)}"
+    finally:
+        pf.terminate()
+        pf.wait(timeout=10)
+
+
+def ns_inode(pid: int, kind: str) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/ns/{kind}").readlink().name
+    except OSError:
+        return None
+
+
+def pids_in(ns_link: str, kind: str) -> list[int]:
+    """Every process whose ``kind`` (net, mnt) namespace is ``ns_link`` (e.g. net:[4026…])."""
+    found = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and ns_inode(int(p.name), kind) == ns_link:
+            found.append(int(p.name))
+    return found
+
+
+def cgroup_dirs(cgroup: str) -> list[Path]:
+    """``cgroup`` (e.g. /gpupool-0123456789) in each mounted hierarchy where it exists."""
+    roots = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+             if line.split()[2] in ("cgroup", "cgroup2")]
+    return [Path(r + cgroup) for r in roots if Path(r + cgroup).exists()]
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    """What a real-node run must leave as it found it on the host."""
+
+    sysctls: dict[str, str]
+    paths: dict[str, bool]
+    links: frozenset[str]
+    mounts: frozenset[str]
+
+    @classmethod
+    def take(cls) -> HostSnapshot:
+        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
+                               check=True).stdout
+        return cls(
+            sysctls={s: Path("/proc/sys", s).read_text() for s in HOST_SYSCTLS},
+            paths={p: Path(p).exists() for p in HOST_PATHS},
+            links=frozenset(re.findall(r"^\d+: ([^:@]+)", links, re.M)),
+            mounts=frozenset(line.split()[4] for line in
+                             Path("/proc/self/mountinfo").read_text().splitlines()),
+        )

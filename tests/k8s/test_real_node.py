@@ -1,0 +1,306 @@
+"""A real node in the test cluster: containerd and a kubelet in a network namespace of the
+run's own (scripts/test-cluster up --real-node). Pods run as real containers; `logs`,
+`exec` and `port-forward` go through the API server; memory limits hold; a run leaves
+nothing on the host. A workspace with 0.25 GPU, started by GpupoolKubeSpawner from the
+chart's workspace image and bound by gpupool-scheduler, runs there with the interception
+library loaded and its memory cap holding on the fake driver."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from scheduler.kubernetes.client import ApiError
+from scheduler.kubernetes.testcluster import REPO, ClusterInfo, TestCluster, script_path
+
+from .helpers import (
+    SchedulerProcess,
+    create_namespace,
+    create_org,
+    delete_org,
+    kube,
+    run,
+    wait_until,
+)
+from .realnode import (
+    HostSnapshot,
+    build_test_image,
+    cgroup_dirs,
+    kubectl,
+    ns_inode,
+    pids_in,
+    pinned_pod,
+    port_forward,
+)
+
+pytestmark = pytest.mark.timeout(900)
+
+POD_SUBNET = ipaddress.ip_network("10.88.0.0/16")
+SERVE = ("/bin/busybox mkdir -p /www && echo {token} > /www/index.html && echo started {token}"
+         " && exec /bin/busybox httpd -f -p 8080 -h /www")
+
+
+async def _default_service_account(kc, ns: str) -> None:
+    """kube-controller-manager makes it just after the namespace; pods need it."""
+    async def made():
+        try:
+            return await kc.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default")
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            return None
+
+    await wait_until(made, f"the default service account of {ns}", timeout=60)
+
+
+async def _start_pod(info: ClusterInfo, ns: str, pod: dict, with_kcm: bool = True) -> dict:
+    """Create ``pod`` in a new namespace ``ns`` and wait until it runs."""
+    async with kube(info) as kc:
+        await create_namespace(kc, ns)
+        if with_kcm:
+            await _default_service_account(kc, ns)
+        await kc.post(f"/api/v1/namespaces/{ns}/pods", pod)
+        name = pod["metadata"]["name"]
+
+        async def running():
+            p = await kc.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+            return p if (p.get("status") or {}).get("phase") == "Running" else None
+
+        return await wait_until(running, f"pod {ns}/{name} running", timeout=120)
+
+
+def test_a_pod_runs_on_the_real_node_with_logs_exec_and_port_forward(real_cluster):
+    info, token = real_cluster, secrets.token_hex(8)
+    pod = run(_start_pod(info, "real-node-basics",
+                         pinned_pod("web", info.real_node, SERVE.format(token=token))))
+    assert pod["spec"]["nodeName"] == info.real_node
+    assert ipaddress.ip_address(pod["status"]["podIP"]) in POD_SUBNET
+    assert pod["status"]["hostIP"] == "10.200.0.1"
+
+    def logs() -> str:
+        return kubectl(info, "-n", "real-node-basics", "logs", "web")
+
+    run(wait_until(_async(lambda: f"started {token}" in logs()), "the pod's log line", 30))
+
+    # exec: the container runs in the run's own cgroup tree, under its memory limit.
+    cgroup = kubectl(info, "-n", "real-node-basics", "exec", "web", "--",
+                     "/bin/busybox", "cat", "/proc/self/cgroup")
+    assert f"memory:{info.node_cgroup}/kubepods" in cgroup, cgroup
+    limit = kubectl(info, "-n", "real-node-basics", "exec", "web", "--",
+                    "/bin/busybox", "cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+    assert int(limit) == 64 * 2**20
+
+    # Without kube-proxy, the node's own DNAT rule takes the pod to the API server (busybox
+    # has no TLS it accepts, so plain HTTP gets the Go TLS server's own refusal).
+    answer = kubectl(info, "-n", "real-node-basics", "exec", "web", "--", "/bin/busybox", "sh",
+                     "-c", r"printf 'GET / HTTP/1.0\r\n\r\n' | /bin/busybox nc -w 5 "
+                     "$KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT")
+    assert "Client sent an HTTP request to an HTTPS server" in answer, answer
+
+    # port-forward: the pod's address exists only inside the node's namespace, so the
+    # page comes through the API server and the kubelet.
+    with port_forward(info, "real-node-basics", "pod/web", 8080) as base, \
+            urllib.request.urlopen(f"{base}/", timeout=30) as r:
+        assert r.read().decode().strip() == token
+
+
+def test_a_memory_hog_is_killed_at_its_limit(real_cluster):
+    info = real_cluster
+    # tail keeps every byte of a line, and /dev/zero's one line never ends: the kernel's
+    # OOM killer ends the container at its 16 MiB.
+    hog = pinned_pod("hog", info.real_node, "exec /bin/busybox tail /dev/zero", memory="16Mi")
+    hog["spec"]["restartPolicy"] = "Never"
+
+    async def terminated():
+        async with kube(info) as kc:
+            await create_namespace(kc, "real-node-oom")
+            await _default_service_account(kc, "real-node-oom")
+            await kc.post("/api/v1/namespaces/real-node-oom/pods", hog)
+
+            async def reason():
+                p = await kc.get("/api/v1/namespaces/real-node-oom/pods/hog")
+                for s in (p.get("status") or {}).get("containerStatuses") or []:
+                    done = (s.get("state") or {}).get("terminated")
+                    if done:
+                        return done
+                return None
+
+            return await wait_until(reason, "the hog to end", timeout=120)
+
+    done = run(terminated())
+    assert done["reason"] == "OOMKilled", done
+
+
+def test_a_second_run_beside_the_first_and_its_teardown_leaves_nothing(real_cluster,
+                                                                       tmp_path):
+    """A second real-node run on the same host, with a pod running, while the session's
+    run is up; after it stops: no process in its namespaces, no cgroup, no mount, no link,
+    no host sysctl or /var/lib or /run state changed, and the first run still serves."""
+    before = HostSnapshot.take()
+    image = build_test_image(tmp_path / "busybox.tar")
+    (tmp_path / "second").mkdir()
+    cluster = TestCluster(nodes=0, real_node=True, image_archives=(image,),
+                          state_dir=tmp_path / "second")
+    info = cluster.start()
+    try:
+        assert info.node_cgroup != real_cluster.node_cgroup
+        assert info.holder_pid is not None
+        netns, mntns = ns_inode(info.holder_pid, "net"), ns_inode(info.holder_pid, "mnt")
+        assert netns and netns != ns_inode(real_cluster.holder_pid, "net")
+        run(_start_pod(info, "second-run", pinned_pod("web", info.real_node,
+                                                      SERVE.format(token="second")),
+                       with_kcm=False))
+        assert cgroup_dirs(info.node_cgroup), "the pod's cgroups exist while it runs"
+        assert len(pids_in(mntns, "mnt")) >= 4  # holder, containerd, kubelet, a shim...
+    finally:
+        cluster.stop()
+
+    deadline = time.monotonic() + 10
+    while pids_in(netns, "net") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pids_in(netns, "net") == [], "processes left in the node's network namespace"
+    assert pids_in(mntns, "mnt") == [], "processes left in the node's mount namespace"
+    assert cgroup_dirs(info.node_cgroup) == []
+    assert not (tmp_path / "second" / "node").exists()
+    after = HostSnapshot.take()
+    assert after.sysctls == before.sysctls
+    assert after.paths == before.paths
+    assert after.links == before.links
+    assert {m for m in after.mounts if str(tmp_path) in m} == set()
+    assert Path(f"/proc/{real_cluster.holder_pid}").exists()
+    assert real_cluster.real_node in kubectl(real_cluster, "get", "nodes", "-o", "name")
+
+
+def _async(pred):
+    async def call():
+        return pred()
+    return call
+
+
+
+# ------------------------------------------------------------- a workspace with 0.25 GPU
+DECLARED_GPU = {"count": 1, "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}
+FAKE_CUDA = REPO / "native" / "build" / "fake"  # the fake driver (libcuda.so.1) for no GPU
+# In the container: the driver's allocations, 1 GiB at a time until one is refused, and
+# what the process has loaded. CUDA_ERROR_OUT_OF_MEMORY is 2.
+CAP_PROBE = r"""
+import ctypes, json, os
+cuda = ctypes.CDLL("libcuda.so.1")
+dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
+cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+rcs = []
+while len(rcs) < 200 and (not rcs or rcs[-1] == 0):
+    rcs.append(cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 30))
+print(json.dumps({"total": total.value, "rcs": rcs,
+                  "env": {k: v for k, v in os.environ.items() if k.startswith(("GPUPOOL_", "LD_"))},
+                  "maps": open("/proc/self/maps").read()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def workspace_image(real_cluster) -> str:
+    """The chart's workspace image (scripts/build-images, cached), loaded into the node."""
+    from tests.chart.imagelib import build_images
+
+    built = build_images("workspace")["workspace"]
+    subprocess.run([str(script_path()), "import", "--dir", str(real_cluster.state_dir),
+                    str(built.archive)], check=True, capture_output=True, timeout=600)
+    return built.image
+
+
+def _node_agent_once(info: ClusterInfo) -> None:
+    """gpupool-node-agent on the node (in its mount namespace, as its DaemonSet pod would
+    be): one declared GPU with its capacity, and the interception library copied to the
+    node's /var/lib/gpupool/lib."""
+    subprocess.run(["nsenter", "-t", str(info.holder_pid), "-m", "-n", sys.executable, "-m",
+                    "scheduler.kubernetes.node_agent", "--kubeconfig", str(info.kubeconfig),
+                    "--node-name", str(info.real_node), "--declared-gpus",
+                    json.dumps(DECLARED_GPU), "--advertise-capacity", "--once"],
+                   check=True, capture_output=True, cwd=REPO, timeout=120,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def _home_volume(name: str, path: Path) -> dict:
+    """A volume for the workspace's home claim (kube-controller-manager binds it)."""
+    path.mkdir(mode=0o777, exist_ok=True)
+    path.chmod(0o777)  # the image's user (1000) writes its home
+    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+            "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "persistentVolumeReclaimPolicy": "Retain",
+                     "hostPath": {"path": str(path), "type": "Directory"}}}
+
+
+def test_a_quarter_gpu_workspace_runs_with_the_interception_library_holding_its_cap(
+        real_cluster, workspace_image, tmp_path, monkeypatch):
+    """GpupoolKubeSpawner starts the workspace image with 0.25 GPU; gpupool-scheduler binds
+    it to the real node with its ConfigMap; in the container the fraction's environment is
+    set, the interception library is loaded, and the fake driver's allocations stop at the
+    fraction's memory."""
+    from .test_k8s_spawner import _kspawner, _stop_reflectors
+
+    info, ns = real_cluster, "real-node-workspace"
+    _node_agent_once(info)
+    Spawner, c = _kspawner(info, ns, "p-real", monkeypatch)
+    c.KubeSpawner.image = workspace_image
+    c.KubeSpawner.image_pull_policy = "Never"
+    # No hub runs here to serve the single-user server's logins: the container idles.
+    c.KubeSpawner.cmd = ["python3", "-c", "import time; time.sleep(10**6)"]
+    c.KubeSpawner.volumes = [{"name": "fake-cuda", "hostPath": {"path": str(FAKE_CUDA)}}]
+    c.KubeSpawner.volume_mounts = [{"name": "fake-cuda", "mountPath": "/opt/fake-cuda",
+                                    "readOnly": True}]
+    c.KubeSpawner.environment = {"LD_LIBRARY_PATH": "/opt/fake-cuda"}
+    sched = SchedulerProcess(info, tmp_path)
+
+    async def go():
+        async with kube(info) as kc:
+            await create_namespace(kc, ns)
+            await _default_service_account(kc, ns)
+            await kc.apply("/api/v1/persistentvolumes",
+                           _home_volume("real-node-home", tmp_path / "home"))
+            await create_org(kc, "d-real", 1, {"p-real": {"gpus": 1}})
+            sched.start()
+            sp = Spawner(config=c, _mock=True)
+            try:
+                sp.user_options = {"project": "p-real", "gpu_mode": "fraction",
+                                   "gpu_fraction": 0.25, "cpu": 1, "memory_gib": 2}
+                await asyncio.wait_for(sp.start(), 300)
+                pod = await kc.get(f"/api/v1/namespaces/{ns}/pods/{sp.pod_name}")
+                cm = await kc.get(f"/api/v1/namespaces/{ns}/configmaps/{sp.pod_name}-gpupool")
+                probe = kubectl(info, "-n", ns, "exec", sp.pod_name, "--", "python3", "-c",
+                                CAP_PROBE, timeout=120)
+                await sp.stop(now=True)
+                return pod, cm, json.loads(probe.strip().splitlines()[-1])
+            finally:
+                await delete_org(kc, "d-real", ["p-real"])
+                await _stop_reflectors()
+
+    try:
+        pod, cm, probe = run(go())
+    finally:
+        sched.stop()
+        print(f"--- gpupool-scheduler logs ---\n{sched.logs()}")
+    assert pod["spec"]["nodeName"] == info.real_node
+    assert pod["metadata"]["annotations"]["gpupool.io/gpu-milli"] == "250"
+    for key, value in cm["data"].items():  # the fraction's environment, from the ConfigMap
+        if key.startswith("GPUPOOL_") or key == "LD_PRELOAD":
+            assert probe["env"].get(key) == value, key
+    assert probe["env"]["GPUPOOL_GPU_MILLI"] == "250"
+    assert cm["data"]["LD_PRELOAD"] in probe["maps"]  # loaded into the process
+    limit = probe["total"]
+    assert 0 < limit <= DECLARED_GPU["memory_mib"] * 2**20 // 4
+    rcs = probe["rcs"]
+    assert rcs[-1] == 2 and all(rc == 0 for rc in rcs[:-1]), rcs
+    assert (len(rcs) - 1) * 2**30 <= limit < len(rcs) * 2**30
