@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -28,9 +29,10 @@ pytestmark = [
 
 NS = "gpupool-system"
 RELEASE = "gpupool"
-# the controllers the chart's Deployments and DaemonSet need (kube-controller-manager)
-CONTROLLERS = ("serviceaccount,serviceaccount-token,namespace,garbagecollector,"
-               "deployment,replicaset,daemonset")
+# the controllers the chart's Deployments and DaemonSet need (kube-controller-manager); real
+# pods mount the API server's CA from the ConfigMap root-ca-cert-publisher writes
+CONTROLLERS = ("serviceaccount,serviceaccount-token,root-ca-cert-publisher,namespace,"
+               "garbagecollector,deployment,replicaset,daemonset")
 DECLARED = {"count": 4, "model": "NVIDIA L4", "memoryMib": 23034}
 
 
@@ -172,8 +174,23 @@ def test_the_hub_answers_through_the_chart_s_proxy(release: ClusterInfo):
         port = re.search(r"127\.0\.0\.1:(\d+) -> 8000", line)
         assert port, f"no forwarding line: {line!r} {pf.stderr.read() if pf.poll() else ''}"
         base = f"http://127.0.0.1:{port.group(1)}"
-        with urllib.request.urlopen(f"{base}/hub/api", timeout=30) as r:
-            assert "version" in json.loads(r.read())
+        seen: list = []
+
+        async def api_answers():
+            # the pod is Ready on the hub's own port; the proxy learns the hub's route after
+            try:
+                with urllib.request.urlopen(f"{base}/hub/api", timeout=30) as r:
+                    return json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                seen.append((e.code, e.read()[:300]))
+                return None
+
+        try:
+            answer = run(wait_until(api_answers, "the hub's API through the proxy", timeout=120,
+                                    interval=1))
+        except Exception:
+            pytest.fail(f"the proxy never reached the hub: {seen[-3:]}\n{_describe(info)}")
+        assert "version" in answer
         with urllib.request.urlopen(f"{base}/hub/login", timeout=30) as r:
             assert r.status == 200
             assert 'name="password"' in r.read().decode()
