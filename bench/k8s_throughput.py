@@ -34,6 +34,10 @@ allows on this machine. Published anchors on KWOK (YuniKorn's docs): kube-schedu
 ~50 pods/s (its default client QPS is 50), YuniKorn 833 pods/s.
 ``GPUPOOL_BENCH_PROFILE=DIR`` runs gpupool-scheduler under cProfile with the CPU clock
 and writes DIR/gpupool-*.prof.
+``--constraints`` adds a fourth run, gpupool-scheduler over pods that each carry a node
+selector, one of 4 zones by required node affinity and a toleration of a taint that every
+node has for that run: ``gpupool_constrained_pods_s`` against ``gpupool_pods_s`` (plain pods,
+the same run) is what honouring constraints costs (``constrained_of_plain``).
 Note 500 x 8 = 4,000 GPUs for 5,000 pods: the last 1,000 stay pending (as they would on a
 full cluster); the rates count the pods that can be bound.
 """
@@ -68,15 +72,18 @@ NS = "bench"
 BIND_CONCURRENCY = 48  # Bindings in flight, gpupool and the bare loop alike (--bind-concurrency)
 PROFILE = os.environ.get("GPUPOOL_BENCH_PROFILE", "")  # a folder: cProfile the scheduler
 GROUP = "/apis/gpupool.io/v1alpha1"
+# --constraints: the constrained pods' node selector, zones and toleration
+BENCH_LABEL, ZONE_LABEL, BENCH_TAINT = "gpupool.io/bench-node", "gpupool.io/bench-zone", "gpupool.io/bench"
+ZONES = 4
 
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def pod(name: str, scheduler: str) -> dict:
+def pod(name: str, scheduler: str, constrained: bool = False, k: int = 0) -> dict:
     ann = {"gpupool.io/project": "bench", "gpupool.io/kind": "training"}
-    return {
+    obj = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": NS, "annotations": ann},
         "spec": {"schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
@@ -84,6 +91,28 @@ def pod(name: str, scheduler: str) -> dict:
                      "requests": {"cpu": "100m", "memory": "64Mi"},
                      "limits": {"nvidia.com/gpu": "1"}}}]},
     }  # fmt: skip
+    if constrained:  # --constraints: a node selector, one zone of ZONES by affinity, a toleration
+        obj["spec"].update(
+            nodeSelector={BENCH_LABEL: "true"},
+            affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": ZONE_LABEL, "operator": "In", "values": [f"z{k % ZONES}"]}]}]}}},
+            tolerations=[{"key": BENCH_TAINT, "operator": "Exists", "effect": "NoSchedule"}])
+    return obj
+
+
+async def constrain_nodes(kc: KubeClient, nodes: list[str], on: bool) -> None:
+    """--constraints: label every node with a zone (ZONES of them, equal shares) and taint it
+    (on), or take the taint off again (off): the constrained pods tolerate it, others not."""
+    sem = asyncio.Semaphore(32)
+
+    async def one(i: int, name: str) -> None:
+        taints = [{"key": BENCH_TAINT, "value": "yes", "effect": "NoSchedule"}] if on else None
+        async with sem:
+            await kc.patch(f"/api/v1/nodes/{name}", {
+                "metadata": {"labels": {BENCH_LABEL: "true", ZONE_LABEL: f"z{i % ZONES}"}},
+                "spec": {"taints": taints}})
+
+    await asyncio.gather(*(one(i, n) for i, n in enumerate(nodes)))
 
 
 async def wait_empty(kc: KubeClient) -> None:
@@ -102,10 +131,10 @@ async def wait_empty(kc: KubeClient) -> None:
             await asyncio.sleep(0.5)
 
 
-async def probe(kc: KubeClient, scheduler: str, timeout_s: float = 180) -> None:
+async def probe(kc: KubeClient, scheduler: str, constrained: bool, timeout_s: float = 180) -> None:
     """Create one pod and wait until it is bound: the scheduler is up and synced."""
     name = f"{scheduler[:8]}-probe"
-    await kc.post(f"/api/v1/namespaces/{NS}/pods", pod(name, scheduler))
+    await kc.post(f"/api/v1/namespaces/{NS}/pods", pod(name, scheduler, constrained))
     end = time.monotonic() + timeout_s
     while not (await kc.get(f"/api/v1/namespaces/{NS}/pods/{name}"))["spec"].get("nodeName"):
         if time.monotonic() > end:
@@ -114,7 +143,7 @@ async def probe(kc: KubeClient, scheduler: str, timeout_s: float = 180) -> None:
 
 
 async def measure(kc: KubeClient, scheduler: str, n: int, expect: int, concurrency: int,
-                  stall_s: float, start, backlog: bool) -> dict:
+                  stall_s: float, start, backlog: bool, constrained: bool = False) -> dict:
     """Create n pods for ``scheduler`` and return the throughput and latency of their
     binds. burst: ``start()`` runs first, pods arrive while it schedules; pods/s is
     bound / (last bind - first create). backlog: every pod exists before ``start()``;
@@ -146,14 +175,14 @@ async def measure(kc: KubeClient, scheduler: str, n: int, expect: int, concurren
 
     if not backlog:
         await start()
-        await probe(kc, scheduler)
+        await probe(kc, scheduler, constrained)
         expect -= 1  # the probe holds one GPU
     _, rv = await kc.list_all(f"/api/v1/namespaces/{NS}/pods", limit=1)
     watcher = asyncio.create_task(watch())
     req0 = await api_requests(kc)
     cpu0 = cpu_now()
     t0 = time.perf_counter()
-    created, creators_cpu = await create_pods(scheduler, n, concurrency)
+    created, creators_cpu = await create_pods(scheduler, n, concurrency, constrained)
     t_created = time.perf_counter()
     t_start = t0
     if backlog:
@@ -216,7 +245,8 @@ async def measure(kc: KubeClient, scheduler: str, n: int, expect: int, concurren
 CREATOR_PROCS = 2  # processes creating pods in a burst (``--create-procs``)
 
 
-async def create_pods(scheduler: str, n: int, concurrency: int) -> tuple[dict[str, float], float]:
+async def create_pods(scheduler: str, n: int, concurrency: int, constrained: bool = False
+                      ) -> tuple[dict[str, float], float]:
     """Create n pods from ``CREATOR_PROCS`` processes of their own (the same for every
     scheduler), ``concurrency`` requests in flight in all over keep-alive connections,
     bodies serialised before the clock starts; returns each pod's create-done time
@@ -227,7 +257,7 @@ async def create_pods(scheduler: str, n: int, concurrency: int) -> tuple[dict[st
         job = Path(CLUSTER.state_dir) / f"creator-{k}.json"
         job.write_text(json.dumps({
             "host": CLUSTER.host, "token": CLUSTER.token, "ca_file": str(CLUSTER.ca_file),
-            "scheduler": scheduler, "indices": list(range(k, n, CREATOR_PROCS)),
+            "scheduler": scheduler, "indices": list(range(k, n, CREATOR_PROCS)), "constrained": constrained,
             "concurrency": max(1, concurrency // CREATOR_PROCS)}))
         procs.append((job, await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--creator", str(job))))
@@ -246,7 +276,7 @@ def run_creator(job_path: str) -> int:
     """One creator process (``--creator JOB.json``): POST pre-serialised pods."""
     job = json.loads(Path(job_path).read_text())
     sched = job["scheduler"]
-    bodies = [(f"{sched[:8]}-{i:05d}", json.dumps(pod(f"{sched[:8]}-{i:05d}", sched)).encode())
+    bodies = [(f"{sched[:8]}-{i:05d}", json.dumps(pod(f"{sched[:8]}-{i:05d}", sched, job["constrained"], i)).encode())
               for i in job["indices"]]
     done: dict[str, float] = {}
 
@@ -498,6 +528,8 @@ async def main_async(args: argparse.Namespace, info: ClusterInfo) -> dict:
         WATCHED.clear()
 
     runners = [("gpupool", "gpupool", start_gp), ("ceiling", "bench-bare", start_bare)]
+    if args.constraints:  # last: the taint it puts on the nodes is taken off after it
+        runners.append(("gpupool_constrained", "gpupool", start_gp))
     if not args.skip_kube_scheduler:
         runners.insert(0, ("kube_scheduler", "default-scheduler", start_ks))
     runners = [r for r in runners if r[0] in args.only] if args.only else runners
@@ -507,13 +539,18 @@ async def main_async(args: argparse.Namespace, info: ClusterInfo) -> dict:
             mode = "backlog" if backlog else "burst"
             for key, sched_name, start in runners:
                 log(f"{key}, {mode}")
+                constrained = key == "gpupool_constrained"
+                if constrained:
+                    await constrain_nodes(kc, nodes, on=True)
                 try:
                     r = await measure(kc, sched_name, args.pods, expect, args.create_concurrency,
-                                      args.stall_s, start, backlog)
+                                      args.stall_s, start, backlog, constrained)
                     r["cpu_ms_per_pod"] = (1000 * cpu_s(procs[-1].pid) / r["bound"]
                                            if r["bound"] else None)
                 finally:
                     await stop_all()
+                    if constrained:
+                        await constrain_nodes(kc, nodes, on=False)
                 log(f"{key}, {mode}: {r}")
                 out.update({f"{mode}_{key}_{k}": v for k, v in r.items()})
                 await wait_empty(kc)
@@ -531,6 +568,8 @@ async def main_async(args: argparse.Namespace, info: ClusterInfo) -> dict:
     out["gpupool_of_ceiling"] = ratio("gpupool_pods_s", "ceiling_pods_s")
     out["burst_ratio"] = ratio("burst_gpupool_pods_s", "burst_kube_scheduler_pods_s")
     out["burst_gpupool_of_ceiling"] = ratio("burst_gpupool_pods_s", "burst_ceiling_pods_s")
+    out["constrained_of_plain"] = ratio("gpupool_constrained_pods_s", "gpupool_pods_s")
+    out["constrained_of_ceiling"] = ratio("gpupool_constrained_pods_s", "ceiling_pods_s")
     return out
 
 
@@ -544,8 +583,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="end a run when no pod was bound for this long")
     ap.add_argument("--skip-kube-scheduler", action="store_true")
     ap.add_argument("--modes", nargs="+", choices=("burst", "backlog"), default=["burst", "backlog"])
-    ap.add_argument("--only", nargs="+", choices=("kube_scheduler", "gpupool", "ceiling"),
+    ap.add_argument("--only", nargs="+", choices=("kube_scheduler", "gpupool", "ceiling", "gpupool_constrained"),
                     help="run only these (the ratios then need the others)")
+    ap.add_argument("--constraints", action="store_true",
+                    help="also gpupool-scheduler over pods with a node selector, a zone by node "
+                         "affinity (4 zones) and a toleration of a taint every node then has")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--bind-concurrency", type=int, default=48,
                     help="Bindings in flight for gpupool-scheduler and the bare loop")
@@ -576,7 +618,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.json:
         for k in ("kube_scheduler_pods_s", "gpupool_pods_s", "ratio", "ceiling_pods_s",
                   "gpupool_of_ceiling", "gpupool_p99_bind_s", "kube_scheduler_p99_bind_s",
-                  "burst_kube_scheduler_pods_s", "burst_gpupool_pods_s", "burst_ceiling_pods_s"):
+                  "burst_kube_scheduler_pods_s", "burst_gpupool_pods_s", "burst_ceiling_pods_s",
+                  "gpupool_constrained_pods_s", "constrained_of_plain", "constrained_of_ceiling"):
             v = out.get(k)
             print(f"{k:28s} {v:.3f}" if isinstance(v, float) else f"{k:28s} {v}")
     print(json.dumps(out))

@@ -279,6 +279,12 @@ class Gpupool(Configurable):
         "the project's workspace image holds gpupool.checkpoint and numpy.",
     ).tag(config=True)
 
+    topology_key = Unicode(
+        "", help="Node label a training's workers prefer to share (backend = kubernetes), e.g. "
+        "topology.kubernetes.io/zone or a rack label: gpupool-scheduler places the whole gang "
+        "within one value of it when one has room. Empty: none.",
+    ).tag(config=True)
+
     accounts = Enum(
         ["create", "existing", "personal"],
         help="Which OS account runs each user's workloads. create: an account per user, made on "

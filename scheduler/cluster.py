@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .constraints import NO_CONSTRAINTS, NodeConstraints, Taint, unavailable
 from .model import MILLI, Node, PodDemand
 
 CHANGE_LOG_MAX = 1 << 16
@@ -45,6 +46,7 @@ class ClusterArrays:
     pools: list[str]
     models: list[str]
     labels: list[dict[str, str]]
+    taints: list[tuple[Taint, ...]]
     pool_id: np.ndarray  # (N,) int16
     model_id: np.ndarray  # (N,) int16; model of the node's GPUs (-1: no GPU)
     gpu_count: np.ndarray  # (N,) int16
@@ -99,6 +101,7 @@ class ClusterArrays:
             pools=pools,
             models=models,
             labels=[dict(x.labels) for x in nodes],
+            taints=[x.taints for x in nodes],
             pool_id=np.array([pool_ix[x.pool] for x in nodes], dtype=np.int16),
             model_id=model_id,
             gpu_count=np.array([len(x.gpus) for x in nodes], dtype=np.int16),
@@ -119,6 +122,7 @@ class ClusterArrays:
             pools=self.pools,
             models=self.models,
             labels=self.labels,
+            taints=self.taints,
             pool_id=self.pool_id,
             model_id=self.model_id,
             gpu_count=self.gpu_count,
@@ -162,20 +166,21 @@ class ClusterArrays:
             self.changed = []
         self.changed.append(node)
 
-    def eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> np.ndarray:
-        """Nodes whose pool, GPU model, CPU and memory allow one pod of ``demand`` (a fresh
-        array the caller may change).
+    def eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand,
+                 constraints: NodeConstraints | None = None) -> np.ndarray:
+        """Nodes whose pool, GPU model, CPU and memory allow one pod of ``demand``, and whose
+        labels and taints its ``constraints`` allow (a fresh array the caller may change).
 
         The mask is kept per question and brought up to date from the change log: a cycle
         asks the same few questions thousands of times with a node or two changed between."""
-        return self._eligible(pool, models, demand).copy()
+        return self._eligible(pool, models, demand, constraints=constraints).copy()
 
     def eligible_view(self, pool: str | None, models: tuple[str, ...], demand: PodDemand,
-                      off_scarce: bool = False) -> np.ndarray:
+                      off_scarce: bool = False, constraints: NodeConstraints | None = None) -> np.ndarray:
         """``eligible``'s mask as kept, read-only, without a copy: valid until the next
         take/give. A placement policy may keep results for it (``kept_in_step``).
         ``off_scarce``: without the pool's ``scarce`` nodes."""
-        return self._eligible(pool, models, demand, off_scarce)
+        return self._eligible(pool, models, demand, off_scarce, constraints)
 
     def kept_in_step(self, mask: np.ndarray) -> bool:
         """Whether ``mask`` is a kept ``eligible_view`` mask, up to date with ``changed``:
@@ -186,19 +191,20 @@ class ClusterArrays:
             return False
         return entry[1] is self.changed and entry[2] == len(self.changed)
 
-    def any_eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> bool:
+    def any_eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand,
+                     constraints: NodeConstraints | None = None) -> bool:
         """Whether any node's pool, GPU model, CPU and memory allow one pod of ``demand``."""
-        return bool(self._eligible(pool, models, demand).any())
+        return bool(self._eligible(pool, models, demand, constraints=constraints).any())
 
     def _eligible(self, pool: str | None, models: tuple[str, ...], demand: PodDemand,
-                  off_scarce: bool = False) -> np.ndarray:
+                  off_scarce: bool = False, constraints: NodeConstraints | None = None) -> np.ndarray:
         """The kept mask for ``eligible``, up to date (not to be changed by the caller)."""
         cpu, mem = demand.cpu_milli, demand.memory_mib
-        key = (pool, models, demand.gpu_count, cpu, mem, off_scarce)
+        key = (pool, models, demand.gpu_count, cpu, mem, off_scarce, constraints)
         entry = self._masks.get(key)
         log = self.changed
         if entry is None or entry[1] is not log or len(log) - entry[2] > MASK_ROWS_BY_HAND:
-            static = self._static(pool, models, demand.gpu_count, off_scarce)
+            static = self._static(pool, models, demand.gpu_count, off_scarce, constraints)
             rows = static & (self.cpu_free >= cpu) & (self.mem_free >= mem)
             mask = rows.view()
             mask.flags.writeable = False  # changed only here, through ``rows``, in step with the log
@@ -222,14 +228,15 @@ class ClusterArrays:
             entry[2] = len(log)
         return mask
 
-    def could_hold(self, pool: str | None, models: tuple[str, ...], demand: PodDemand) -> np.ndarray:
+    def could_hold(self, pool: str | None, models: tuple[str, ...], demand: PodDemand,
+                   constraints: NodeConstraints | None = None) -> np.ndarray:
         """Nodes that could take one pod of ``demand`` if nothing ran on them (read-only).
         Totals never change within a lineage, so the mask is kept there per pod shape."""
         kept = self.lineage.could_hold
-        key = (pool, models, demand.gpu_count, demand.cpu_milli, demand.memory_mib)
+        key = (pool, models, demand.gpu_count, demand.cpu_milli, demand.memory_mib, constraints)
         out = kept.get(key)
         if out is None:
-            static = self._static(pool, models, demand.gpu_count)
+            static = self._static(pool, models, demand.gpu_count, constraints=constraints)
             out = static & (self.cpu_total >= demand.cpu_milli) & (self.mem_total >= demand.memory_mib)
             out.flags.writeable = False
             if len(kept) >= MASKS_KEPT:  # a long-lived lineage sees many pod shapes
@@ -263,17 +270,42 @@ class ClusterArrays:
             out = self.lineage.static[key] = bool(self.scarce(pool).any())
         return out
 
+    def allowed(self, constraints: NodeConstraints | None) -> np.ndarray | None:
+        """Nodes whose labels, name and taints ``constraints`` allow; None: every node (no
+        constraints, no tainted node). Kept per lineage and distinct constraints, so
+        thousands of pods with the same ones cost one pass over the nodes."""
+        key = ("allowed", constraints)
+        st = self.lineage.static
+        if key not in st:
+            if constraints is None and not any(self.taints):
+                st[key] = None
+            else:
+                c = constraints or NO_CONSTRAINTS
+                rows = zip(self.names, self.labels, self.taints)
+                st[key] = np.fromiter((c.allows(*r) for r in rows), dtype=bool, count=len(self.names))
+        return st[key]
+
+    def unavailable(self, constraints: NodeConstraints | None) -> str | None:
+        """When no node at all allows ``constraints``: kube-scheduler's sentence saying why
+        ("0/4 nodes are available: ..."); else None."""
+        ok = self.allowed(constraints)
+        if ok is None or ok.any():
+            return None
+        return unavailable(constraints or NO_CONSTRAINTS, list(zip(self.names, self.labels, self.taints)))
+
     def _static(self, pool: str | None, models: tuple[str, ...], gpu_count: int,
-                off_scarce: bool = False) -> np.ndarray:
-        """Nodes whose pool, GPU model and GPU count allow a pod (``off_scarce``: less the
-        pool's scarce nodes); these never change within a lineage, so the mask is kept there."""
+                off_scarce: bool = False, constraints: NodeConstraints | None = None) -> np.ndarray:
+        """Nodes whose pool, GPU model, GPU count and the pod's constraints allow it
+        (``off_scarce``: less the pool's scarce nodes); these never change within a lineage,
+        so the mask is kept there."""
         if off_scarce:
-            key_off = ("off_scarce", pool, models, gpu_count)
+            key_off = ("off_scarce", pool, models, gpu_count, constraints)
             static = self.lineage.static.get(key_off)
             if static is None:
-                static = self.lineage.static[key_off] = self._static(pool, models, gpu_count) & ~self.scarce(pool)
+                static = self._static(pool, models, gpu_count, constraints=constraints) & ~self.scarce(pool)
+                self.lineage.static[key_off] = static
             return static
-        key = (pool, models, gpu_count)
+        key = (pool, models, gpu_count, constraints)
         static = self.lineage.static.get(key)
         if static is None:
             static = np.ones(len(self.names), dtype=bool)
@@ -284,6 +316,9 @@ class ClusterArrays:
                 static &= np.isin(self.model_id, ids)
             if gpu_count:
                 static &= self.gpu_count >= gpu_count
+            allowed = self.allowed(constraints)
+            if allowed is not None:
+                static &= allowed
             self.lineage.static[key] = static
         return static
 

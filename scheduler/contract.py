@@ -23,6 +23,7 @@ functions, no I/O:
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, field
 
 from .model import MILLI
@@ -82,6 +83,7 @@ class A:
     PLANNED_NODE = "gpupool.io/node"
     # Node side (written by the node agent; optional):
     NODE_GPU_UUIDS = "gpupool.io/gpu-uuids"
+    NODE_GPU_ACTIVITY = "gpupool.io/gpu-activity"  # JSON: pod uid -> [launches, allocs, last s]
     NODE_GPU_PRODUCT = "nvidia.com/gpu.product"
     NODE_GPU_MEMORY = "nvidia.com/gpu.memory"
 
@@ -132,6 +134,35 @@ class Preload:
 PRELOAD = Preload()  # the chart's and the node agent's defaults
 DEFAULT_PRELOAD = PRELOAD.path
 
+# The interception library's account of a pod with a share (GPUPOOL_SHARED_REGION): a file in
+# an emptyDir, writable by whatever user the container runs as, which gpupool-node-agent
+# reads in the kubelet's folder of the pod (``region_host_path``) to publish the pod's
+# activity counters on its Node (``A.NODE_GPU_ACTIVITY``); the hub's culler reads them there.
+REGION_VOLUME = "gpupool-region"
+REGION_MOUNT = "/var/run/gpupool/region"
+REGION_FILE = "account"
+KUBELET_PODS_DIR = "/var/lib/kubelet/pods"
+# The counters at the head of an account (native/src/account.c, struct gp_region): magic,
+# layout, launches, allocations, wall clock of the last of either in ms.
+REGION_MAGIC = 0x67707032  # "gpp2", GP_REGION_MAGIC
+REGION_HEAD = struct.Struct("<IIQQQ")
+
+
+def region_host_path(pods_dir: str, pod_uid: str) -> str:
+    """Where the account of pod ``pod_uid`` lies on its node (``pods_dir``: the kubelet's)."""
+    return f"{pods_dir.rstrip('/')}/{pod_uid}/volumes/kubernetes.io~empty-dir/{REGION_VOLUME}/{REGION_FILE}"
+
+
+def region_counters(head: bytes) -> tuple[int, int, float] | None:
+    """(launches, allocations, last active in s) from an account's first bytes; (0, 0, 0)
+    for an empty one (never touched the GPU), None for one this library version did not write."""
+    if not head.strip(b"\0"):
+        return 0, 0, 0.0
+    if len(head) < REGION_HEAD.size:
+        return None
+    magic, _layout, launches, allocs, last_ms = REGION_HEAD.unpack(head[:REGION_HEAD.size])
+    return (launches, allocs, last_ms / 1000.0) if magic == REGION_MAGIC else None
+
 
 def config_map_name(pod_name: str) -> str:
     """The per-pod ConfigMap of a fractional pod (written by the scheduler before it binds)."""
@@ -153,7 +184,7 @@ def request_annotations(project: str, kind: str, *, priority: int | None = None,
                         preemptible: bool | None = None, allow_over_quota: bool | None = None,
                         gang: str | None = None, gang_size: int | None = None,
                         node_pool: str | None = None, gpu_model: str | None = None,
-                        resumed: bool = False) -> dict[str, str]:
+                        resumed: bool = False, topology_key: str | None = None) -> dict[str, str]:
     ann = {A.PROJECT: project, A.KIND: kind}
     if priority is not None:
         ann[A.PRIORITY] = str(int(priority))
@@ -163,6 +194,8 @@ def request_annotations(project: str, kind: str, *, priority: int | None = None,
         ann[A.OVER_QUOTA] = "true" if allow_over_quota else "false"
     if gang:
         ann[A.GANG], ann[A.GANG_SIZE] = gang, str(int(gang_size or 1))
+        if topology_key:  # the node label a gang's pods prefer to share (e.g. a rack)
+            ann[A.TOPOLOGY] = topology_key
     if node_pool:
         ann[A.NODE_POOL] = node_pool
     if gpu_model:
@@ -205,9 +238,9 @@ def gpu_parts(pod_name: str, gpus: float = 0, gpu_memory_mib: int = 0,
     cm = config_map_name(pod_name)
     parts.annotations[A.CONFIG_MAP] = cm
     parts.env_from = [{"configMapRef": {"name": cm, "optional": False}}]
-    parts.volumes = [preload.volume()]
-    parts.mounts = [preload.mount()]
-    parts.env = {"LD_PRELOAD": preload.path}
+    parts.volumes = [preload.volume(), {"name": REGION_VOLUME, "emptyDir": {}}]
+    parts.mounts = [preload.mount(), {"name": REGION_VOLUME, "mountPath": REGION_MOUNT}]
+    parts.env = {"LD_PRELOAD": preload.path, "GPUPOOL_SHARED_REGION": f"{REGION_MOUNT}/{REGION_FILE}"}
     return parts
 
 

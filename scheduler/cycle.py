@@ -247,7 +247,7 @@ class Cycle:
         if shape is None:  # worked out once per workload and cycle
             shape = self.shape_of[w.name] = self._shape(w)
         sid, size, topo = shape
-        key, group = (pool, sid), (pool, w.gpu_models)
+        key, group = (pool, sid), (pool, w.gpu_models, w.constraints)
         epoch = self.work.epoch
         if self.failed.get(key) == epoch:
             return None
@@ -261,7 +261,7 @@ class Cycle:
         tries = (True, False) if protected and w.demand.gpu_count and a.has_scarce(pool) else (False,)
         if w.pods == 1 and topo is None:  # the common case: nothing to undo
             for off_scarce in tries:
-                c = self.policy.place(a, a.eligible_view(pool, w.gpu_models, w.demand, off_scarce), w.demand)
+                c = self.policy.place(a, a.eligible_view(pool, w.gpu_models, w.demand, off_scarce, w.constraints), w.demand)
                 if c is not None:
                     self.work.take(w, [c])
                     return [c]
@@ -274,9 +274,9 @@ class Cycle:
                     choices: list[Choice] = []
                     for _ in range(w.pods):
                         if domain is None:  # the kept mask, as for a single pod
-                            mask = a.eligible_view(pool, w.gpu_models, w.demand, off_scarce)
+                            mask = a.eligible_view(pool, w.gpu_models, w.demand, off_scarce, w.constraints)
                         else:
-                            mask = a.eligible(pool, w.gpu_models, w.demand) & domain
+                            mask = a.eligible(pool, w.gpu_models, w.demand, w.constraints) & domain
                             if off_scarce:
                                 mask &= ~a.scarce(pool)
                         c = self.policy.place(a, mask, w.demand)
@@ -293,7 +293,7 @@ class Cycle:
 
     def _shape(self, w: Workload) -> tuple[int, tuple | None, str | None]:
         """(a number for everything placement looks at, its pod size, its topology key)."""
-        placement = (w.gpu_models, w.demand, w.pods, w.topology_key)
+        placement = (w.gpu_models, w.demand, w.pods, w.topology_key, w.constraints)
         sid = self.shape_ids.setdefault(placement, len(self.shape_ids))
         return sid, pod_size(w), w.topology_key or (self.cfg.default_topology_key if w.pods > 1 else None)
 
@@ -332,8 +332,8 @@ class Cycle:
         return False
 
     def capacity_reason(self, w: Workload, pool: str) -> tuple[str, str]:
-        anywhere = self.work.arrays.any_eligible(pool, w.gpu_models, w.demand)
-        key = (pool, w.gpu_models, w.demand, w.pods, anywhere)
+        anywhere = self.work.arrays.any_eligible(pool, w.gpu_models, w.demand, w.constraints)
+        key = (pool, w.gpu_models, w.demand, w.pods, anywhere, w.constraints)
         reason = self.capacity_reasons.get(key)
         if reason is None:  # the same few texts for thousands of workloads: made once each
             where = f"pool {pool}" + (f" with GPU model {'/'.join(w.gpu_models)}" if w.gpu_models else "")

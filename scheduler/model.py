@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from gpupool.errors import GpupoolError
 
+from .constraints import NodeConstraints, Taint
+
 MILLI = 1000
 DEFAULT_POOL = "default"
 # The most GPUs a quota or limit may name: far beyond any cluster, and small enough that
@@ -76,6 +78,7 @@ class Node:
     memory_mib: int = 256 * 1024
     pool: str = DEFAULT_POOL
     labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()  # only pods that tolerate them go here (constraints.py)
 
     def validate(self) -> None:
         if not self.name:
@@ -246,6 +249,8 @@ class Workload:
     node_pool: str | None = None  # None: any pool
     gpu_models: tuple[str, ...] = ()  # empty: any model
     topology_key: str | None = None  # node label a gang prefers to share (e.g. "rack")
+    # Node selector, required node affinity, tolerations (None: none, yet no tainted node)
+    constraints: NodeConstraints | None = None
     submit_time: float = 0.0
     state: State = State.PENDING
     placement: tuple[PodPlacement, ...] = ()  # for running workloads, one per pod

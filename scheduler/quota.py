@@ -291,6 +291,14 @@ class OverQuotaLedger:
                 self.lag[key] = self.lag.get(key, 0.0) * keep + self.slope.get(key, 0.0) * gain
         self.t = t if self.t is None else max(self.t, t)
 
+    def restore(self, lag: Mapping[tuple[str, str], float], at: float, now: float) -> None:
+        """Start from a lag recorded at ``at`` (a previous scheduler's), decayed to ``now``;
+        its rates come with the next ``observe``."""
+        keep = math.exp(-self.rate * max(0.0, now - at))
+        self.lag = {key: x * keep for key, x in lag.items()}
+        self.slope = {}
+        self.t = now
+
     def lag_at(self, t: float, on: bool = True) -> dict[tuple[str, str], float]:
         """What goes into ``Snapshot.over_quota_lag`` for a cycle at ``t``: the lag advanced to
         ``t``, copied; empty (everyone even) when fair share over time is off."""

@@ -3,7 +3,8 @@ that gpupool-scheduler places (hub_ext.serving.kubernetes.KubernetesBackend) in 
 The services are the chart's values (activator.services), mounted as services.json, and
 those the hub publishes (hub_ext.serving.published: one ConfigMap each, followed by a
 watch; additions and removals take effect without a restart, the services' state is
-written back at each change and every --poll seconds). This activator owns
+written back at each change and every --poll seconds; credentials and data sources come
+with each ConfigMap, their values in the Secret the hub writes). This activator owns
 the replicas of all of them. ``GET /_status`` lists the services' state.
 
     python activator.py --services services.json [--port 9000] [--host 0.0.0.0]
@@ -39,7 +40,10 @@ async def serve(args) -> None:
             raise SystemExit(f"activator.services[{i}]: {e}") from None
     kc = await KubeClient.from_kubeconfig(args.kubeconfig)
     async with kc:
-        controller = Controller(KubernetesBackend(kc, args.namespace, default_image=args.default_image))
+        # published services' credentials and data sources come with their ConfigMaps
+        backend = KubernetesBackend(kc, args.namespace, attachments=lambda spec: follower.attachments(spec),
+                                    default_image=args.default_image)
+        controller = Controller(backend)
         for spec in specs:
             controller.put(spec)
         follower = Follower(kc, args.namespace, controller, {s.name for s in specs})
@@ -60,6 +64,7 @@ async def serve(args) -> None:
         following.cancel()
         server.close()
         await controller.stop()  # deletes the replicas
+        await backend.close()
 
 
 def main() -> None:

@@ -4,26 +4,21 @@ stopping one goes through the hub's API."""
 
 from __future__ import annotations
 
-import pwd
 import time
 
 from sqlalchemy import delete
 
-from gpupool.errors import GpupoolError
-
 from .. import validation
 from ..attachments import attach
+from ..backends import mode
 from ..db.events import add_event
 from ..db.tables import WorkloadRow, bump_version
-from ..host.accounts import Accounts
-from ..host.launch import output_log, read_from
 from ..org import projects as org
 from ..requests.limits import limits_for
 from ..requests.rules import parse_request, workload_name
+from ..serving.db import InferenceRow
 from ..training.db import TrainingRow
 from .base import ApiHandler
-
-MAX_LOG_BYTES = 1 << 20
 
 
 def workload_dict(w: WorkloadRow) -> dict:
@@ -38,33 +33,36 @@ def workload_dict(w: WorkloadRow) -> dict:
 
 
 class WorkloadLogsHandler(ApiHandler):
-    """A workload's output (a workspace's server log, a command workload's output.log):
-    the last ``tail`` lines, or with ``offset`` what was written after that byte (follow)."""
+    """A workload's output (a workspace's server log, a command workload's output, an
+    inference replica's): the last ``tail`` lines, or with ``offset`` what was written after
+    that byte (follow). The mode's backend reads it: the owner's files, or the API server."""
 
-    def get(self, name):
+    async def get(self, name):
         tail = validation.integer_arg(self.get_argument("tail", None), "tail", 200, 1, 10_000)
         offset = self.get_argument("offset", None)
         start = None if offset in (None, "") else validation.integer_arg(offset, "offset", 0, 0, 2**62)
+        service = ""
         with self.Session() as s:
-            w = self.viewable(s, WorkloadRow, name, "workload")
-            kind, owner = w.kind, w.owner
-            if kind == "workspace":  # a workspace's log is its owner's (URLs, kernel output)
-                self.require("read_workspace_log", project=w.project, owner=owner)
+            w = s.get(WorkloadRow, name)
+            if w is None and (svc := _replica_service(s, name)) is not None:
+                # on Kubernetes a replica is the chart's activator's pod, not a hub row
+                service, kind, owner = svc.name, "replica", svc.owner
+                self.require("view", project=svc.project)
+            else:
+                w = self.viewable(s, WorkloadRow, name, "workload")
+                kind, owner = w.kind, w.owner
+                if kind == "workspace":  # a workspace's log is its owner's (URLs, kernel output)
+                    self.require("read_workspace_log", project=w.project, owner=owner)
         if kind == "training" and _has_job(self, name):
             raise validation.FieldError("name", f"{name} is a training job: see /trainings/{name}/logs?rank=N")
-        cfg = self.ctx.cfg
-        try:
-            acct = pwd.getpwnam(Accounts(cfg.accounts, prefix=cfg.account_prefix, home_root=cfg.home_root,
-                                         template=cfg.account_template or None).name_for(owner))
-        except (KeyError, GpupoolError):
-            self.send({"name": name, "lines": [], "offset": 0})
-            return
-        kinds = ["workspace"] if kind == "workspace" else ["replica", "command"]
-        paths = [output_log(acct.pw_dir, k, name) for k in kinds]
-        path = next((p for p in paths if p.exists()), paths[-1])
-        text, end = read_from(path, acct.pw_uid, start, MAX_LOG_BYTES)
-        lines = text.splitlines()
-        self.send({"name": name, "lines": lines if start is not None else lines[-tail:], "offset": end})
+        lines, end = await mode(self.ctx.cfg).workload_log(self.ctx.cfg, name, kind, owner, tail, start, service)
+        self.send({"name": name, "lines": lines, "offset": end})
+
+
+def _replica_service(s, name: str) -> InferenceRow | None:
+    """The inference service a replica name (``SERVICE-HEX``) belongs to, if any."""
+    service, _, suffix = name.rpartition("-")
+    return s.get(InferenceRow, service) if service and len(suffix) == 6 else None
 
 
 def _has_job(handler: ApiHandler, name: str) -> bool:

@@ -22,7 +22,7 @@ import base64
 import contextlib
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..db import audit
@@ -65,6 +65,17 @@ class Attachments:
 
     def __bool__(self) -> bool:
         return bool(self.credentials or self.datasources)
+
+    def to_dict(self) -> dict:
+        """Names, keys and mounts as JSON (what a published inference service carries)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Attachments:
+        return cls(d.get("project", ""),
+                   tuple(CredentialRef(c["name"], c["delivery"], tuple(c["keys"])) for c in d.get("credentials", ())),
+                   tuple(DataSourceRef(x["name"], x["kind"], dict(x["spec"]), x["mount_path"], bool(x["read_only"]))
+                         for x in d.get("datasources", ())))
 
 
 def check(s, project: str, creds: list[str] | tuple = (), sources: list[str] | tuple = (),

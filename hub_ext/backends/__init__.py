@@ -8,10 +8,12 @@ placement          ``EmbeddedScheduler`` on the hub's    gpupool-scheduler (its 
                    GPUs (NVML or ``declared_gpus``)      on the cluster's nodes; no declared GPUs
 workspaces         ``GpupoolLocalSpawner``               ``GpupoolKubeSpawner``
 trainings          ``training.embedded.JobRunner``       ``training.kubernetes.KubernetesTrainings``
+commands           the embedded scheduler's processes    ``backends.kubernetes_commands.KubernetesCommands``
 inference replicas the hub's activator, replicas as      published for the chart's activator, whose
                    processes (``serving.embedded``)      replicas are pods (``serving.kubernetes``)
 logs               the owner's files                     the API server (pods/NAME/log)
-exec (SSH)         ``ssh.embedded.EmbeddedBackend``          ``ssh.kubernetes.KubernetesBackend``
+GPU activity       the library's accounts (host)         the node agent's counters on the Nodes
+exec (SSH)         ``ssh.embedded.EmbeddedBackend``      ``ssh.kubernetes.KubernetesBackend``
 =================  ====================================  ===========================================
 
 The gpupool service process asks only the mode's class (``mode``) for what needs nothing
@@ -64,6 +66,12 @@ class Backend(Protocol):
     @staticmethod
     async def worker_log(cfg: Gpupool, name: str, rank: int, tail: int) -> list[str]:
         """The last ``tail`` lines of training ``name``'s worker ``rank``."""
+
+    @staticmethod
+    async def workload_log(cfg: Gpupool, name: str, kind: str, owner: str, tail: int,
+                           offset: int | None, service: str = "") -> tuple[list[str], int]:
+        """A workspace's, command's or inference replica's (``service``'s) output: its last
+        ``tail`` lines, or with ``offset`` what came after that byte; and the offset it ends at."""
 
     @staticmethod
     async def ssh(cfg: Gpupool, Session) -> Any:

@@ -141,6 +141,22 @@ class EmbeddedMode:
         return text.splitlines()[-tail:]
 
     @staticmethod
+    async def workload_log(cfg: Gpupool, name: str, kind: str, owner: str, tail: int,
+                           offset: int | None, service: str = "") -> tuple[list[str], int]:
+        """The owner's log file of workload ``name`` (read as that account's, safely)."""
+        try:
+            acct = pwd.getpwnam(Accounts(cfg.accounts, prefix=cfg.account_prefix, home_root=cfg.home_root,
+                                         template=cfg.account_template or None).name_for(owner))
+        except (KeyError, GpupoolError):
+            return [], 0
+        kinds = ["workspace"] if kind == "workspace" else ["replica", "command"]
+        paths = [launch.output_log(acct.pw_dir, k, name) for k in kinds]
+        path = next((p for p in paths if p.exists()), paths[-1])
+        text, end = launch.read_from(path, acct.pw_uid, offset, LOG_BYTES)
+        lines = text.splitlines()
+        return (lines if offset is not None else lines[-tail:]), end
+
+    @staticmethod
     async def ssh(cfg: Gpupool, Session):
         from ..ssh.embedded import EmbeddedBackend
 

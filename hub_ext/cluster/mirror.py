@@ -8,11 +8,12 @@ version; a watch that ends goes on from the last version seen, and a 410 (that v
 too old) or an error lists again. Once every path has been listed, each change calls
 ``listed`` (a whole path read again) or ``updated`` (one object), whose default is ``apply``
 (make the hub's rows match), and moves ``version`` on: ``wait_past`` wakes a loop at the
-next change instead of a poll."""
+next change instead of a poll. ``WatchLoop`` is the loop of a controller built on one."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from scheduler.kubernetes.client import ApiError, KubeClient
@@ -126,3 +127,39 @@ class Mirror:
             except Exception:
                 log.exception("watching %s failed", path)
                 await asyncio.sleep(self.retry_s)
+
+
+class WatchLoop:
+    """The loop of a hub controller that follows objects through one ``Mirror`` (``pods``):
+    ``poll`` at each change and at least every ``poll_s`` (for the hub's own rows, which
+    no watch tells of). Subclasses set ``pods`` and ``poll_s`` and define ``poll``."""
+
+    pods: Mirror
+    poll_s: float
+    _task: asyncio.Task | None = None
+    failure = "a controller's poll failed"  # logged with the traceback
+
+    def start(self) -> None:
+        if self._task is None:
+            self.pods.start()
+            self._task = asyncio.ensure_future(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        await self.pods.stop()
+
+    async def poll(self) -> None:
+        raise NotImplementedError
+
+    async def _loop(self) -> None:
+        while True:
+            seen = self.pods.version
+            try:
+                await self.poll()
+            except Exception:
+                log.exception(self.failure)
+            await self.pods.wait_past(seen, self.poll_s)

@@ -10,7 +10,7 @@ the truth for departments, projects and their quotas; the hub's database holds a
 Members and role assignments are not in the objects: they stay in the database (decision
 record 0023). The quota of ``scheduler.model.DEFAULT_POOL`` is the REST API's top-level
 fields, every other pool's its ``pools`` (``spec.quotas.<pool>``: gpus, overQuotaWeight,
-limit); CPU and memory quotas, which the objects do not hold, stay in the database.
+limit, cpu, memoryGib), CPU and memory quotas included: gpupool-scheduler reads them there.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ PATHS = {"department": f"{GROUP}/departments", "project": f"{GROUP}/projects"}
 KINDS = {"department": "Department", "project": "Project"}
 # CRD field -> REST field
 _FIELDS = {"gpus": "gpus", "overQuotaWeight": "over_quota_weight", "limit": "limit",
-           "department": "department", "name": "name"}
+           "cpu": "cpu_quota", "memoryGib": "memory_quota_gib", "department": "department", "name": "name"}
 _POOL_PATH = re.compile(r"spec\.quotas(?:\.([^.\[]+)|\[([^\]]+)\])")
 _clients: dict[str, KubeClient] = {}
 
@@ -65,7 +65,8 @@ async def client(kubeconfig: str) -> KubeClient:
 # -- the objects' shape ------------------------------------------------------------------
 def _crd_quota(q: dict) -> dict[str, Any]:
     # None: a merge patch removes the key
-    return {"gpus": q["gpus"], "overQuotaWeight": q["over_quota_weight"], "limit": q["limit"]}
+    return {"gpus": q["gpus"], "overQuotaWeight": q["over_quota_weight"], "limit": q["limit"],
+            "cpu": q.get("cpu_quota"), "memoryGib": q.get("memory_quota_gib")}
 
 
 def spec_of(kind: str, item: dict, removed: tuple[str, ...] = ()) -> dict:
@@ -80,10 +81,14 @@ def spec_of(kind: str, item: dict, removed: tuple[str, ...] = ()) -> dict:
     return spec
 
 
+def _number(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
 def _rest_quota(q: dict) -> dict:
-    limit = q.get("limit")
     return {"gpus": float(q.get("gpus", 0)), "over_quota_weight": float(q.get("overQuotaWeight", 1)),
-            "limit": None if limit is None else float(limit)}
+            "limit": _number(q.get("limit")), "cpu_quota": _number(q.get("cpu")),
+            "memory_quota_gib": _number(q.get("memoryGib"))}
 
 
 def _quotas(obj: dict) -> dict:
@@ -91,21 +96,15 @@ def _quotas(obj: dict) -> dict:
 
 
 def quota_of(obj: dict) -> dict:
-    """gpus, over_quota_weight and limit of the object's DEFAULT_POOL quota (0 GPUs without)."""
+    """gpus, over_quota_weight, limit, cpu_quota and memory_quota_gib of the object's
+    DEFAULT_POOL quota (0 GPUs without)."""
     return _rest_quota(_quotas(obj).get(DEFAULT_POOL) or {})
 
 
-def pools_of(obj: dict, current: dict | None = None) -> dict:
-    """The object's other pools' quotas as the REST API's ``pools``, with the CPU and memory
-    quotas the database holds for them in ``current`` (the row's pool_quotas)."""
-    out = {}
-    for pool, q in sorted(_quotas(obj).items()):
-        if pool == DEFAULT_POOL or not isinstance(q, dict):
-            continue
-        held = (current or {}).get(pool) or {}
-        out[pool] = {**_rest_quota(q), "cpu_quota": held.get("cpu_quota"),
-                     "memory_quota_gib": held.get("memory_quota_gib")}
-    return out
+def pools_of(obj: dict) -> dict:
+    """The object's other pools' quotas as the REST API's ``pools``."""
+    return {pool: _rest_quota(q) for pool, q in sorted(_quotas(obj).items())
+            if pool != DEFAULT_POOL and isinstance(q, dict)}
 
 
 def field_error(e: ApiError) -> FieldError:
@@ -171,7 +170,7 @@ def _differs(row, q: dict) -> bool:
 def _stored_and_wanted(s, Row, name: str, obj: dict) -> tuple:
     """The row ``name`` (None: none yet) and the quota fields its object asks for."""
     row = s.get(Row, name)
-    return row, {**quota_of(obj), "pool_quotas": pools_of(obj, row.pool_quotas if row is not None else None)}
+    return row, {**quota_of(obj), "pool_quotas": pools_of(obj)}
 
 
 def _set(row, fields: dict) -> None:

@@ -8,15 +8,13 @@ are read here from the file without joining the account's lock.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import regions
+from scheduler.contract import REGION_HEAD, region_counters
 
-MAGIC = 0x67707032  # "gpp2", native/src/account.c GP_REGION_MAGIC
-_HEAD = struct.Struct("<IIQQQ")  # magic, layout, launches, allocs, last_active_ms
+from . import regions
 
 
 @dataclass(frozen=True)
@@ -39,19 +37,13 @@ def read_region(path: str | Path) -> Activity | None:
     library version wrote."""
     try:
         with open(regions.open_for_reading(path), "rb") as f:
-            head = f.read(_HEAD.size)
+            head = f.read(REGION_HEAD.size)
     except FileNotFoundError:
         return NONE
     except OSError:
         return None
-    if not head.strip(b"\0"):
-        return NONE
-    if len(head) < _HEAD.size:
-        return None
-    magic, _layout, launches, allocs, last_ms = _HEAD.unpack(head)
-    if magic != MAGIC:
-        return None
-    return Activity(launches, allocs, last_ms / 1000.0)
+    counters = region_counters(head)
+    return None if counters is None else Activity(*counters)
 
 
 def reader(state_dir: str | Path) -> Callable[[str], Activity | None]:

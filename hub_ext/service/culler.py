@@ -218,6 +218,9 @@ async def run(ctx) -> None:
                 running = {run_of(w) for w in s.scalars(select(WorkloadRow).where(WorkloadRow.state == "running"))}
             ended &= running
             util = gpu_utilization()
+            refresh = getattr(activity, "refresh", None)
+            if refresh is not None:  # counters published elsewhere (the cluster's nodes)
+                await refresh()
             await end_over_runtime(ctx, time.time(), ended)
             end_idle_trainings(ctx, util, workers_busy, workers_counts, time.time(), ended, activity)
             code, users = await ctx.hub.users()

@@ -208,7 +208,8 @@ class PublishedInference:
     def __init__(self, rt, poll_s: float = 1.0):
         from .published import Publisher
 
-        self.publisher, self.poll_s = Publisher(rt.backend.kube, rt.cfg.namespace, rt.Session), poll_s
+        self.publisher = Publisher(rt.backend.kube, rt.cfg.namespace, rt.Session, rt.delivery.vault)
+        self.poll_s = poll_s
 
     def start(self) -> None:
         asyncio.ensure_future(self.publisher.follow(self.poll_s))

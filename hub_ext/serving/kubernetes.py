@@ -3,9 +3,11 @@
 ``replica_pod`` is a plain function (tested by comparing dicts): kind ``inference`` and
 the project in annotations, the GPU ask as the workload contract writes it
 (``scheduler.contract.gpu_parts``: a share with the scheduler's ConfigMap and the
-interception library mounted, whole GPUs as ``nvidia.com/gpu``), a readiness probe on ``ready_path``. The backend polls
-each pod: ``PodScheduled=False`` gives the replica its pending reason (the core's), a
-binding makes it starting, ``Ready`` makes it routable at ``podIP:port``. Stop = delete.
+interception library mounted, whole GPUs as ``nvidia.com/gpu``), a readiness probe on ``ready_path``. The backend
+follows the replica pods by one list and watch (``cluster.mirror.Mirror``, listed again on a
+410) and looks at a replica's pod at each change of one: ``PodScheduled=False`` gives the
+replica its pending reason (the core's), a binding makes it starting, ``Ready`` makes it
+routable at ``podIP:port``. Stop = delete.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from inference.service import Replica, RState, Service
 from scheduler import contract
 from scheduler.kubernetes.client import ApiError, KubeClient
 
+from ..cluster.mirror import Mirror
 from .spec import ServiceSpec
 
 log = logging.getLogger("gpupool.inference")
@@ -74,14 +77,18 @@ def credentials_secret(spec: ServiceSpec, namespace: str, values: dict[str, dict
 class KubernetesBackend:
     def __init__(self, kc: KubeClient, namespace: str, poll_s: float = 0.5, attachments=None,
                  default_image: str = WORKLOAD_IMAGE):
+        # poll_s: the longest a replica waits without a change of any replica pod before it
+        # looks again at the watch's copy (no request: the copy is the watch's)
         self.kc, self.namespace, self.poll_s = kc, namespace, poll_s
         self.default_image = default_image
         # attachments(spec) -> (Attachments, values): resolves a service's credentials and
         # data sources (hub_ext.attach.check + values); None: services attach nothing
         self.attachments = attachments
         self.path = f"/api/v1/namespaces/{namespace}/pods"
+        self.pods = Mirror(kc, None, {"pods": self.path}, selectors={"pods": LABEL})
 
     def start(self, service: Service, replica: Replica) -> None:
+        self.pods.start()
         replica.handle = asyncio.ensure_future(self._run(service, replica))
 
     async def stop(self, service: Service, replica: Replica) -> None:
@@ -89,6 +96,10 @@ class KubernetesBackend:
             replica.handle.cancel()
         with contextlib.suppress(ApiError):
             await self.kc.delete(f"{self.path}/{replica.name}")
+
+    async def close(self) -> None:
+        """Stop following the pods (the controller has stopped every replica)."""
+        await self.pods.stop()
 
     async def _run(self, svc: Service, r: Replica) -> None:
         try:
@@ -98,41 +109,51 @@ class KubernetesBackend:
                 if values:
                     await self.kc.apply(f"/api/v1/namespaces/{self.namespace}/secrets",
                                         credentials_secret(svc.spec, self.namespace, values))
-            await self.kc.post(self.path, replica_pod(svc.spec, r.name, self.namespace, att,
-                                                       default_image=self.default_image))
+            made = await self.kc.post(self.path, replica_pod(svc.spec, r.name, self.namespace, att,
+                                                              default_image=self.default_image))
         except (ApiError, ValueError) as e:
             svc.replica_gone(r, RState.FAILED, f"pod not created: {e}")
             svc.on_activate(svc)
             return
+        uid, seen_it = made["metadata"]["uid"], False
         while True:
-            await asyncio.sleep(self.poll_s)
-            try:
-                pod = await self.kc.get(f"{self.path}/{r.name}")
-            except ApiError as e:
-                if e.status == 404:
-                    svc.replica_gone(r, RState.FAILED, "pod deleted")
-                    svc.on_activate(svc)
+            version = self.pods.version
+            pod = self.pods.objects["pods"].get(f"{self.namespace}/{r.name}")
+            if pod is not None and pod["metadata"].get("uid") == uid:
+                seen_it = True
+                if self._observe(svc, r, pod):
                     return
-                continue
-            ann = pod["metadata"].get("annotations", {})
-            if not pod["spec"].get("nodeName"):
-                r.reason = contract.waiting_reason(pod) or r.reason
-                continue
-            if r.state == RState.PENDING:
-                r.state, r.reason = RState.STARTING, "model server starting"
-                r.where = (f"{pod['spec']['nodeName']} GPU {ann.get('gpupool.io/gpu-indices', '?')}"
-                           f" ({int(ann.get('gpupool.io/gpu-milli', '0')) / 1000:g} each)")
-            phase = pod.get("status", {}).get("phase")
-            if phase in ("Failed", "Succeeded"):
-                svc.replica_gone(r, RState.FAILED, f"pod {phase.lower()}")
+            elif seen_it and self.pods.ready:  # in the copy once, gone from it since
+                svc.replica_gone(r, RState.FAILED, "pod deleted")
                 svc.on_activate(svc)
-                with contextlib.suppress(ApiError):
-                    await self.kc.delete(f"{self.path}/{r.name}")
                 return
-            ready = contract.pod_condition(pod, "Ready")
-            ip = pod.get("status", {}).get("podIP")
-            if r.state == RState.STARTING and ready and ready.get("status") == "True" and ip:
-                svc.replica_ready(r, ip, svc.spec.port)
+            await self.pods.wait_past(version, self.poll_s)
+
+    def _observe(self, svc: Service, r: Replica, pod: dict) -> bool:
+        """Move the replica on from its pod; True when it ended."""
+        ann = pod["metadata"].get("annotations", {})
+        if not pod["spec"].get("nodeName"):
+            r.reason = contract.waiting_reason(pod) or r.reason
+            return False
+        if r.state == RState.PENDING:
+            r.state, r.reason = RState.STARTING, "model server starting"
+            r.where = (f"{pod['spec']['nodeName']} GPU {ann.get('gpupool.io/gpu-indices', '?')}"
+                       f" ({int(ann.get('gpupool.io/gpu-milli', '0')) / 1000:g} each)")
+        phase = pod.get("status", {}).get("phase")
+        if phase in ("Failed", "Succeeded"):
+            svc.replica_gone(r, RState.FAILED, f"pod {phase.lower()}")
+            svc.on_activate(svc)
+            asyncio.ensure_future(self._delete(r.name))
+            return True
+        ready = contract.pod_condition(pod, "Ready")
+        ip = pod.get("status", {}).get("podIP")
+        if r.state == RState.STARTING and ready and ready.get("status") == "True" and ip:
+            svc.replica_ready(r, ip, svc.spec.port)
+        return False
+
+    async def _delete(self, name: str) -> None:
+        with contextlib.suppress(ApiError):
+            await self.kc.delete(f"{self.path}/{name}")
 
 
 __all__ = ["KubernetesBackend", "credentials_secret", "replica_pod"]

@@ -3,7 +3,11 @@
 One ConfigMap per service in the release namespace, ``gpupool-inference-NAME``, labelled
 ``gpupool.io/inference-spec: NAME``: ``data["spec.json"]`` is the service's spec
 (``ServiceSpec.to_dict()``) and ``data["idle_limit.json"]`` its project's policy's idle
-limit (``{seconds, policy}`` or null), written only by the hub from its rows and policies;
+limit (``{seconds, policy}`` or null), and ``data["attachments.json"]`` its credentials'
+and data sources by name, key and mount (``attach.Attachments``, never a value), written
+only by the hub from its rows and policies. The credentials' values are in the Secret
+``NAME-credentials`` the hub writes beside it (again when a value changes), which the
+replicas reference (``kubernetes.replica_pod``), so the activator never reads the vault;
 the annotation ``gpupool.io/inference-status`` is the service's state (``Service.status()``),
 written only by the activator, which owns the replicas: it starts, scales (to zero and back)
 and deletes them. The hub copies the state back into its rows for describe, the CLI and the
@@ -17,6 +21,7 @@ services) with the copy, without asking the API server.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 
@@ -26,7 +31,9 @@ from inference.autoscaler import IdleLimit
 from inference.controller import Controller
 from scheduler.kubernetes.client import ApiError, KubeClient
 
+from ..attachments import attach
 from ..cluster.mirror import Mirror
+from ..requests.rules import FieldError
 from .db import InferenceRow
 from .idle import idle_limits, store_status
 from .spec import parse_spec
@@ -36,19 +43,24 @@ LABEL = "gpupool.io/inference-spec"
 STATUS = "gpupool.io/inference-status"
 SPEC_KEY = "spec.json"
 IDLE_KEY = "idle_limit.json"
+ATTACH_KEY = "attachments.json"
 
 
 def configmap_name(service: str) -> str:
     return f"gpupool-inference-{service}"
 
 
-def manifest(spec: dict, namespace: str, idle_limit: IdleLimit | None = None) -> dict:
+def manifest(spec: dict, namespace: str, idle_limit: IdleLimit | None = None,
+             attachments: attach.Attachments | None = None) -> dict:
     name = spec["name"]
     limit = None if idle_limit is None else {"seconds": idle_limit.seconds, "policy": idle_limit.policy}
+    data = {SPEC_KEY: json.dumps(spec, sort_keys=True), IDLE_KEY: json.dumps(limit)}
+    if attachments:
+        data[ATTACH_KEY] = json.dumps(attachments.to_dict(), sort_keys=True)
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": configmap_name(name), "namespace": namespace,
                          "labels": {LABEL: name, "app.kubernetes.io/managed-by": "gpupool"}},
-            "data": {SPEC_KEY: json.dumps(spec, sort_keys=True), IDLE_KEY: json.dumps(limit)}}
+            "data": data}
 
 
 def spec_of(cm: dict) -> dict:
@@ -58,6 +70,11 @@ def spec_of(cm: dict) -> dict:
 def idle_limit_of(cm: dict) -> IdleLimit | None:
     raw = json.loads(cm.get("data", {}).get(IDLE_KEY, "null"))
     return None if raw is None else IdleLimit(float(raw["seconds"]), str(raw["policy"]))
+
+
+def attachments_of(cm: dict) -> attach.Attachments | None:
+    raw = cm.get("data", {}).get(ATTACH_KEY)
+    return attach.Attachments.from_dict(json.loads(raw)) if raw else None
 
 
 def status_of(cm: dict) -> dict:
@@ -99,11 +116,32 @@ class _Following:
 
 
 class Publisher(_Following):
-    """The hub's side: its rows become ConfigMaps; the activator's state comes back to the rows."""
+    """The hub's side: its rows become ConfigMaps and their credentials Secrets; the
+    activator's state comes back to the rows. ``vault``: opens the credentials' values."""
 
-    def __init__(self, kc: KubeClient, namespace: str, Session):
+    def __init__(self, kc: KubeClient, namespace: str, Session, vault=None):
         super().__init__(kc, namespace, Session)
-        self.Session = Session
+        self.Session, self.vault = Session, vault
+        self.secrets = f"/api/v1/namespaces/{namespace}/secrets"
+        self._written: dict[str, str] = {}  # service -> digest of the values last written
+
+    async def _attach(self, name: str, spec: dict) -> attach.Attachments | None:
+        """The service's attachments, its Secret written when its values changed (the use
+        audited then); a credential or data source deleted since: published without it is
+        wrong, so the service keeps its last Secret and the error is logged."""
+        if not spec.get("credentials") and not spec.get("datasources"):
+            return None
+        with self.Session() as s:
+            att = attach.check(s, spec["project"], spec.get("credentials") or [], spec.get("datasources") or [])
+            values = attach.values(s, self.vault, att) if att.credentials and self.vault is not None else {}
+            digest = hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
+            if values and self._written.get(name) != digest:
+                await self.kc.apply(self.secrets, attach.secret_manifest(
+                    attach.secret_name(name), self.namespace, values, {LABEL: name}))
+                attach.record_use(s, spec.get("owner") or "", name, att, "deliver")
+                s.commit()
+                self._written[name] = digest
+        return att
 
     async def sync(self) -> None:
         with self.Session() as s:
@@ -112,13 +150,20 @@ class Publisher(_Following):
             limits = idle_limits(s, rows)
         cms = self.published()
         for name in set(cms) - set(specs):
-            try:
-                await self.kc.delete(f"{self.path}/{configmap_name(name)}")
-            except ApiError as e:
-                if e.status != 404:
-                    raise
+            for path in (f"{self.path}/{configmap_name(name)}", f"{self.secrets}/{attach.secret_name(name)}"):
+                try:
+                    await self.kc.delete(path)
+                except ApiError as e:
+                    if e.status != 404:
+                        raise
+            self._written.pop(name, None)
         for name, spec in specs.items():
-            want = manifest(spec, self.namespace, limits[name])
+            try:
+                att = await self._attach(name, spec)
+            except FieldError as e:
+                log.warning("inference service %s: %s", name, e)
+                continue
+            want = manifest(spec, self.namespace, limits[name], att)
             if name not in cms:  # one made just now, not yet in the copy, is left as it is
                 await self.kc.ensure(self.path, want)
             elif cms[name].get("data") != want["data"]:
@@ -142,6 +187,12 @@ class Follower(_Following):
         self.controller, self.fixed = controller, fixed
         self.followed: set[str] = set()
 
+    def attachments(self, spec) -> tuple[attach.Attachments | None, dict]:
+        """``KubernetesBackend``'s ``attachments``: a published service's, from its ConfigMap; the
+        values are in the Secret the hub wrote, so none are given here."""
+        cm = self.published().get(spec.name)
+        return (attachments_of(cm) if cm is not None else None), {}
+
     async def sync(self) -> None:
         cms = self.published()
         for name in self.followed - set(cms):
@@ -163,5 +214,5 @@ class Follower(_Following):
                                     {"metadata": {"annotations": {STATUS: json.dumps(st, sort_keys=True)}}})
 
 
-__all__ = ["LABEL", "STATUS", "Follower", "Publisher", "configmap_name", "idle_limit_of", "manifest", "spec_of",
-           "status_of"]
+__all__ = ["LABEL", "STATUS", "Follower", "Publisher", "attachments_of", "configmap_name", "idle_limit_of",
+           "manifest", "spec_of", "status_of"]

@@ -15,24 +15,29 @@ moves the job:
   checkpoint claim;
 - Succeeded when every worker succeeded, Failed when one failed (its exit code).
 
-Suspend and delete delete the pods (delete also the Service and the claim). Logs come from
-the API server (``logs``).
+Credentials and data sources are checked and their values read from the vault at each
+launch: the values go into the Secret ``NAME-credentials`` (replaced, so a rotated value
+reaches a requeued gang), the pods reference it and mount the data sources
+(``attach.pod_parts``). Suspend and delete delete the pods (delete also the Service, the
+claim and the Secret). Logs come from the API server (``logs``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
 from scheduler.contract import A, L, waiting_reason
 from scheduler.kubernetes.client import ApiError, KubeClient
 
-from ..cluster.mirror import Mirror
+from ..attachments import attach
+from ..cluster.mirror import Mirror, WatchLoop
 from ..db.events import add_event
 from ..db.tables import WorkloadRow
 from ..images import WORKLOAD_IMAGE
+from ..requests.rules import FieldError
 from .db import FINAL, SUBMITTED, TrainingRow, set_status, take_requests
 from .pods import KubernetesOptions, training_objects
 from .spec import TrainingSpec
@@ -120,44 +125,24 @@ def claim_manifest(spec: TrainingSpec, namespace: str, size: str, storage_class:
     return claim
 
 
-class KubernetesTrainings:
+class KubernetesTrainings(WatchLoop):
     """The training backend on Kubernetes; one per hub process (``KubernetesMode.trainings``)."""
 
+    failure = "training controller poll failed"
+
     def __init__(self, kc: KubeClient, Session, namespace: str, poll_s: float = 0.5,
-                 checkpoint_size: str = "10Gi", storage_class: str = "",
-                 default_image: str = WORKLOAD_IMAGE):
+                 checkpoint_size: str = "10Gi", storage_class: str = "", vault=None,
+                 topology_key: str = "", default_image: str = WORKLOAD_IMAGE):
         # poll_s: how often the hub's own rows are read (new jobs, control requests); the
         # pods come from the watch, and any change of one wakes the controller at once
         self.kc, self.Session, self.namespace, self.poll_s = kc, Session, namespace, poll_s
         self.checkpoint_size, self.storage_class = checkpoint_size, storage_class
+        self.vault = vault  # credentials.Vault: opens the attached credentials' values
+        self.topology_key = topology_key
         self.default_image = default_image
         self.api = f"/api/v1/namespaces/{namespace}"
         self.pods = Mirror(kc, Session, {"pods": f"{self.api}/pods"}, selectors={"pods": L.TRAINING})
-        self._task: asyncio.Task | None = None
         self._busy: set[str] = set()  # jobs whose pods the hub itself is deleting or creating
-
-    # -- lifecycle -----------------------------------------------------------------------
-    def start(self) -> None:
-        if self._task is None:
-            self.pods.start()
-            self._task = asyncio.ensure_future(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
-        await self.pods.stop()
-
-    async def _loop(self) -> None:
-        while True:
-            seen = self.pods.version
-            try:
-                await self.poll()
-            except Exception:
-                log.exception("training controller poll failed")
-            await self.pods.wait_past(seen, self.poll_s)
 
     def _pods_of(self, name: str) -> list[dict]:
         return [p for p in self.pods.objects["pods"].values()
@@ -182,8 +167,10 @@ class KubernetesTrainings:
         by_job: dict[str, list[dict]] = {}
         for p in self.pods.objects["pods"].values():
             by_job.setdefault(p["metadata"]["labels"][L.TRAINING], []).append(p)
+        # a job just suspended or deleted is not followed with the status read before that
+        done = {name for name, _, _ in todo}
         for name, spec, status in active:
-            if name not in self._busy and name not in new:
+            if name not in self._busy and name not in new and name not in done:
                 await self._follow(name, spec, status, by_job.get(name, []))
 
     # -- one job -------------------------------------------------------------------------
@@ -192,6 +179,8 @@ class KubernetesTrainings:
                   "PersistentVolumeClaim": "persistentvolumeclaims"}[obj["kind"]]
         if obj["kind"] == "Pod":
             await self.kc.post(f"{self.api}/{plural}", obj)
+        elif obj["kind"] == "Secret":  # the values as they are now
+            await self.kc.apply(f"{self.api}/{plural}", obj)
         else:  # the Service and claim outlive pods
             await self.kc.ensure(f"{self.api}/{plural}", obj)
 
@@ -203,13 +192,19 @@ class KubernetesTrainings:
             if t is None:
                 return
             spec, preemptions, owner = TrainingSpec.from_dict(t.spec), t.preemptions, t.owner
+        try:
+            att, values = self._attachments(name, owner, spec)
+        except FieldError as e:  # a credential or data source deleted since the submit
+            self._set(name, "Failed", f"could not attach: {e}", "failed", workload_state="failed")
+            return
         opts = KubernetesOptions(namespace=self.namespace, checkpoint_claim=checkpoint_claim(name), owner=owner,
-                                 default_image=self.default_image,
-                          priority=spec.priority + preemptions if preemptions else None, resumed=resumed)
+                                 priority=spec.priority + preemptions if preemptions else None, resumed=resumed,
+                                 attachments=att, topology_key=self.topology_key,
+                                 default_image=self.default_image)
         self._busy.add(name)
         try:
             await self._post(claim_manifest(spec, self.namespace, self.checkpoint_size, self.storage_class))
-            for obj in training_objects(spec, opts):
+            for obj in training_objects(spec, opts, values):
                 await self._post(obj)
         except ApiError as e:
             self._set(name, "Failed", f"could not create its pods: {e}", "failed", workload_state="failed")
@@ -218,6 +213,21 @@ class KubernetesTrainings:
             self._busy.discard(name)
         self._set(name, "Pending", "requeued with its checkpoint claim" if resumed else
                   "waiting for gpupool-scheduler", workload_state="pending")
+
+    def _attachments(self, name: str, owner: str, spec: TrainingSpec
+                     ) -> tuple[attach.Attachments, dict[str, dict[str, str]]]:
+        """The job's credentials and data sources, checked again, and the credentials' values;
+        each delivery is audited."""
+        if not spec.credentials and not spec.datasources:
+            return attach.Attachments(spec.project), {}
+        with self.Session() as s:
+            att = attach.check(s, spec.project, spec.credentials, spec.datasources)
+            if att.credentials and self.vault is None:
+                raise FieldError("credentials", "this hub has no credentials vault")
+            values = attach.values(s, self.vault, att) if att.credentials else {}
+            attach.record_use(s, owner, name, att, "deliver")
+            s.commit()
+        return att, values
 
     async def _follow(self, name: str, spec: TrainingSpec, status: str, pods: list[dict]) -> None:
         g = gang_state(pods, spec.workers)
@@ -276,7 +286,8 @@ class KubernetesTrainings:
         try:
             await self._delete_pods(name)
             if what == "delete":
-                for path in (f"services/{name}", f"persistentvolumeclaims/{checkpoint_claim(name)}"):
+                for path in (f"services/{name}", f"persistentvolumeclaims/{checkpoint_claim(name)}",
+                             f"secrets/{attach.secret_name(name)}"):
                     with contextlib.suppress(ApiError):
                         await self.kc.delete(f"{self.api}/{path}")
         finally:
@@ -303,6 +314,8 @@ class KubernetesTrainings:
             set_status(s, name, status, reason, event, **fields)
             w = s.get(WorkloadRow, name)
             if w is not None and workload_state is not None:
+                if workload_state == "running" and w.state != "running":
+                    w.start_time = time.time()  # this run's start: a maximum runtime counts from it
                 w.state = workload_state
                 w.reason = reason
                 w.placement = placement or []

@@ -3,7 +3,7 @@ headless Service so that workers find each other as ``NAME-RANK.NAME``.
 
 Plain functions returning dicts (tested by comparing dicts). The pods carry the
 annotations ``scheduler.kubernetes.objects.parse_pod`` reads (project, kind, priority,
-preemptible, gang and gang size, fraction or memory, node pool, resumed) and the environment of
+preemptible, gang and gang size, topology key, fraction or memory, node pool, resumed) and the environment of
 ``torchrun``/``torch.distributed``: rank 0's stable DNS name is MASTER_ADDR, and each pod
 is one node of the job (NODE_RANK = RANK, LOCAL_RANK 0).
 """
@@ -49,6 +49,7 @@ class KubernetesOptions:
     attachments: Attachments = Attachments()
     preload: Preload = PRELOAD
     owner: str = ""  # the hub user who submitted it
+    topology_key: str = ""  # node label the workers prefer to share (Gpupool.topology_key)
 
 
 def _checkpoint_dir(spec: TrainingSpec) -> str:
@@ -81,7 +82,8 @@ def worker_pod(spec: TrainingSpec, rank: int, opts: KubernetesOptions = Kubernet
         spec.project, "training",
         priority=opts.priority if opts.priority is not None else spec.priority,
         preemptible=spec.preemptible, gang=spec.name, gang_size=spec.workers,
-        node_pool=spec.node_pool or None, resumed=opts.resumed)
+        node_pool=spec.node_pool or None, resumed=opts.resumed,
+        topology_key=opts.topology_key or None)
     gpu = gpu_parts(name, spec.gpu, memory_mib(spec.gpu_memory_gib) if spec.gpu_memory_gib else 0,
                     opts.preload)
     annotations.update(gpu.annotations)

@@ -14,8 +14,9 @@ from ..quota import Verdict
 
 
 class KnownWork:
-    """Work naming a project or node pool that does not exist waits, saying so; the rest
-    is the cycle's waiting work, in queue order."""
+    """Work naming a project or node pool that does not exist, or whose node constraints
+    no node allows (selector, affinity, taints), waits, saying so; the rest is the cycle's
+    waiting work, in queue order."""
 
     name = "known_work"
 
@@ -24,11 +25,14 @@ class KnownWork:
 
     def run(self) -> None:
         c = self.cycle
+        arrays = c.work.arrays
         for w in c.order:
             if w.project not in c.snap.projects:
                 c.why[w.name] = f"project {w.project} does not exist"
             elif w.node_pool is not None and w.node_pool not in c.pools:
                 c.why[w.name] = f"node pool {w.node_pool} does not exist"
+            elif (no_node := arrays.unavailable(w.constraints)) is not None:
+                c.why[w.name] = no_node
             else:
                 c.waiting.append(w)
 

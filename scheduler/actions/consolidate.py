@@ -46,7 +46,7 @@ class Consolidate:
             if w.name in c.placed or w.pods != 1 or d.gpus < 2:
                 continue
             for pool in c.pools_for(w):
-                shape = (pool, d, w.gpu_models)
+                shape = (pool, d, w.gpu_models, w.constraints)
                 if shape in tried or not c.verdict(w, pool).allowed:
                     continue
                 tried.add(shape)
@@ -142,7 +142,7 @@ class Consolidate:
             for p, h in holds:
                 read |= h.sum(axis=1) > work.usage[(p, pool)] - work.quota.get((p, pool), 0)
         room = a.gpu_free + movable
-        ok = a.could_hold(pool, w.gpu_models, w.demand) & (a.full_free < d.gpus)
+        ok = a.could_hold(pool, w.gpu_models, w.demand, w.constraints) & (a.full_free < d.gpus)
         summed = np.flatnonzero(ok & ~read & ((room == MILLI).sum(axis=1) >= d.gpus))
         # Nodes the pod could have with their movable work moved, the fewest GPUs to move first.
         cost = movable.sum(axis=1)
@@ -187,7 +187,7 @@ class Consolidate:
                 work.give(v, work.choices_of(v))
             only = np.zeros(len(a.names), dtype=bool)
             only[node] = True
-            spot = c.policy.place(a, a.eligible(pool, w.gpu_models, w.demand) & only, w.demand)
+            spot = c.policy.place(a, a.eligible(pool, w.gpu_models, w.demand, w.constraints) & only, w.demand)
             if spot is None:
                 return False
             work.take(w, [spot])
@@ -201,7 +201,7 @@ class Consolidate:
                 work.take(v, work.choices_of(v))
             elsewhere: list[tuple[Workload, list[Choice]]] = []
             for v in moved:
-                mask = a.eligible(pool, v.gpu_models, v.demand)
+                mask = a.eligible(pool, v.gpu_models, v.demand, v.constraints)
                 mask[node] = False
                 spot_v = c.policy.place(a, mask, v.demand)
                 if spot_v is None:

@@ -53,7 +53,7 @@ class MakeRoom:
                 n = len(releasing)
                 c.why[w.name] = f"waiting for {n} evicted workload{'s' if n > 1 else ''} to release GPUs"
                 continue
-            shape = (w.demand, w.pods, w.gpu_models, w.node_pool, w.effective_priority)
+            shape = (w.demand, w.pods, w.gpu_models, w.node_pool, w.effective_priority, w.constraints)
             if (w.project, *shape) in tried or shape in tried:
                 continue
             result = self._plan_for(w)
@@ -68,8 +68,8 @@ class MakeRoom:
         """Would ``w`` fit once the evicted work has exited? (Then it waits; nothing more
         is evicted for it.) Asked once per project and shape in a cycle."""
         c, work = self.cycle, self.work
-        key = (w.project, w.demand, w.pods, w.gpu_models, w.node_pool)
-        group = (w.project, w.node_pool, w.gpu_models, w.may_go_over_quota)
+        key = (w.project, w.demand, w.pods, w.gpu_models, w.node_pool, w.constraints)
+        group = (w.project, w.node_pool, w.gpu_models, w.may_go_over_quota, w.constraints)
         if key not in cache and self.no_fit_after_release.covers(group, pod_size(w)):
             cache[key] = False
         if key not in cache:
@@ -103,10 +103,10 @@ class MakeRoom:
         with work.trial() as plan:
             gpu_work = w.demand.gpu_count > 0
             # The candidates depend only on these (and on evictions, which clear ``hopeless``).
-            group = (w.project, w.effective_priority, pool, strategy.key, w.gpu_models, gpu_work)
+            group = (w.project, w.effective_priority, pool, strategy.key, w.gpu_models, gpu_work, w.constraints)
             if self.hopeless.covers(group, pod_size(w)):
                 return False  # a smaller pod found victims but no room with them all gone
-            static = work.arrays.eligible(pool, w.gpu_models, PodDemand(gpus=w.demand.gpus))
+            static = work.arrays.eligible(pool, w.gpu_models, PodDemand(gpus=w.demand.gpus), w.constraints)
             if strategy.own_project and not self.own_room.may_fit(w, static):
                 # No node could have room with all its project's preemptible work gone. (Which
                 # "no" does not matter: a plan from its own project says nothing about others'.)

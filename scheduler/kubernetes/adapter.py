@@ -2,8 +2,8 @@
 
 One ``GpupoolScheduler`` runs while it holds the Lease. It is three parts, as Kueue keeps
 its cache apart from its scheduler:
-  1. sync      ``Watcher.sync`` (watcher.py): list nodes, Departments, Projects and gpupool
-               pods; build the snapshot
+  1. sync      ``Watcher.sync`` (watcher.py): list nodes, claims, volumes, StorageClasses,
+               Departments, Projects, gpupool's pods and the others; build the snapshot
   2. watch     ``Watcher.watches``: one task per resource applies each event to the
                snapshot; an event that changes what the core sees marks the scheduler dirty
   3. cycle     here: when dirty, ``decide(snapshot)`` (pure), then
@@ -45,8 +45,9 @@ class GpupoolScheduler:
         self.dirty = asyncio.Event()
         self.synced = asyncio.Event()
         self.stats: defaultdict[str, int] = defaultdict(int)
-        # Over-quota lag per (project, pool) for fair share over time. In memory only: after
-        # a restart or a change of leader it starts again from zero.
+        # Over-quota lag per (project, pool) for fair share over time. The binder records it
+        # in each Project's status; a scheduler that starts (a restart, a new leader) goes on
+        # from there.
         self.ledger = OverQuotaLedger(self.snap.config.fair_share_half_life_s)
         self.cache = Watcher(kc, self.cfg, self.snap, self.dirty)
         self.binder = Binder(kc, self.cfg, self.cache, self.stats)
@@ -55,10 +56,16 @@ class GpupoolScheduler:
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
         rvs = await self.cache.sync()
+        if self.cache.recorded_lag is not None:
+            lag, at = self.cache.recorded_lag
+            self.ledger.restore(lag, at, time.time())
+            log.info("over-quota lag of %d project pools taken from the Projects' status", len(lag))
         self.synced.set()
         watchers = [asyncio.create_task(w) for w in self.cache.watches(rvs)]
         watchers.append(asyncio.create_task(self.binder.project_status_loop(lambda: self.last,
                                                                             self.ledger)))
+        if self.cfg.gpu_reservations:
+            watchers.append(asyncio.create_task(self.binder.reservation_loop()))
         cycle = asyncio.create_task(self._cycle_loop())
         self.dirty.set()
         done, _ = await asyncio.wait([cycle, asyncio.create_task(stop.wait()), *watchers],

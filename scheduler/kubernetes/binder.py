@@ -1,7 +1,8 @@
 """The Kubernetes adapter's binder: the only part that writes to the API server.
 
-* Binds, per pod: the fraction's ConfigMap, then the Binding (which stamps the placement
-  annotations); a gang's plan is stamped on all its pods first, so a scheduler that restarts
+* Binds, per pod: its WaitForFirstConsumer claims get the chosen node and are waited for
+  until Bound (volumes.py), then the fraction's ConfigMap, then the Binding (which stamps
+  the placement annotations); a gang's plan is stamped on all its pods first, so a scheduler that restarts
   half-way completes it. A failed bind forgets the watcher's assumption and the pod waits
   again.
 * Evictions: pod deletes with the workload's grace period, plus an Event.
@@ -29,6 +30,7 @@ from .objects import (
     fraction_config_map,
     placement_annotations,
     preemption_mark,
+    rfc3339,
     scheduled_condition,
 )
 from .watcher import Watcher
@@ -103,12 +105,21 @@ class Binder:
                                 {"metadata": {"annotations": placement_annotations(pl, over_quota)}})
 
     async def _bind_pod(self, pod: PodRequest, pl: PodPlacement, over_quota: bool) -> None:
+        if pod.claims:  # outside the semaphore: provisioning must not hold up other binds
+            await self.cache.volumes.prebind(self.kc, pod.namespace, pod.claims, pl.node,
+                                             self.cfg.volume_bind_timeout_s)
+        reserved = None
+        if pod.demand.is_fractional and self.cfg.gpu_reservations:
+            cfg = self.cfg
+            reserved = await self.cache.reservations.ensure(
+                self.kc, pl.node, pl.gpu_indices[0], cfg.reservation_namespace, cfg.reservation_image,
+                cfg.reservation_service_account, cfg.reservation_timeout_s)
         async with self._bind_sem:
             if pod.demand.is_fractional:
                 node = self.cache.snap.nodes.get(pl.node)
                 if node is None:
                     raise ApiError(404, f"node {pl.node} went away")
-                cm = fraction_config_map(pod, pl, node, self.cfg.preload_path)
+                cm = fraction_config_map(pod, pl, node, self.cfg.preload_path, reserved)
                 # one of that name is left by a crash: replaced
                 await self.kc.apply(f"/api/v1/namespaces/{pod.namespace}/configmaps", cm)
             try:
@@ -190,6 +201,29 @@ class Binder:
 
         self._spawn(go())
 
+    # ------------------------------------------------------------- GPU reservations
+    async def reservation_loop(self) -> None:
+        """Every ``project_status_s``: delete the reservations whose slot holds no fraction."""
+        while True:
+            await asyncio.sleep(self.cfg.project_status_s)
+            cache = self.cache
+            in_use = set()
+            for p in cache.pods.values():
+                pl = cache.placement(p)
+                if pl is not None and p.demand.is_fractional and not p.done:
+                    in_use.add((pl.node, pl.gpu_indices[0]))
+            for obj in cache.reservations.unused(in_use):
+                m = obj["metadata"]
+                try:
+                    await self.kc.delete(pod_path(m["namespace"], m["name"]),
+                                         {"apiVersion": "v1", "kind": "DeleteOptions",
+                                          "preconditions": {"uid": m["uid"]}, "gracePeriodSeconds": 0})
+                except ApiError as e:
+                    if e.status not in (404, 409):
+                        log.warning("deleting reservation %s: %s", m["name"], e)
+                except NET_ERRORS as e:
+                    log.warning("deleting reservation %s: %s", m["name"], e)
+
     # --------------------------------------------------------------- project status
     async def project_status_loop(self, last: Callable[[], Decisions | None],
                                   ledger: OverQuotaLedger) -> None:
@@ -214,8 +248,10 @@ class Binder:
                 }
                 if written.get(name) == status:
                     continue
+                # when the lag was read: a scheduler that takes over decays it from then on
+                stamped = {**status, "overQuotaLagAt": rfc3339(time.time())}
                 try:
-                    await self.kc.patch(f"{GROUP}/projects/{name}/status", {"status": status})
+                    await self.kc.patch(f"{GROUP}/projects/{name}/status", {"status": stamped})
                     written[name] = status
                 except (ApiError, *NET_ERRORS) as e:
                     log.debug("project %s status: %s", name, e)

@@ -54,6 +54,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--metrics-port", type=int, default=0,
                     help="serve Prometheus metrics at :PORT/metrics (0: off); standbys serve too")
     ap.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics server listens on")
+    ap.add_argument("--gpu-reservations", action="store_true",
+                    help="put fractions on GPUs the kubelet reserved for them (reservation pods, decision 0060)")
+    ap.add_argument("--reservation-namespace", default=os.environ.get("POD_NAMESPACE", "default"),
+                    help="namespace of the reservation pods (default $POD_NAMESPACE, else default)")
+    ap.add_argument("--reservation-image", default="gpupool-scheduler",
+                    help="image of the reservation pods (this scheduler's)")
+    ap.add_argument("--reservation-service-account", default="default",
+                    help="service account of the reservation pods: may patch pods in their namespace")
     ap.add_argument("-v", "--verbose", action="count", default=0, help="more log output (repeatable)")
     return ap
 
@@ -88,6 +96,9 @@ async def _amain(args: argparse.Namespace) -> int:
         cfg = AdapterConfig(
             scheduler_name=args.scheduler_name, node_pool_label=args.node_pool_label,
             preload_path=args.preload_path, bind_concurrency=args.bind_concurrency,
+            gpu_reservations=args.gpu_reservations, reservation_namespace=args.reservation_namespace,
+            reservation_image=args.reservation_image,
+            reservation_service_account=args.reservation_service_account,
             core=core_config(args),
         )  # fmt: skip
         sched = GpupoolScheduler(kc, cfg)

@@ -28,6 +28,15 @@ class AdapterConfig:
     resync_s: float = 30.0  # run a cycle at least this often while work waits
     pending_report_s: float = 10.0  # rewrite a pod's pending reason at most this often
     project_status_s: float = 5.0
+    # How long a bind waits for its WaitForFirstConsumer claims to be provisioned and bound
+    # (kube-scheduler's VolumeBinding bindTimeoutSeconds); then the pod is placed again.
+    volume_bind_timeout_s: float = 600.0
+    # Fractions on GPUs the kubelet reserved for them (reservations.py, decision 0060)
+    gpu_reservations: bool = False
+    reservation_namespace: str = "default"
+    reservation_image: str = "gpupool-scheduler"
+    reservation_service_account: str = "default"
+    reservation_timeout_s: float = 300.0
     core: SchedulerConfig | None = None
 
 

@@ -13,6 +13,11 @@ a JSON/YAML file or a Python callable, for tests and machines without GPUs) and 
   ``NVIDIA_VISIBLE_DEVICES``), ``gpupool.io/gpus`` (JSON list: index, uuid, model, memory
   MiB, NVLink peers) and ``gpupool.io/gpu-usage`` (JSON list: index, memory used MiB,
   utilization %, refreshed every ``--period``);
+- annotation ``gpupool.io/gpu-activity`` (JSON: pod uid -> [launches, allocations, last
+  active s]): the interception library's counters of each pod with a share on the node,
+  read from the account in the pod's emptyDir under ``--pods-dir`` (the kubelet's folder of
+  pods, mounted read-only), refreshed every ``--period``; the hub's culler judges a
+  fraction idle by them, as NVML cannot tell two shares of one GPU apart;
 - optionally (``--advertise-capacity``, for nodes without the NVIDIA device plugin) the
   ``nvidia.com/gpu`` capacity and allocatable in the node's status.
 
@@ -47,10 +52,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..contract import GPU_RESOURCE, A, Preload
+from ..contract import (
+    GPU_RESOURCE,
+    KUBELET_PODS_DIR,
+    REGION_HEAD,
+    A,
+    Preload,
+    region_counters,
+    region_host_path,
+)
 
 __all__ = [
     "GpuInfo",
+    "pod_activity",
     "GpuUsage",
     "NodeAgent",
     "copy_preload",
@@ -71,6 +85,7 @@ LABEL_MEMORY = "nvidia.com/gpu.memory"
 ANN_UUIDS = A.NODE_GPU_UUIDS
 ANN_GPUS = "gpupool.io/gpus"
 ANN_USAGE = "gpupool.io/gpu-usage"
+ANN_ACTIVITY = A.NODE_GPU_ACTIVITY
 PRELOAD_NAME = Preload().name
 DEFAULT_HOST_LIB_DIR = Preload().host_dir
 REPO = Path(__file__).resolve().parents[2]
@@ -270,6 +285,30 @@ def capacity_patch(inv: Inventory) -> dict:
     return {"status": {"capacity": {GPU_RESOURCE: n}, "allocatable": {GPU_RESOURCE: n}}}
 
 
+def pod_activity(pods_dir: str | Path) -> dict[str, list]:
+    """pod uid -> [launches, allocations, last active s] of every pod under ``pods_dir`` (the
+    kubelet's) whose emptyDir holds an account the library wrote."""
+    out: dict[str, list] = {}
+    try:
+        uids = sorted(p.name for p in Path(pods_dir).iterdir())
+    except OSError:
+        return out
+    for uid in uids:
+        try:
+            with open(region_host_path(str(pods_dir), uid), "rb") as f:
+                head = f.read(REGION_HEAD.size)
+        except OSError:  # no share, or gone
+            continue
+        counters = region_counters(head)
+        if counters is not None:
+            out[uid] = list(counters)
+    return out
+
+
+def activity_json(activity: dict[str, list]) -> str:
+    return json.dumps(activity, separators=(",", ":"), sort_keys=True)
+
+
 # ------------------------------------------------------------------------------- preload
 def copy_preload(src: str | Path, host_dir: str | Path, name: str = PRELOAD_NAME) -> bool:
     """Copy ``src`` to ``host_dir/name`` atomically (temporary file in the same directory,
@@ -311,7 +350,9 @@ class NodeAgent:
     advertise_capacity: bool = False
     preload_src: Path | None = None
     host_lib_dir: Path | None = None
+    pods_dir: Path | None = None  # the kubelet's folder of pods: the shares' activity
     _published: dict | None = None
+    _activity: str | None = None
 
     @property
     def path(self) -> str:
@@ -330,6 +371,11 @@ class NodeAgent:
             log.info("node %s: %d GPUs published", self.node, len(inv.gpus))
         else:
             await self.kc.patch(self.path, {"metadata": {"annotations": {ANN_USAGE: usage_json(inv)}}})
+        if self.pods_dir is not None:
+            seen = activity_json(await asyncio.to_thread(pod_activity, self.pods_dir))
+            if seen != self._activity:
+                await self.kc.patch(self.path, {"metadata": {"annotations": {ANN_ACTIVITY: seen}}})
+                self._activity = seen
         if self.preload_src is not None and self.host_lib_dir is not None:
             if await asyncio.to_thread(copy_preload, self.preload_src, self.host_lib_dir):
                 log.info("interception library copied to %s", self.host_lib_dir)
@@ -368,6 +414,9 @@ def parser() -> argparse.ArgumentParser:
                          "when present)")
     ap.add_argument("--host-lib-dir", default=DEFAULT_HOST_LIB_DIR,
                     help=f"host directory the library is copied to as {PRELOAD_NAME}")
+    ap.add_argument("--pods-dir", default=KUBELET_PODS_DIR,
+                    help="the kubelet's folder of pods, where the shares' accounts are read "
+                         "('' to publish no activity)")
     ap.add_argument("--once", action="store_true", help="publish once and exit")
     ap.add_argument("-v", "--verbose", action="count", default=0, help="more log output (repeatable)")
     return ap
@@ -391,7 +440,8 @@ async def _amain(args: argparse.Namespace) -> int:
                              f"(not {args.inventory})")
         inventory = declared_inventory(args.node_name, args.declared_gpus)
     agent = NodeAgent(kc, args.node_name, inventory, args.period,
-                      args.advertise_capacity, src, Path(args.host_lib_dir))
+                      args.advertise_capacity, src, Path(args.host_lib_dir),
+                      Path(args.pods_dir) if args.pods_dir else None)
     async with kc:
         if args.once:
             await agent.sync()

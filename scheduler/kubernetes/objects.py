@@ -20,6 +20,7 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import Any
 
+from ..constraints import OPERATORS, NodeConstraints, Requirement, Taint, Term, Toleration
 from ..contract import (
     DEFAULT_PRELOAD,
     GPU_RESOURCE,
@@ -55,6 +56,8 @@ __all__ = [
     "parse_quantity",
     "placement_annotations",
     "preemption_mark",
+    "recorded_lag",
+    "rfc3339",
     "scheduled_condition",
 ]
 
@@ -140,6 +143,8 @@ class PodRequest:
     node_pool: str | None = None
     gpu_models: tuple[str, ...] = ()
     topology_key: str | None = None
+    constraints: NodeConstraints | None = None  # nodeSelector, node affinity, tolerations
+    claims: tuple[str, ...] = ()  # PersistentVolumeClaims its volumes name (volumes.py)
     grace_period_s: float = 30.0
     submit_time: float = 0.0
     config_map: str | None = None  # for fractions: the ConfigMap its envFrom names
@@ -199,6 +204,67 @@ def _sum_requests(spec: JSON, resource: str) -> Decimal:
         if v is not None:
             init = max(init, parse_quantity(v, f"initContainers[{c.get('name')}].{resource}"))
     return max(total, init)
+
+
+# ----------------------------------------------------------------------------- constraints
+def pod_claims(spec: JSON, pod_name: str) -> tuple[str, ...]:
+    """The claims a pod's volumes name: its PersistentVolumeClaims, and the claim of each
+    generic ephemeral volume (named POD-VOLUME by the ephemeral volume controller)."""
+    out = []
+    for v in spec.get("volumes") or ():
+        if "persistentVolumeClaim" in v:
+            out.append(str(v["persistentVolumeClaim"].get("claimName", "")))
+        elif "ephemeral" in v:
+            out.append(f"{pod_name}-{v.get('name', '')}")
+    return tuple(out)
+
+
+def _requirements(items: Any, where: str, fields: bool = False) -> tuple[Requirement, ...]:
+    out = []
+    for i, r in enumerate(items or ()):
+        at = f"{where}[{i}]"
+        op = r.get("operator")
+        if op not in OPERATORS:
+            raise ValidationError(f"{at}.operator", f"must be one of {', '.join(OPERATORS)}, got {op!r}")
+        if fields and (r.get("key") != "metadata.name" or op not in ("In", "NotIn")):
+            raise ValidationError(f"{at}", "matchFields takes only metadata.name with In or NotIn")
+        values = tuple(str(v) for v in r.get("values") or ())
+        if op in ("Gt", "Lt") and (len(values) != 1 or not values[0].lstrip("-").isdigit()):
+            raise ValidationError(f"{at}.values", f"{op} takes one integer, got {list(values)}")
+        if op in ("Exists", "DoesNotExist") and values:
+            raise ValidationError(f"{at}.values", f"{op} takes no values")
+        out.append(Requirement(str(r.get("key", "")), op, values))
+    return tuple(out)
+
+
+def node_terms(selector: JSON | None, where: str) -> tuple[Term, ...] | None:
+    """A NodeSelector (``nodeSelectorTerms``) as terms, any of which a node must match;
+    None when there is none."""
+    if selector is None:
+        return None
+    return tuple(
+        Term(_requirements(t.get("matchExpressions"), f"{where} nodeSelectorTerms[{i}].matchExpressions"),
+             _requirements(t.get("matchFields"), f"{where} nodeSelectorTerms[{i}].matchFields", fields=True))
+        for i, t in enumerate(selector.get("nodeSelectorTerms") or ()))
+
+
+def parse_constraints(spec: JSON, where: str = "pod") -> NodeConstraints | None:
+    """A pod's nodeSelector, required node affinity and tolerations; None when it has none
+    (the core then keeps it off tainted nodes only). Preferred affinity is not a constraint."""
+    selector = spec.get("nodeSelector") or {}
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    tolerations = spec.get("tolerations") or ()
+    if not (selector or required or tolerations):
+        return None
+    terms = node_terms(required, where)
+    tols = []
+    for i, t in enumerate(tolerations):
+        op = t.get("operator") or "Equal"
+        if op not in ("Equal", "Exists"):
+            raise ValidationError(f"{where} tolerations[{i}].operator", f"must be Equal or Exists, got {op!r}")
+        tols.append(Toleration(t.get("key") or "", op, str(t.get("value") or ""), t.get("effect") or ""))
+    return NodeConstraints(tuple(sorted((str(k), str(v)) for k, v in selector.items())), terms, tuple(tols))
 
 
 def workload_name(namespace: str, name: str, gang: str | None) -> str:
@@ -282,6 +348,8 @@ def parse_pod(pod: JSON) -> PodRequest:
         node_pool=get(A.NODE_POOL),
         gpu_models=tuple(m.strip() for m in models.split(",") if m.strip()) if models else (),
         topology_key=get(A.TOPOLOGY),
+        constraints=parse_constraints(spec, where),
+        claims=pod_claims(spec, name),
         grace_period_s=float(30 if grace is None else grace),
         submit_time=parse_time(meta.get("creationTimestamp")),
         config_map=(get(A.CONFIG_MAP) or config_map_name(name)) if demand.is_fractional else None,
@@ -334,7 +402,9 @@ def request_signature(pod: JSON) -> tuple:
     return (meta.get("uid"), ann, labels,
             [c.get("resources") for c in spec.get("containers") or ()],
             [c.get("resources") for c in spec.get("initContainers") or ()],
-            spec.get("terminationGracePeriodSeconds"))
+            spec.get("terminationGracePeriodSeconds"),
+            spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations"),
+            pod_claims(spec, meta["name"]))
 
 
 def update_pod(old: PodRequest, pod: JSON) -> PodRequest:
@@ -370,7 +440,13 @@ def parse_node(node: JSON, pool_label: str = "gpupool.io/node-pool") -> Node:
     return Node(
         name=meta["name"], gpus=gpus, cpu_milli=int(cpu * 1000), memory_mib=int(memory / 2**20),
         pool=labels.get(pool_label, DEFAULT_POOL), labels=dict(labels),
+        taints=parse_taints(node.get("spec") or {}),
     )
+
+
+def parse_taints(spec: JSON) -> tuple[Taint, ...]:
+    return tuple(Taint(t.get("key", ""), str(t.get("value") or ""), t.get("effect", ""))
+                 for t in spec.get("taints") or ())
 
 
 def node_schedulable(node: JSON) -> bool:
@@ -390,6 +466,8 @@ def _quotas(spec: JSON) -> dict[str, Quota]:
             gpus=float(q.get("gpus", 0)),
             over_quota_weight=float(q.get("overQuotaWeight", 1)),
             limit=None if q.get("limit") is None else float(q["limit"]),
+            cpu=None if q.get("cpu") is None else float(q["cpu"]),
+            memory_gib=None if q.get("memoryGib") is None else float(q["memoryGib"]),
         )
     return out
 
@@ -425,14 +503,16 @@ def binding(pod: PodRequest, p: PodPlacement, over_quota: bool) -> JSON:
 
 
 def fraction_config_map(pod: PodRequest, p: PodPlacement, node: Node,
-                        preload: str = DEFAULT_PRELOAD) -> JSON:
-    """The per-pod ConfigMap a fractional pod's ``envFrom`` names: which GPU, the memory
-    cap in bytes, and the interception library to preload."""
+                        preload: str = DEFAULT_PRELOAD, reserved: str | None = None) -> JSON:
+    """The per-pod ConfigMap a fractional pod's ``envFrom`` names: which GPU (``reserved``:
+    the UUID of the GPU the kubelet gave the slot's reservation), the memory cap in bytes, and
+    the interception library to preload."""
     gpu = node.gpus[p.gpu_indices[0]]
+    uuid = reserved or gpu.uuid
     data = {
-        "NVIDIA_VISIBLE_DEVICES": gpu.uuid or str(gpu.index),
+        "NVIDIA_VISIBLE_DEVICES": uuid or str(gpu.index),
         "GPUPOOL_GPU_INDEX": str(gpu.index),
-        "GPUPOOL_GPU_UUID": gpu.uuid,
+        "GPUPOOL_GPU_UUID": uuid,
         "GPUPOOL_GPU_MODEL": gpu.model,
         "GPUPOOL_GPU_MILLI": str(p.gpu_milli),
         **share_env(gpu.memory_mib, p.gpu_milli, pod.demand.gpu_memory_mib),
@@ -453,6 +533,30 @@ def fraction_config_map(pod: PodRequest, p: PodPlacement, node: Node,
 
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rfc3339(t: float) -> str:
+    """Epoch seconds as an RFC 3339 time, to the microsecond."""
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def recorded_lag(projects: list[JSON]) -> tuple[dict[tuple[str, str], float], float] | None:
+    """The over-quota lag the Projects' status holds (milli-GPU-seconds per (project, pool))
+    and the latest time it was recorded; None when no status holds one."""
+    lag: dict[tuple[str, str], float] = {}
+    at = 0.0
+    for obj in projects:
+        st = obj.get("status") or {}
+        when = st.get("overQuotaLagAt")
+        if not when:
+            continue
+        try:
+            at = max(at, parse_time(when))
+            for pool, x in (st.get("overQuotaLagGpuSeconds") or {}).items():
+                lag[(obj["metadata"]["name"], pool)] = float(x) * MILLI
+        except (ValueError, TypeError, AttributeError):
+            continue  # an unreadable status: that project starts even
+    return (lag, at) if at else None
 
 
 def scheduled_condition(reason: str, message: str) -> JSON:

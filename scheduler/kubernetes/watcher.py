@@ -1,7 +1,10 @@
 """The Kubernetes adapter's watcher: the cluster as the core sees it, kept current.
 
-It lists nodes, Departments, Projects and gpupool pods once (``sync``), then applies each
-watch event to the snapshot (``watches``); an event that changes what the core sees marks
+It lists nodes, claims, volumes, StorageClasses, Departments, Projects, gpupool's pods and
+every other pod once (``sync``), then applies each watch event to the snapshot (``watches``);
+a node reaches the core less what other pods hold on it (other_pods.py), and a workload
+with its volumes' node affinity, or not at all while its claims cannot be bound
+(volumes.py); an event that changes what the core sees marks
 the scheduler dirty. A bound pod's GPUs come from the annotations the scheduler stamped on it
 when it bound it, so a restarted scheduler sees every share in use. Binds in flight are
 *assumed* here (``assume``, as kube-scheduler's cache does), so the next cycle never reuses
@@ -20,9 +23,11 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Coroutine, Iterable
+from dataclasses import replace
 from typing import Any, Protocol
 
-from ..model import PodPlacement, Project, State, ValidationError, Workload
+from ..constraints import NO_CONSTRAINTS, NodeConstraints
+from ..model import Node, PodPlacement, Project, State, ValidationError, Workload
 from ..snapshot import Snapshot
 from .client import ApiError, KubeClient
 from .config import GROUP, NET_ERRORS, AdapterConfig
@@ -33,9 +38,14 @@ from .objects import (
     parse_node,
     parse_pod,
     parse_project,
+    recorded_lag,
     request_signature,
     update_pod,
 )
+from .other_pods import OtherPods, held_by
+from .reservations import LABEL as RESERVATION
+from .reservations import Reservations
+from .volumes import Volumes
 
 __all__ = ["Watcher", "Writer"]
 
@@ -76,12 +86,23 @@ class Watcher:
         self.bound_at: dict[str, float] = {}
         self.evicting: set[str] = set()
         self.bad: dict[str, str] = {}  # pod key -> error reported
+        self.node_full: dict[str, Node] = {}  # as the node reports it; the core gets it less:
+        self.other = OtherPods()  # what pods gpupool does not schedule hold on each node
+        self.volumes = Volumes()  # claims, volumes and classes (volume binding)
+        self.reservations = Reservations()  # GPUs reserved for fractions (--gpu-reservations)
+        self.claimed: dict[str, set[str]] = {}  # workload -> keys of the claims its pods name
         self.departments: dict[str, object] = {}
+        # The over-quota lag the Projects' status held at ``sync`` and when it was recorded
+        self.recorded_lag: tuple[dict[tuple[str, str], float], float] | None = None
         self.projects: dict[str, Project] = {}
 
     # ------------------------------------------------------------------- list, watch
     def _pod_selector(self) -> str:
         return f"spec.schedulerName={self.cfg.scheduler_name}"
+
+    def _other_selector(self) -> str:
+        return (f"spec.schedulerName!={self.cfg.scheduler_name},"
+                "status.phase!=Succeeded,status.phase!=Failed")
 
     async def _list(self, path: str, **params) -> tuple[list[dict], str]:
         try:
@@ -97,15 +118,24 @@ class Watcher:
         nodes, rvs["nodes"] = await self._list("/api/v1/nodes")
         for n in nodes:
             self.on_node("ADDED", n)
+        for path, handler in self._volume_watches():
+            items, rvs[path] = await self._list(path)
+            for obj in items:
+                handler("ADDED", obj)
         depts, rvs["departments"] = await self._list(f"{GROUP}/departments")
         for d in depts:
             self.on_department("ADDED", d)
         projects, rvs["projects"] = await self._list(f"{GROUP}/projects")
         for p in projects:
             self.on_project("ADDED", p)
+        self.recorded_lag = recorded_lag(projects)
         pods, rvs["pods"] = await self._list("/api/v1/pods", fieldSelector=self._pod_selector())
         for p in pods:
             self.on_pod("ADDED", p)
+        # After gpupool's own pods: what other pods hold never takes a GPU that ours use
+        others, rvs["other_pods"] = await self._list("/api/v1/pods", fieldSelector=self._other_selector())
+        for p in others:
+            self.on_other_pod("ADDED", p)
         log.info("synced: %d nodes, %d departments, %d projects, %d pods (%d running workloads)",
                  len(self.snap.nodes), len(self.snap.departments), len(self.snap.projects),
                  len(self.pods), len(self.snap.workloads) - len(self.snap.pending))
@@ -118,7 +148,15 @@ class Watcher:
             self._watch(f"{GROUP}/departments", rvs["departments"], self.on_department),
             self._watch(f"{GROUP}/projects", rvs["projects"], self.on_project),
             self._watch("/api/v1/pods", rvs["pods"], self.on_pod, fieldSelector=self._pod_selector()),
+            self._watch("/api/v1/pods", rvs["other_pods"], self.on_other_pod,
+                        fieldSelector=self._other_selector()),
+            *(self._watch(path, rvs[path], handler) for path, handler in self._volume_watches()),
         ]
+
+    def _volume_watches(self) -> list[tuple[str, Any]]:
+        return [("/apis/storage.k8s.io/v1/storageclasses", self.on_storage_class),
+                ("/api/v1/persistentvolumes", self.on_volume),
+                ("/api/v1/persistentvolumeclaims", self.on_claim)]
 
     async def _watch(self, path: str, rv: str, handler, **params) -> None:
         while True:
@@ -155,6 +193,18 @@ class Watcher:
             for key, p in list(self.pods.items()):
                 if (p.namespace, p.name) not in seen:
                     self.forget_pod(key)
+        elif handler == self.on_other_pod:
+            for key in list(self.other.pods):
+                if tuple(key.split("/", 1)) not in seen:
+                    self._other_changed(self.other.set(key, None))
+        elif handler in (self.on_claim, self.on_volume, self.on_storage_class):
+            # claims, volumes, classes: those gone while the watch was down
+            kept = {self.on_claim: self.volumes.claims, self.on_volume: self.volumes.volumes,
+                    self.on_storage_class: self.volumes.classes}[handler]
+            for obj in list(kept.values()):
+                m = obj["metadata"]
+                if (m.get("namespace"), m["name"]) not in seen:
+                    handler("DELETED", obj)
         elif handler == self.on_node:
             for name in list(self.snap.nodes):
                 if (None, name) not in seen:
@@ -168,18 +218,66 @@ class Watcher:
     def on_node(self, etype: str, obj: dict) -> None:
         name = obj["metadata"]["name"]
         if etype == "DELETED" or not node_schedulable(obj):
+            self.node_full.pop(name, None)
             if name in self.snap.nodes and not self._node_in_use(name):
                 self.snap.remove_node(name)
                 self._mark()
             return
         try:
-            node = parse_node(obj, self.cfg.node_pool_label)
+            self.node_full[name] = parse_node(obj, self.cfg.node_pool_label)
         except ValidationError as e:
             log.warning("node %s: %s", name, e)
             return
+        self._publish_node(name)
+
+    def on_other_pod(self, etype: str, obj: dict) -> None:
+        """A pod gpupool does not schedule: what it holds comes off its node."""
+        meta = obj["metadata"]
+        key = f"{meta.get('namespace')}/{meta['name']}"
+        if (meta.get("labels") or {}).get(RESERVATION):
+            self.reservations.on_pod(etype, obj)  # the fractions' own GPU: counted by the core
+            return
+        try:
+            held = None if etype == "DELETED" else held_by(obj)
+        except ValidationError as e:
+            log.warning("pod %s: %s", key, e)
+            held = None
+        self._other_changed(self.other.set(key, held))
+
+    # A claim, volume or class changed: the workloads whose pods name the claims it touches
+    # are rebuilt (their node affinity, or whether they can be placed at all, may change).
+    def on_claim(self, etype: str, obj: dict) -> None:
+        self._claims_changed({self.volumes.on_claim(etype, obj)})
+
+    def on_volume(self, etype: str, obj: dict) -> None:
+        key = self.volumes.on_volume(etype, obj)
+        self._claims_changed({key} if key else set())
+
+    def on_storage_class(self, etype: str, obj: dict) -> None:
+        self.volumes.on_class(etype, obj)
+        self._claims_changed(None)
+
+    def _claims_changed(self, keys: set[str] | None) -> None:
+        for wname, claimed in list(self.claimed.items()):
+            if keys is None or claimed & keys:
+                self.refresh(wname)
+
+    def _other_changed(self, nodes: set[str]) -> None:
+        for name in nodes:
+            self._publish_node(name)
+
+    def _publish_node(self, name: str) -> None:
+        """The node as the core sees it: what it reports less what other pods hold."""
+        full = self.node_full.get(name)
+        if full is None:
+            return
+        in_use = max((max(p.placement.gpu_indices, default=-1) + 1 for p in self.pods.values()
+                      if p.placement is not None and p.node == name and not p.done), default=0) \
+            if name in self.other.on else 0
+        node = self.other.usable(full, in_use)
         old = self.snap.nodes.get(name)
-        if old is not None and (old.gpus, old.cpu_milli, old.memory_mib, old.pool, old.labels) \
-                == (node.gpus, node.cpu_milli, node.memory_mib, node.pool, node.labels):
+        if old is not None and (old.gpus, old.cpu_milli, old.memory_mib, old.pool, old.labels, old.taints) \
+                == (node.gpus, node.cpu_milli, node.memory_mib, node.pool, node.labels, node.taints):
             return
         self.snap.add_node(node)
         self._mark()
@@ -315,6 +413,25 @@ class Watcher:
         return max(known) if times and len(known) == len(times) else None
 
     # -------------------------------------------------------------------- workloads
+    def _with_volumes(self, wname: str, pods: list[PodRequest], first: PodRequest
+                      ) -> tuple[NodeConstraints | None, str | None]:
+        """The workload's node constraints with its volumes' node affinity, and why its
+        claims keep it waiting (None: they do not)."""
+        keys = {f"{p.namespace}/{c}" for p in pods for c in p.claims}
+        if not keys:
+            self.claimed.pop(wname, None)
+            return first.constraints, None
+        self.claimed[wname] = keys
+        groups: list = []
+        for p in pods:
+            why, more = self.volumes.needs(p.namespace, p.claims)
+            if why is not None:
+                return first.constraints, why
+            groups += [g for g in more if g not in groups]
+        if not groups:
+            return first.constraints, None
+        return replace(first.constraints or NO_CONSTRAINTS, volumes=tuple(groups)), None
+
     def refresh(self, wname: str) -> None:
         """Rebuild one workload of the snapshot from its pods."""
         pods = sorted((self.pods[k] for k in self.members.get(wname, ())), key=lambda p: p.name)
@@ -324,11 +441,13 @@ class Watcher:
             if old is not None:
                 self.snap.remove_workload(wname)
                 self._mark()
+            self.claimed.pop(wname, None)
             self.evicting.discard(wname)
             self.writer.forget(wname)
             return
         first = min(pods, key=lambda p: (p.submit_time, p.name))
         placed = [pl for pl in (self.placement(p) for p in pods) if pl is not None]
+        constraints, waits_for = self._with_volumes(wname, pods, first)
         if placed and len(placed) < len(pods):
             # Part of a gang is bound (a scheduler stopped half-way): finish its stamped plan.
             rest = [(p, p.plan) for p in pods if self.placement(p) is None and p.plan is not None and not p.deleting]
@@ -341,7 +460,7 @@ class Watcher:
             name=wname, project=first.project, kind=first.kind, demand=first.demand,
             priority=first.priority, preemptible=first.preemptible,
             allow_over_quota=first.allow_over_quota, node_pool=first.node_pool,
-            gpu_models=first.gpu_models, topology_key=first.topology_key,
+            gpu_models=first.gpu_models, topology_key=first.topology_key, constraints=constraints,
             submit_time=first.submit_time, grace_period_s=first.grace_period_s,
             resumed=first.resumed,
         )  # fmt: skip
@@ -358,6 +477,9 @@ class Watcher:
             w = None  # a gang still gathering its pods
             msg = f"gang waits for its pods: {len(pods)} of {first.gang_size} exist"
             self.writer.report_changed(wname, "Unschedulable", msg)
+        elif waits_for is not None:
+            w = None  # its claims cannot be bound anywhere yet
+            self.writer.report_changed(wname, "Unschedulable", waits_for)
         else:
             w = Workload(**base, pods=first.gang_size)
         if w == old:

@@ -44,12 +44,16 @@ REASON_KINDS = (
     ("at its limit", "limit"),
     ("fair share", "fair_share"),
     ("at its quota", "quota"),
+    ("at its CPU quota", "quota"),
+    ("at its memory quota", "quota"),
     ("no node in", "capacity"),
+    ("nodes are available", "node_constraints"),  # selector, affinity, taints: kube-scheduler's words
 )
 
 
 def pending_reason(text: str) -> str:
-    """The label value for a pending reason: quota, limit, fair_share, capacity or other."""
+    """The label value for a pending reason: quota, limit, fair_share, capacity,
+    node_constraints or other."""
     for needle, kind in REASON_KINDS:
         if needle in text:
             return kind

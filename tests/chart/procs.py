@@ -80,12 +80,16 @@ class ChartHub(Proc):
     through ``kubeconfig``."""
 
     def __init__(self, workdir: Path, files: dict[str, str], kubeconfig: Path,
-                 passwords: dict[str, str]):
+                 passwords: dict[str, str], deployment_env: dict[str, str] | None = None,
+                 port: int | None = None):
+        """``deployment_env``: the chart Deployment's own variables (its authenticator's),
+        in place of the shared password's."""
         conf = workdir / "etc"
         conf.mkdir(parents=True, exist_ok=True)
         for k, v in files.items():
             (conf / k).write_text(v)
         self.port, hub_port, svc_port, api_port, serve_port = free_ports(5)
+        self.port = port or self.port  # a provider's callback names it before the start
         self.url = f"http://127.0.0.1:{self.port}"
         env = {
             "GPUPOOL_CONFIG": str(conf / "gpupool_config.py"),
@@ -95,10 +99,11 @@ class ChartHub(Proc):
             "GPUPOOL_HUB_PORT": str(hub_port), "GPUPOOL_SERVICE_PORT": str(svc_port),
             "GPUPOOL_PROXY_API_PORT": str(api_port), "GPUPOOL_SERVE_PORT": str(serve_port),
             "GPUPOOL_HUB_CONNECT_IP": "127.0.0.1", "GPUPOOL_AUTH": "shared-password",
-            "GPUPOOL_USER_PASSWORD": passwords["user-password"],
-            "GPUPOOL_ADMIN_PASSWORD": passwords["admin-password"],
+            "GPUPOOL_USER_PASSWORD": passwords.get("user-password", ""),
+            "GPUPOOL_ADMIN_PASSWORD": passwords.get("admin-password", ""),
             "KUBECONFIG": str(kubeconfig),
             "GPUPOOL_SSH_PORT": "0",  # as the chart's Deployment sets it (hub.ssh.port, default 0)
+            **(deployment_env or {}),
         }  # fmt: skip
         jh = Path(sys.executable).parent / "jupyterhub"
         super().__init__("hub", [str(jh), "-f", str(conf / "jupyterhub_config.py")], workdir, env)

@@ -31,7 +31,7 @@ VALUE_SETS = {
                     "default": {"display": "Python"},
                     "pytorch": {"display": "PyTorch", "image": "nvcr.io/nvidia/pytorch:25.01-py3"}}}},
         "scheduler": {"image": {"repository": "sched", "tag": "1.2.3"}, "replicas": 2,
-                      "topologyKey": "gpupool.io/rack", "consolidateInQuota": True},
+                      "topologyKey": "gpupool.io/rack", "consolidateInQuota": True, "gpuReservations": True},
     },
     "agent-capacity-no-org": {"nodeAgent": {"advertiseCapacity": True, "runtimeClassName": "nvidia",
                                             "nodeSelector": {"nvidia.com/gpu.present": "true"},
@@ -128,6 +128,15 @@ def check_value_set(name: str, objs: list[dict]) -> None:
         assert sched["image"] == "registry.example.org/ml/sched:1.2.3"
         assert "--topology-key=gpupool.io/rack" in sched["args"]
         assert "--consolidate-in-quota" in sched["args"]
+        # GPU reservations: the flag, the scheduler's image for the reservation pods, their
+        # service account, which may only patch pods of the release namespace
+        assert "--gpu-reservations" in sched["args"]
+        assert "--reservation-image=registry.example.org/ml/sched:1.2.3" in sched["args"]
+        assert by_kind(objs, "Role")["gpupool-scheduler-reservation"]["rules"] == [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+        assert "gpupool-scheduler-reservation" in by_kind(objs, "ServiceAccount")
+        assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]} in \
+            by_kind(objs, "ClusterRole")["gpupool-scheduler"]["rules"]
         assert by_kind(objs, "Deployment")["gpupool-scheduler"]["spec"]["replicas"] == 2
         for d in by_kind(objs, "Deployment").values():
             assert d["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
@@ -260,16 +269,18 @@ def test_rendered_hub_config_loads(helm, tmp_path, monkeypatch, name):
 
 def test_crd_quota_maxima_are_the_scheduler_s_bound():
     """The API server refuses what the hub and the scheduler refuse (issue: one huge limit
-    stopped every cycle): every quota number in the CRDs is bounded by MAX_GPUS."""
+    stopped every cycle): every GPU quota number in the CRDs is bounded by MAX_GPUS, the CPU
+    and memory quotas by MAX_CPU_MEMORY."""
     from pathlib import Path
 
     import yaml
 
-    from scheduler.model import MAX_GPUS
+    from scheduler.model import MAX_CPU_MEMORY, MAX_GPUS
 
     for name in ("gpupool.io_projects.yaml", "gpupool.io_departments.yaml"):
         crd = yaml.safe_load((Path(__file__).resolve().parents[2] / "chart" / "crds" / name).read_text())
         spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
         quota = spec["properties"]["quotas"]["additionalProperties"]["properties"]
         assert {k: v.get("maximum") for k, v in quota.items()} == {
-            "gpus": MAX_GPUS, "overQuotaWeight": MAX_GPUS, "limit": MAX_GPUS}, name
+            "gpus": MAX_GPUS, "overQuotaWeight": MAX_GPUS, "limit": MAX_GPUS,
+            "cpu": MAX_CPU_MEMORY, "memoryGib": MAX_CPU_MEMORY}, name

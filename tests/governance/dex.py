@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -103,3 +104,26 @@ class Dex:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+
+
+def dex_login(browser, hub_url: str, user: str, password: str, expect_home: bool = True):
+    """Log in to the hub at ``hub_url`` through its single sign-on button and Dex's form
+    (login ``USER@example.com``); returns the page."""
+    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+    page.set_default_timeout(60_000)
+    page.goto(hub_url + "/hub/login")
+    page.click("text=Sign in with single sign-on")
+    page.wait_for_selector("#login")  # Dex's password form
+    page.fill("#login", f"{user}@example.com")
+    page.fill("#password", password)
+    page.click("#submit-login")
+    if expect_home:
+        page.wait_for_url(re.compile(r".*/hub/(home|spawn).*"))
+    return page
+
+
+def my_projects(page, hub) -> list[str]:
+    """The projects the logged-in user of ``page`` belongs to, as the org page lists them."""
+    page.goto(hub.url + "/services/gpupool/org")
+    page.wait_for_selector("#projects")
+    return page.locator("#projects tr[data-name]").evaluate_all("rows => rows.map(r => r.dataset.name)")

@@ -94,6 +94,8 @@ def dashboard_queries() -> list[str]:
     ("department research is at its limit 4 GPUs", "limit"),
     ("project nlp is over its quota (3 GPUs in use) and its fair share of idle GPUs (1) is taken", "fair_share"),
     ("no node in pool default has 1 GPU free; 2 workloads ahead", "capacity"),
+    ("project nlp is at its CPU quota (3 of 4 CPUs in use, 2 more asked)", "quota"),
+    ("0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector.", "node_constraints"),
     ("something new", "other"),
 ])
 def test_pending_reason_labels(text, kind):

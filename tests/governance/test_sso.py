@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hubproc import Hub
 
-from .dex import CLIENT_ID, CLIENT_SECRET, Dex, dex_binary
+from .dex import CLIENT_ID, CLIENT_SECRET, Dex, dex_binary, dex_login, my_projects
 
 pytestmark = [
     pytest.mark.slow,
@@ -57,23 +57,7 @@ def sso(tmp_path_factory):
 
 def sso_login(browser, hub, user, expect_home=True):
     """Log in through the hub's button and the provider's form; returns the page."""
-    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-    page.set_default_timeout(60_000)
-    page.goto(hub.url + "/hub/login")
-    page.click("text=Sign in with single sign-on")
-    page.wait_for_selector("#login")  # Dex's password form
-    page.fill("#login", f"{user}@example.com")
-    page.fill("#password", USERS[user]["password"])
-    page.click("#submit-login")
-    if expect_home:
-        page.wait_for_url(re.compile(r".*/hub/(home|spawn).*"))
-    return page
-
-
-def my_projects(page, hub) -> list[str]:
-    page.goto(hub.url + "/services/gpupool/org")
-    page.wait_for_selector("#projects")
-    return page.locator("#projects tr[data-name]").evaluate_all("rows => rows.map(r => r.dataset.name)")
+    return dex_login(browser, hub.url, user, USERS[user]["password"], expect_home)
 
 
 def test_login_and_logout(sso, browser):

@@ -15,11 +15,11 @@ from tornado.httpclient import AsyncHTTPClient
 from hub_ext.config import Gpupool
 from hub_ext.db.tables import WorkloadRow
 from hub_ext.host import regions
-from hub_ext.host.activity import MAGIC
 from hub_ext.org import projects as org
 from hub_ext.org.roles import ADMIN_SCOPE, USE_SCOPE
 from hub_ext.schema import make_sessionmaker
 from hub_ext.service.app import make_app
+from scheduler.contract import REGION_MAGIC as MAGIC
 from tests.served import served
 
 PREFIX = "/services/gpupool/"

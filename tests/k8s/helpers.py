@@ -202,13 +202,14 @@ class SchedulerProcess:
     lease_name: str = "gpupool-scheduler"
     proc: subprocess.Popen | None = None
     starts: int = 0
+    args: tuple[str, ...] = ()  # more command-line options
 
     def start(self) -> None:
         self.starts += 1
         log = open(self.log_dir / f"gpupool-scheduler-{self.starts}.log", "wb")  # noqa: SIM115
         cmd = [sys.executable, "-m", "scheduler.kubernetes", "--kubeconfig", str(self.info.kubeconfig),
                "--lease-name", self.lease_name, "--lease-duration", "3", "--lease-renew", "0.5",
-               "-v"]
+               "-v", *self.args]
         env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         log.close()

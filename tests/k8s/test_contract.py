@@ -156,3 +156,10 @@ def test_trainings_and_services_without_an_image_run_the_workload_image():
     svc = parse_spec({"name": "llm", "project": "p", "command": ["serve"], "gpu": 1, "image": "mine:2"})
     assert image(worker_pod(spec, 0, KubernetesOptions(namespace="ns", default_image="own:1"))) == "mine:2"
     assert image(replica_pod(svc, "llm-1", "ns", default_image="own:1")) == "mine:2"
+
+
+def test_training_workers_carry_the_topology_key_the_scheduler_reads():
+    spec = TrainingSpec(name="t", project="p", command=["x"], gpu=1, workers=2)
+    pod = worker_pod(spec, 0, KubernetesOptions(namespace="ns", topology_key="example.com/rack"))
+    assert parse_pod(pod).topology_key == "example.com/rack"
+    assert parse_pod(worker_pod(spec, 0, KubernetesOptions(namespace="ns"))).topology_key is None

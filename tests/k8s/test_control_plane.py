@@ -314,6 +314,57 @@ async def _none(listing) -> bool:
     return await listing == []
 
 
+def test_a_submitted_command_runs_as_a_pod_with_its_credential_and_its_log_comes_from_the_api_server(
+        control_plane, chart_cluster):  # noqa: F811
+    """``POST /workloads`` of kind inference with a project credential, as a member: the hub
+    makes one pod, gpupool-scheduler binds it, REST shows it running; the pod references the
+    Secret the hub wrote (no value in the pod); ``GET /workloads/NAME/logs`` asks the API
+    server for that pod's log (kwok runs no container: no lines); ``DELETE`` stops it and
+    its pod and Secret go."""
+    hub, passwords, _ = control_plane
+    alice = HubClient(hub.url).login("alice", passwords["user-password"]).token("alice")
+    admin = HubClient(hub.url).login("admin", passwords["admin-password"]).token("admin")
+    value = "cp-token-6f0e2a"
+
+    def state() -> str:
+        status, body = call(hub.url, alice, "GET", "/workloads/cmd-cp")
+        return body.get("state", "") if status == 200 else f"http {status}"
+
+    async def flow(kc):
+        status, body = call(hub.url, admin, "POST", "/projects/serving/credentials",
+                            {"name": "hf", "data": {"HF_TOKEN": value}})
+        assert status in (200, 201), body
+        status, body = call(hub.url, alice, "POST", "/workloads", {
+            "name": "cmd-cp", "kind": "inference", "project": "serving", "gpu_mode": "fraction",
+            "gpu_fraction": 0.25, "cpu": 0.5, "memory_gib": 1, "command": ["python", "-c", "print(1)"],
+            "credentials": ["hf"]})
+        assert status == 201, body
+        await wait_until(lambda: asyncio.to_thread(lambda: state() == "running"), "cmd-cp running", timeout=120)
+        pod = await kc.get(f"/api/v1/namespaces/{NS}/pods/cmd-cp")
+        assert pod["spec"]["nodeName"] and pod["metadata"]["annotations"][A.WORKLOAD] == "cmd-cp"
+        env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+        assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "cmd-cp-credentials", "key": "hf.HF_TOKEN"}
+        secret = await kc.get(f"/api/v1/namespaces/{NS}/secrets/cmd-cp-credentials")
+        assert base64.b64decode(secret["data"]["hf.HF_TOKEN"]).decode() == value
+        assert value not in json.dumps(pod)
+        status, body = call(hub.url, alice, "GET", "/workloads/cmd-cp/logs?tail=10")
+        assert status == 200 and body["lines"] == [], body
+        status, body = call(hub.url, alice, "DELETE", "/workloads/cmd-cp")
+        assert status == 204, body
+        await wait_until(lambda: asyncio.to_thread(lambda: state() == "stopped"), "cmd-cp stopped", timeout=120)
+
+        async def gone(path: str) -> bool:
+            try:
+                await kc.get(path)
+            except ApiError as e:
+                return e.status == 404
+            return False
+        await wait_until(lambda: gone(f"/api/v1/namespaces/{NS}/pods/cmd-cp"), "its pod deleted", timeout=120)
+        assert await gone(f"/api/v1/namespaces/{NS}/secrets/cmd-cp-credentials")
+
+    run(flow, chart_cluster)
+
+
 def test_the_panel_and_kubectl_share_one_organisation_and_the_widget_submits_pods(control_plane, chart_cluster):  # noqa: F811
     """After ``helm install``: a Project applied in the cluster (as kubectl does) shows in the
     REST API and the admin panel; a quota edited as the panel edits it (REST, as an admin)

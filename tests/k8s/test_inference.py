@@ -60,11 +60,14 @@ def sched(k8s_cluster: ClusterInfo, tmp_path):
 
 
 def test_replicas_are_placed_scaled_and_explained(k8s_cluster: ClusterInfo, sched):
+    """... and the backend follows the replica pods by a watch: one list, no read per pod."""
     async def go():
-        async with kube(k8s_cluster) as kc:
+        async with kube(k8s_cluster) as kc, kube(k8s_cluster) as backend_kc:
             await create_namespace(kc, NS)
             await create_org(kc, "inf-dept", 1.0, {"inf-proj": {"gpus": 1.0}})
-            controller = Controller(KubernetesBackend(kc, NS, poll_s=0.3), tick_s=0.3)
+            reads = count_reads(backend_kc, lambda path: path.startswith(f"/api/v1/namespaces/{NS}/pods"))
+            backend = KubernetesBackend(backend_kc, NS, poll_s=3600)  # only a change of a pod wakes a replica
+            controller = Controller(backend, tick_s=0.3)
             controller.start()
             try:
                 base = {"name": "llm", "project": "inf-proj", "command": [sys.executable],
@@ -87,8 +90,10 @@ def test_replicas_are_placed_scaled_and_explained(k8s_cluster: ClusterInfo, sche
                 await wait_until(explained, "a pending replica with the scheduler's reason")
                 controller.put(parse_spec({**base, "min_replicas": 0}))
                 await wait_until(lambda: placed(0), "scaled to zero: replica pods deleted")
+                assert len(reads) == backend.pods.lists == 1
             finally:
                 await controller.stop()
+                await backend.close()
                 await delete_pods(kc, NS)
                 await delete_org(kc, "inf-dept", ["inf-proj"])
 
@@ -144,6 +149,89 @@ def test_published_services_reach_the_activator_by_a_watch(k8s_cluster: ClusterI
 
 async def _now(v):
     return v
+
+
+INF_KEY, INF_TOKEN = "AKIAINFK8S0001", "inf-k8s-token-93ab"
+
+
+def test_published_service_replicas_carry_its_credentials_and_data_sources(k8s_cluster: ClusterInfo, ns,
+                                                                           tmp_path):
+    """The hub writes the Secret ``NAME-credentials`` from its vault and publishes the
+    attachments by name beside the spec; the activator's replica pods reference the Secret
+    and mount the data source, no value in a pod or a ConfigMap; the service removed, the
+    Secret goes too."""
+    import base64
+
+    from hub_ext.attachments import credentials, datasources
+    from hub_ext.db.tables import DepartmentRow, ProjectRow
+    from scheduler.kubernetes.client import ApiError
+
+    Session = make_sessionmaker(f"sqlite:///{tmp_path}/hub.db")
+    vault = credentials.Vault(tmp_path / "key")
+    spec = parse_spec({"name": "att-svc", "project": "p-iatt", "command": ["serve"], "gpu": 0.25,
+                       "min_replicas": 1, "max_replicas": 1, "credentials": ["s3", "hf"],
+                       "datasources": ["weights"]})
+    with Session() as s:
+        s.add(DepartmentRow(name="d-iatt", gpus=4))
+        s.add(ProjectRow(name="p-iatt", department="d-iatt", gpus=1))
+        s.flush()
+        credentials.create(s, vault, "p-iatt", {"name": "s3", "data": {"AWS_ACCESS_KEY_ID": INF_KEY}}, "admin")
+        credentials.create(s, vault, "p-iatt", {"name": "hf", "delivery": "files", "data": {"token": INF_TOKEN}},
+                           "admin")
+        datasources.create(s, "p-iatt", {"name": "weights", "kind": "pvc", "claim": "weights-ro"}, "admin")
+        s.add(InferenceRow(name="att-svc", owner="alice", project="p-iatt", spec=spec.to_dict()))
+        s.commit()
+    api = f"/api/v1/namespaces/{ns}"
+
+    async def go():
+        async with kube(k8s_cluster) as hub_kc, kube(k8s_cluster) as act_kc:
+            publisher = Publisher(hub_kc, ns, Session, vault)
+            controller = Controller(KubernetesBackend(act_kc, ns, poll_s=0.3, attachments=lambda sp: follower.attachments(sp)),
+                                    tick_s=0.3)
+            follower = Follower(act_kc, ns, controller, set())
+            sides = [asyncio.ensure_future(publisher.follow(0.5)), asyncio.ensure_future(follower.follow(0.5))]
+            controller.start()
+            try:
+                async def replica():
+                    pods = [p for p in await list_pods(act_kc, ns)
+                            if p["metadata"].get("labels", {}).get(LABEL) == "att-svc"]
+                    return pods[0] if pods else None
+                pod = await wait_until(replica, "the replica pod", timeout=60)
+                secret = await hub_kc.get(f"{api}/secrets/att-svc-credentials")
+                cm = await hub_kc.get(f"{api}/configmaps/gpupool-inference-att-svc")
+                with Session() as s:
+                    s.delete(s.get(InferenceRow, "att-svc"))
+                    s.commit()
+
+                async def secret_gone():
+                    try:
+                        await hub_kc.get(f"{api}/secrets/att-svc-credentials")
+                    except ApiError as e:
+                        return e.status == 404
+                    return False
+                await wait_until(secret_gone, "the Secret deleted with the service", timeout=60)
+                return pod, secret, cm
+            finally:
+                for t in sides:
+                    t.cancel()
+                await asyncio.gather(*sides, return_exceptions=True)
+                await controller.stop()
+
+    pod, secret, cm = run(go())
+    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {
+        "s3.AWS_ACCESS_KEY_ID": INF_KEY, "hf.token": INF_TOKEN}
+    (ctr,) = pod["spec"]["containers"]
+    env = {e["name"]: e for e in ctr["env"]}
+    assert env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {"name": "att-svc-credentials",
+                                                                    "key": "s3.AWS_ACCESS_KEY_ID"}
+    assert env["GPUPOOL_CREDENTIALS_HF"]["value"] == "/var/run/gpupool/credentials/hf"
+    assert env["GPUPOOL_DATA_WEIGHTS"]["value"] == "/data/weights"
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert vols["cred-hf"]["secret"]["secretName"] == "att-svc-credentials"
+    assert vols["data-weights"]["persistentVolumeClaim"] == {"claimName": "weights-ro", "readOnly": True}
+    assert "gpupool-preload" in vols  # the fraction's own volume stays
+    for value in (INF_KEY, INF_TOKEN):
+        assert value not in str(pod) and value not in str(cm)
 
 
 def test_the_policy_idle_limit_is_published_with_the_service_and_its_stop_comes_back(k8s_cluster: ClusterInfo,

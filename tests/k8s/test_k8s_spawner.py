@@ -82,17 +82,20 @@ def test_manifest_fraction_jupyterlab(manifest):
         {"name": "home", "persistentVolumeClaim": {"claimName": sp.pvc_name}},
         {"name": "gpupool-preload",
          "hostPath": {"path": "/var/lib/gpupool/lib", "type": "DirectoryOrCreate"}},
+        {"name": "gpupool-region", "emptyDir": {}},  # the library's account (the node agent reads it)
     ]
     (c,) = spec["containers"]
     assert c["envFrom"] == [{"configMapRef": {"name": cm, "optional": False}}]
     assert c["volumeMounts"] == [
         {"name": "home", "mountPath": "/home/jovyan"},
         {"name": "gpupool-preload", "mountPath": "/usr/local/lib/gpupool", "readOnly": True},
+        {"name": "gpupool-region", "mountPath": "/var/run/gpupool/region"},
     ]
     assert c["resources"] == {"limits": {"cpu": 2.0, "memory": 8 * 2**30},
                               "requests": {"cpu": 2.0, "memory": 8 * 2**30}}
     env = _env(c)
     assert env["LD_PRELOAD"] == "/usr/local/lib/gpupool/libgpupool.so"
+    assert env["GPUPOOL_SHARED_REGION"] == "/var/run/gpupool/region/account"
     assert env["JUPYTERHUB_DEFAULT_URL"] == "/lab"
     assert sp.storage_pvc_ensure is True
     # gpupool-scheduler reads it as asked
@@ -125,7 +128,7 @@ def test_manifest_gpu_memory(manifest):
     extra = {"name": "data", "emptyDir": {}}
     _, m = manifest(WorkloadRequest(project="nlp", gpu_mode="memory", gpu_memory_gib=20),
                     volumes=[extra])
-    assert [v["name"] for v in m["spec"]["volumes"]] == ["data", "home", "gpupool-preload"]
+    assert [v["name"] for v in m["spec"]["volumes"]] == ["data", "home", "gpupool-preload", "gpupool-region"]
     assert m["metadata"]["annotations"]["gpupool.io/gpu-memory"] == "20480Mi"
     assert parse_pod(m).demand.gpu_memory_mib == 20480
 
@@ -142,6 +145,12 @@ def test_spawner_pod_bound_by_scheduler(k8s_cluster: ClusterInfo, ns, sched, man
         async with kube(k8s_cluster) as kc:
             await create_org(kc, "d-kspawn", 8, {"p-kspawn": {"gpus": 1}})
             try:
+                for v in m["spec"].get("volumes") or ():  # the home claim, made first as KubeSpawner does
+                    if "persistentVolumeClaim" in v:
+                        await kc.ensure(f"/api/v1/namespaces/{ns}/persistentvolumeclaims", {
+                            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                            "metadata": {"name": v["persistentVolumeClaim"]["claimName"]},
+                            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}})
                 await kc.post(f"/api/v1/namespaces/{ns}/pods", m)
 
                 async def placed():

@@ -99,6 +99,10 @@ def test_project_cr():
     p = parse_project({"metadata": {"name": "nlp"},
                        "spec": {"department": "r", "quotas": {"default": {"gpus": 2, "limit": 3}}}})
     assert p.department == "r" and p.quotas["default"].gpus == 2 and p.quotas["default"].limit == 3
+    assert (p.quotas["default"].cpu, p.quotas["default"].memory_gib) == (None, None)
+    p = parse_project({"metadata": {"name": "nlp"}, "spec": {"department": "r", "quotas": {
+        "default": {"gpus": 2, "cpu": 8, "memoryGib": 32.5}}}})
+    assert (p.quotas["default"].cpu_milli, p.quotas["default"].memory_mib) == (8000, 33280)
 
 
 @pytest.mark.parametrize("value,expect", [(None, False), ("true", True), ("True", True),
@@ -129,3 +133,68 @@ def test_bad_start_time_names_the_field(value):
         with pytest.raises(ValidationError) as err:
             parse()
         assert err.value.field == "status.startTime" and repr(value) in str(err.value)
+
+
+def test_pod_constraints_read_as_kube_scheduler_reads_them():
+    from scheduler.constraints import Requirement, Term, Toleration
+
+    pod = _with_ts(make_pod("c").ns("t").project("nlp").gpus(1).obj())
+    pod["spec"].update(
+        nodeSelector={"zone": "z1"},
+        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["2"]}],
+             "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}},
+        tolerations=[{"operator": "Exists"}, {"key": "gpu", "value": "yes", "effect": "NoSchedule"}],
+    )
+    c = parse_pod(pod).constraints
+    assert c.selector == (("zone", "z1"),)
+    assert c.terms == (Term((Requirement("gen", "Gt", ("2",)),), (Requirement("metadata.name", "In", ("n1",)),)),)
+    assert c.tolerations == (Toleration("", "Exists"), Toleration("gpu", "Equal", "yes", "NoSchedule"))
+    assert parse_pod(_with_ts(make_pod("d").ns("t").obj())).constraints is None
+    changed = dict(pod, spec=dict(pod["spec"], nodeSelector={"zone": "z2"}))
+    assert request_signature(changed) != request_signature(pod)
+
+
+@pytest.mark.parametrize("term,field", [
+    ({"matchExpressions": [{"key": "a", "operator": "Near"}]}, "operator"),
+    ({"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["x"]}]}, "values"),
+    ({"matchFields": [{"key": "spec.x", "operator": "In", "values": ["n"]}]}, "matchFields"),
+])  # fmt: skip
+def test_bad_node_affinity_names_the_field(term, field):
+    pod = _with_ts(make_pod("c").ns("t").obj())
+    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [term]}}}
+    with pytest.raises(ValidationError, match=field):
+        parse_pod(pod)
+
+
+def test_node_taints_are_read():
+    from scheduler.constraints import Taint
+
+    node = {"metadata": {"name": "n"}, "spec": {"taints": [{"key": "gpu", "value": "yes", "effect": "NoSchedule"},
+                                                         {"key": "x", "effect": "NoExecute"}]},
+            "status": {"allocatable": {"cpu": "4", "memory": "8Gi"}}}
+    assert parse_node(node).taints == (Taint("gpu", "yes", "NoSchedule"), Taint("x", "", "NoExecute"))
+
+
+def test_other_pods_hold_their_requests_until_they_finish():
+    from scheduler.kubernetes.other_pods import Held, OtherPods, held_by
+    from scheduler.model import GPU, Node
+
+    pod = {"metadata": {"name": "ds", "namespace": "kube-system"},
+           "spec": {"nodeName": "n", "overhead": {"cpu": "100m"},
+                    "containers": [{"resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}},
+                                   {"resources": {"limits": {"cpu": "1", "nvidia.com/gpu": "1"}}}],
+                    "initContainers": [{"resources": {"requests": {"cpu": "2"}}}]},
+           "status": {"phase": "Running"}}
+    held = held_by(pod)
+    assert held == Held("n", 2100, 1024, 1)  # init container larger; overhead added
+    assert held_by(dict(pod, status={"phase": "Succeeded"})) is None
+    assert held_by(dict(pod, spec=dict(pod["spec"], nodeName=None))) is None
+    others = OtherPods()
+    assert others.set("kube-system/ds", held) == {"n"}
+    node = Node("n", [GPU(i, "A100", 81920) for i in range(4)], cpu_milli=8000, memory_mib=16384)
+    usable = others.usable(node)
+    assert (usable.cpu_milli, usable.memory_mib, len(usable.gpus)) == (5900, 15360, 3)
+    assert len(others.usable(node, in_use=4).gpus) == 4  # gpupool's GPUs are never taken away
+    assert others.set("kube-system/ds", None) == {"n"} and others.usable(node) is node

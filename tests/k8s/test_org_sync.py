@@ -422,12 +422,15 @@ def test_copy_follows_the_objects(tmp_path):
         assert p["pools"] == {"other-pool": {"gpus": 99, "over_quota_weight": 1, "limit": None,
                                              "cpu_quota": None, "memory_quota_gib": None}}
         assert not k8s_org.reconcile(s, depts, projects), "nothing changed, nothing written"
-        # a CPU quota in a pool is the database's own: a change of the object keeps it
-        org.update_project(s, "p", {"pools": {"other-pool": {"cpu_quota": 4}}})
-        projects["p"]["spec"]["quotas"]["other-pool"] = {"gpus": 98, "limit": 99}
+        # CPU and memory quotas are the object's too, in every pool
+        projects["p"]["spec"]["quotas"]["other-pool"] = {"gpus": 98, "limit": 99, "cpu": 4, "memoryGib": 16}
+        projects["p"]["spec"]["quotas"]["default"]["cpu"] = 8
         assert k8s_org.reconcile(s, depts, projects)
         assert org.get_project(s, "p")["pools"]["other-pool"] == {
-            "gpus": 98, "over_quota_weight": 1, "limit": 99, "cpu_quota": 4, "memory_quota_gib": None}
+            "gpus": 98, "over_quota_weight": 1, "limit": 99, "cpu_quota": 4, "memory_quota_gib": 16}
+        assert (org.get_project(s, "p")["cpu_quota"], org.get_project(s, "p")["memory_quota_gib"]) == (8, None)
+        assert k8s_org.spec_of("project", org.get_project(s, "p"))["quotas"]["other-pool"] == {
+            "gpus": 98, "overQuotaWeight": 1, "limit": 99, "cpu": 4, "memoryGib": 16}
         projects["p"] = _obj("p", 2, "d")  # limit removed, quota raised
         assert k8s_org.reconcile(s, depts, projects)
         (p,) = org.list_projects(s)

@@ -127,3 +127,81 @@ def test_training_gang_preempted_requeued_and_bound_again_with_its_claim(k8s_clu
         return len(pods) == 2 and row().status == "Pending"
 
     run(asyncio.wait_for(go(), 240))
+
+
+CRED_KEY, CRED_TOKEN = "AKIATRAINK8S0001", "train-k8s-token-5d1e"
+
+
+def test_training_pods_carry_its_credentials_and_data_sources(k8s_cluster: ClusterInfo, ns, tmp_path):
+    """A job with an env credential, a files credential and a PVC data source: the Secret
+    ``NAME-credentials`` holds the values (read from the vault at launch), every worker
+    references its keys and mounts the claim, no value is in a pod, the delivery is audited,
+    and delete removes the Secret."""
+    import base64
+
+    from sqlalchemy import select
+
+    from hub_ext.attachments import credentials, datasources
+    from hub_ext.db.audit import AuditRow
+    from hub_ext.db.tables import DepartmentRow, ProjectRow
+    from scheduler.kubernetes.client import ApiError
+
+    Session = make_sessionmaker(f"sqlite:///{tmp_path}/hub.db")
+    vault = credentials.Vault(tmp_path / "key")
+    with Session() as s:
+        s.add(DepartmentRow(name="d-tcred", gpus=8))
+        s.add(ProjectRow(name="p-tcred", department="d-tcred", gpus=8))
+        s.flush()
+        credentials.create(s, vault, "p-tcred", {"name": "s3", "data": {"AWS_ACCESS_KEY_ID": CRED_KEY}}, "admin")
+        credentials.create(s, vault, "p-tcred", {"name": "hf", "delivery": "files",
+                                                 "data": {"token": CRED_TOKEN}}, "admin")
+        datasources.create(s, "p-tcred", {"name": "corpus", "kind": "pvc", "claim": "corpus-ro"}, "admin")
+        add_training(s, "alice", TrainingSpec(name="att", project="p-tcred", command=["python", "t.py"], gpu=1,
+                                              workers=2, credentials=["s3", "hf"], datasources=["corpus"]))
+        s.commit()
+    secret_path = f"/api/v1/namespaces/{ns}/secrets/att-credentials"
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            ctl = KubernetesTrainings(kc, Session, ns, poll_s=0.2, vault=vault)
+            ctl.start()
+            try:
+                async def both():
+                    pods, _ = await kc.list_all(f"/api/v1/namespaces/{ns}/pods", labelSelector=f"{L.TRAINING}=att")
+                    return pods if len(pods) == 2 else None
+                pods = await wait_until(both, "the gang's pods")
+                secret = await kc.get(secret_path)
+                await ctl.control("att", "delete")
+                try:
+                    await kc.get(secret_path)
+                    after = "still there"
+                except ApiError as e:
+                    after = e.status
+                return pods, secret, after
+            finally:
+                await ctl.stop()
+
+    pods, secret, after = run(asyncio.wait_for(go(), 120))
+    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {
+        "s3.AWS_ACCESS_KEY_ID": CRED_KEY, "hf.token": CRED_TOKEN}
+    for pod in pods:
+        (ctr,) = pod["spec"]["containers"]
+        env = {e["name"]: e for e in ctr["env"]}
+        assert env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {"name": "att-credentials",
+                                                                        "key": "s3.AWS_ACCESS_KEY_ID"}
+        assert env["GPUPOOL_CREDENTIALS_HF"]["value"] == "/var/run/gpupool/credentials/hf"
+        assert env["GPUPOOL_DATA_CORPUS"]["value"] == "/data/corpus"
+        vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert vols["cred-hf"]["secret"]["secretName"] == "att-credentials"
+        assert vols["cred-hf"]["secret"]["defaultMode"] == 0o400
+        assert vols["data-corpus"]["persistentVolumeClaim"] == {"claimName": "corpus-ro", "readOnly": True}
+        assert "checkpoints" in vols  # the job's own volumes stay
+        mounts = {m["name"]: m["mountPath"] for m in ctr["volumeMounts"]}
+        assert mounts["data-corpus"] == "/data/corpus" and mounts["cred-hf"] == "/var/run/gpupool/credentials/hf"
+        assert CRED_KEY not in str(pod) and CRED_TOKEN not in str(pod)
+    assert after == 404, "the Secret outlived the job"
+    with Session() as s:
+        stages = sorted((r.target, r.details["stage"]) for r in s.scalars(
+            select(AuditRow).where(AuditRow.action.like("%.used"))))
+    assert stages == sorted((t, st) for st in ("attach", "deliver")
+                            for t in ("p-tcred/s3", "p-tcred/hf", "p-tcred/corpus"))

@@ -242,3 +242,22 @@ def test_turns_alternate_over_many_cycles_without_thrash():
     evictions, thrash, over_s = _alternate(keep_history=False)
     assert evictions == 0
     assert over_s["b"] == 0, over_s
+
+
+def test_a_restored_lag_decays_from_when_it_was_recorded():
+    ledger = OverQuotaLedger(100.0)
+    ledger.restore({("a", "default"): 8000.0}, at=1000.0, now=1100.0)  # one half-life later
+    assert ledger.lag_at(1100.0) == {("a", "default"): pytest.approx(4000.0)}
+    assert ledger.lag_at(1200.0)[("a", "default")] == pytest.approx(2000.0)
+
+
+def test_the_lag_is_read_back_from_the_project_status():
+    from scheduler.kubernetes.objects import recorded_lag, rfc3339
+
+    objs = [{"metadata": {"name": "a"}, "status": {"overQuotaLagGpuSeconds": {"default": 12, "fast": -3},
+                                                   "overQuotaLagAt": rfc3339(1000.5)}},
+            {"metadata": {"name": "b"}, "status": {"overQuotaLagGpuSeconds": {"default": 5}}},  # no time: skipped
+            {"metadata": {"name": "c"}}]
+    lag, at = recorded_lag(objs)
+    assert lag == {("a", "default"): 12000.0, ("a", "fast"): -3000.0} and at == pytest.approx(1000.5)
+    assert recorded_lag(objs[1:]) is None

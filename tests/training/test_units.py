@@ -183,11 +183,14 @@ def test_kubernetes_objects_for_a_fractional_gang():
     assert env["GPUPOOL_CHECKPOINT_DIR"] == "/checkpoints"
     assert c["envFrom"] == [{"configMapRef": {"name": "bert-1-gpupool", "optional": False}}]
     assert env["LD_PRELOAD"] == "/usr/local/lib/gpupool/libgpupool.so"
+    assert env["GPUPOOL_SHARED_REGION"] == "/var/run/gpupool/region/account"
     assert c["volumeMounts"] == [
         {"name": "gpupool-preload", "mountPath": "/usr/local/lib/gpupool", "readOnly": True},
+        {"name": "gpupool-region", "mountPath": "/var/run/gpupool/region"},
         {"name": "checkpoints", "mountPath": "/checkpoints"}]
     assert s["volumes"] == [
         {"name": "gpupool-preload", "hostPath": {"path": "/var/lib/gpupool/lib", "type": "DirectoryOrCreate"}},
+        {"name": "gpupool-region", "emptyDir": {}},
         {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}}]
     # the scheduler's adapter reads them as one gang of two half-GPU pods
     for pod in (pod0, pod1):
