@@ -48,6 +48,8 @@ async def pod_running(info) -> float:
 
 
 def one_run(image: Path, tmp: Path, i: int) -> dict:
+    for d in (f"kwok-{i}", f"real-{i}"):
+        (tmp / d).mkdir()
     t0 = time.monotonic()
     with TestCluster(nodes=1, state_dir=tmp / f"kwok-{i}"):
         kwok_up = time.monotonic() - t0
@@ -92,6 +94,7 @@ def main() -> None:
         tmp = Path(d)
         if a.cold:
             out["cold_build_s"] = round(cold_build(tmp), 1)
+            print(f"cold build: {out['cold_build_s']} s", file=sys.stderr)
         image = build_test_image(tmp / "busybox.tar")
         runs = [one_run(image, tmp, i) for i in range(a.runs)]
     for key in runs[0]:

@@ -94,6 +94,7 @@ class TestCluster:
     gpu_model: str = "NVIDIA-H100-80GB-HBM3"
     gpu_memory_mib: int = 81559
     controller_manager: bool = False
+    controllers: str | None = None  # kube-controller-manager's --controllers (KCM_CONTROLLERS)
     kube_scheduler: bool = False
     real_node: bool = False
     image_archives: tuple[Path, ...] = ()
@@ -122,8 +123,9 @@ class TestCluster:
         for archive in self.image_archives:
             cmd += ["--image-archive", str(archive)]
         log = open(d / "test-cluster.out", "wb")  # noqa: SIM115 - lives as long as the cluster
+        env = {**os.environ, "KCM_CONTROLLERS": self.controllers} if self.controllers else None
         self._proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
         log.close()
         ready = d / "ready"

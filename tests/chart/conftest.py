@@ -11,7 +11,6 @@ CRDs, ClusterRoles, the organisation), so tests/k8s keeps its own cluster.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import signal
 import subprocess
@@ -72,17 +71,9 @@ def dockerfile_lint() -> Path:
 
 @pytest.fixture(scope="package")
 def chart_cluster(helm) -> ClusterInfo:
-    saved = os.environ.get("KCM_CONTROLLERS")
-    os.environ["KCM_CONTROLLERS"] = CONTROLLERS  # read by scripts/test-cluster up
     cluster = TestCluster(nodes=NODES, gpus_per_node=GPUS_PER_NODE, controller_manager=True,
-                          kube_scheduler=True)
-    try:
-        info = cluster.start()
-    finally:
-        if saved is None:
-            os.environ.pop("KCM_CONTROLLERS", None)
-        else:
-            os.environ["KCM_CONTROLLERS"] = saved
+                          controllers=CONTROLLERS, kube_scheduler=True)
+    info = cluster.start()
     try:
         asyncio.run(apply_crds(info))
         yield info

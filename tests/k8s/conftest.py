@@ -4,12 +4,19 @@ imported here, so that ``from tests.k8s.conftest import ...`` never makes a seco
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from scheduler.kubernetes.testcluster import ClusterInfo
+from scheduler.kubernetes.testcluster import ClusterInfo, apply_crds
 from tests.conftest import GPUS_PER_NODE, NODES
 
 __all__ = ["GPUS_PER_NODE", "NODES"]
+
+# The real node's controllers: service accounts, their tokens and the CA ConfigMap that
+# the kubelet mounts beside each token, and claims bound to volumes.
+REAL_NODE_CONTROLLERS = ("serviceaccount,serviceaccount-token,namespace,garbagecollector,"
+                         "root-ca-certificate-publisher-controller,persistentvolume-binder")
 
 
 @pytest.fixture
@@ -29,7 +36,8 @@ def sched(k8s_cluster: ClusterInfo, tmp_path):
 @pytest.fixture(scope="session")
 def real_cluster(tmp_path_factory) -> ClusterInfo:
     """A cluster of its own with one real node (containerd + kubelet; scripts/test-cluster
-    up --real-node) and the busybox test image loaded; no kwok nodes."""
+    up --real-node), the busybox test image loaded, kube-controller-manager for service
+    accounts and volume binding, and gpupool's CRDs; no kwok nodes."""
     from scheduler.kubernetes.testcluster import TestCluster
     from tests.conftest import _build_first
 
@@ -37,9 +45,7 @@ def real_cluster(tmp_path_factory) -> ClusterInfo:
 
     _build_first()
     image = build_test_image(tmp_path_factory.mktemp("images") / "busybox.tar")
-    cluster = TestCluster(nodes=0, real_node=True, image_archives=(image,))
-    info = cluster.start()
-    try:
+    with TestCluster(nodes=0, real_node=True, controller_manager=True,
+                     controllers=REAL_NODE_CONTROLLERS, image_archives=(image,)) as info:
+        asyncio.run(apply_crds(info))
         yield info
-    finally:
-        cluster.stop()

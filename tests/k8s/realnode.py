@@ -4,8 +4,10 @@ what a run may leave on the host."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +49,24 @@ def kubectl(info: ClusterInfo, *args: str, timeout: float = 60) -> str:
     if proc.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr}")
     return proc.stdout
+
+
+@contextlib.contextmanager
+def port_forward(info: ClusterInfo, ns: str, target: str, port: int) -> Iterator[str]:
+    """``kubectl port-forward`` to ``target`` (``pod/NAME``, ``svc/NAME``) ``port`` through
+    the API server, on a free local port; yields ``http://127.0.0.1:LOCAL``."""
+    pf = subprocess.Popen([str(info.kubernetes_bin / "kubectl"), "-n", ns, "port-forward",
+                           target, f":{port}"], env=info.env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert pf.stdout is not None
+        line = pf.stdout.readline()
+        local = re.search(r"127\.0\.0\.1:(\d+) -> \d+", line)
+        assert local, f"no forwarding line: {line!r} {pf.stderr.read() if pf.poll() else ''}"
+        yield f"http://127.0.0.1:{local.group(1)}"
+    finally:
+        pf.terminate()
+        pf.wait(timeout=10)
 
 
 def ns_inode(pid: int, kind: str) -> str | None:

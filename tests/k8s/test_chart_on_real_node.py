@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import urllib.error
 import urllib.request
@@ -21,6 +20,7 @@ from scheduler.kubernetes.testcluster import ClusterInfo, TestCluster, script_pa
 from tests.chart.imagelib import build_images
 
 from .helpers import kube, run, wait_until
+from .realnode import port_forward
 
 pytestmark = [
     pytest.mark.slow,
@@ -48,17 +48,10 @@ def images():
 def chart_node(images):
     """A cluster of its own: one real node, kube-controller-manager and kube-scheduler for
     the chart's Deployments and DaemonSet, the chart's images in the node's containerd."""
-    saved = os.environ.get("KCM_CONTROLLERS")
-    os.environ["KCM_CONTROLLERS"] = CONTROLLERS  # read by scripts/test-cluster up
     cluster = TestCluster(nodes=0, real_node=True, controller_manager=True, kube_scheduler=True,
+                          controllers=CONTROLLERS,
                           image_archives=tuple(b.archive for b in images.values()))
-    try:
-        info = cluster.start()
-    finally:
-        if saved is None:
-            os.environ.pop("KCM_CONTROLLERS", None)
-        else:
-            os.environ["KCM_CONTROLLERS"] = saved
+    info = cluster.start()
     try:
         yield info
     finally:
@@ -168,15 +161,7 @@ def test_the_hub_answers_through_the_chart_s_proxy(release: ClusterInfo):
             "app.kubernetes.io/component") == "hub" and _ready(p)), None)
 
     run(wait_until(hub_ready, "the hub pod Ready", timeout=300))
-    pf = subprocess.Popen([str(info.kubernetes_bin / "kubectl"), "-n", NS, "port-forward",
-                           f"svc/{RELEASE}-hub", ":80"], env=info.env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert pf.stdout is not None
-        line = pf.stdout.readline()
-        port = re.search(r"127\.0\.0\.1:(\d+) -> 8000", line)
-        assert port, f"no forwarding line: {line!r} {pf.stderr.read() if pf.poll() else ''}"
-        base = f"http://127.0.0.1:{port.group(1)}"
+    with port_forward(info, NS, f"svc/{RELEASE}-hub", 80) as base:
         seen: list = []
 
         async def api_answers():
@@ -197,6 +182,3 @@ def test_the_hub_answers_through_the_chart_s_proxy(release: ClusterInfo):
         with urllib.request.urlopen(f"{base}/hub/login", timeout=30) as r:
             assert r.status == 200
             assert 'name="password"' in r.read().decode()
-    finally:
-        pf.terminate()
-        pf.wait(timeout=10)

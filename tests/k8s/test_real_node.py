@@ -1,22 +1,37 @@
 """A real node in the test cluster: containerd and a kubelet in a network namespace of the
 run's own (scripts/test-cluster up --real-node). Pods run as real containers; `logs`,
-`exec` and `port-forward` go through the API server; a run leaves nothing on the host."""
+`exec` and `port-forward` go through the API server; memory limits hold; a run leaves
+nothing on the host. A workspace with 0.25 GPU, started by GpupoolKubeSpawner from the
+chart's workspace image and bound by gpupool-scheduler, runs there with the interception
+library loaded and its memory cap holding on the fake driver."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
-import re
+import json
+import os
 import secrets
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from scheduler.kubernetes.testcluster import ClusterInfo, TestCluster
+from scheduler.kubernetes.client import ApiError
+from scheduler.kubernetes.testcluster import REPO, ClusterInfo, TestCluster, script_path
 
-from .helpers import create_namespace, kube, run, wait_until
+from .helpers import (
+    SchedulerProcess,
+    create_namespace,
+    create_org,
+    delete_org,
+    kube,
+    run,
+    wait_until,
+)
 from .realnode import (
     HostSnapshot,
     build_test_image,
@@ -25,17 +40,35 @@ from .realnode import (
     ns_inode,
     pids_in,
     pinned_pod,
+    port_forward,
 )
+
+pytestmark = pytest.mark.timeout(900)
 
 POD_SUBNET = ipaddress.ip_network("10.88.0.0/16")
 SERVE = ("/bin/busybox mkdir -p /www && echo {token} > /www/index.html && echo started {token}"
          " && exec /bin/busybox httpd -f -p 8080 -h /www")
 
 
-async def _start_pod(info: ClusterInfo, ns: str, pod: dict) -> dict:
+async def _default_service_account(kc, ns: str) -> None:
+    """kube-controller-manager makes it just after the namespace; pods need it."""
+    async def made():
+        try:
+            return await kc.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default")
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            return None
+
+    await wait_until(made, f"the default service account of {ns}", timeout=60)
+
+
+async def _start_pod(info: ClusterInfo, ns: str, pod: dict, with_kcm: bool = True) -> dict:
     """Create ``pod`` in a new namespace ``ns`` and wait until it runs."""
     async with kube(info) as kc:
         await create_namespace(kc, ns)
+        if with_kcm:
+            await _default_service_account(kc, ns)
         await kc.post(f"/api/v1/namespaces/{ns}/pods", pod)
         name = pod["metadata"]["name"]
 
@@ -76,19 +109,9 @@ def test_a_pod_runs_on_the_real_node_with_logs_exec_and_port_forward(real_cluste
 
     # port-forward: the pod's address exists only inside the node's namespace, so the
     # page comes through the API server and the kubelet.
-    pf = subprocess.Popen([str(info.kubernetes_bin / "kubectl"), "-n", "real-node-basics",
-                           "port-forward", "pod/web", ":8080"], env=info.env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert pf.stdout is not None
-        line = pf.stdout.readline()
-        port = re.search(r"127\.0\.0\.1:(\d+) -> 8080", line)
-        assert port, f"no forwarding line: {line!r} {pf.stderr.read() if pf.poll() else ''}"
-        with urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/", timeout=30) as r:
-            assert r.read().decode().strip() == token
-    finally:
-        pf.terminate()
-        pf.wait(timeout=10)
+    with port_forward(info, "real-node-basics", "pod/web", 8080) as base, \
+            urllib.request.urlopen(f"{base}/", timeout=30) as r:
+        assert r.read().decode().strip() == token
 
 
 def test_a_memory_hog_is_killed_at_its_limit(real_cluster):
@@ -101,6 +124,7 @@ def test_a_memory_hog_is_killed_at_its_limit(real_cluster):
     async def terminated():
         async with kube(info) as kc:
             await create_namespace(kc, "real-node-oom")
+            await _default_service_account(kc, "real-node-oom")
             await kc.post("/api/v1/namespaces/real-node-oom/pods", hog)
 
             async def reason():
@@ -134,7 +158,8 @@ def test_a_second_run_beside_the_first_and_its_teardown_leaves_nothing(real_clus
         netns, mntns = ns_inode(info.holder_pid, "net"), ns_inode(info.holder_pid, "mnt")
         assert netns and netns != ns_inode(real_cluster.holder_pid, "net")
         run(_start_pod(info, "second-run", pinned_pod("web", info.real_node,
-                                                      SERVE.format(token="second"))))
+                                                      SERVE.format(token="second")),
+                       with_kcm=False))
         assert cgroup_dirs(info.node_cgroup), "the pod's cgroups exist while it runs"
         assert len(pids_in(mntns, "mnt")) >= 4  # holder, containerd, kubelet, a shim...
     finally:
@@ -162,4 +187,120 @@ def _async(pred):
     return call
 
 
-pytestmark = pytest.mark.timeout(600)
+
+# ------------------------------------------------------------- a workspace with 0.25 GPU
+DECLARED_GPU = {"count": 1, "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}
+FAKE_CUDA = REPO / "native" / "build" / "fake"  # the fake driver (libcuda.so.1) for no GPU
+# In the container: the driver's allocations, 1 GiB at a time until one is refused, and
+# what the process has loaded. CUDA_ERROR_OUT_OF_MEMORY is 2.
+CAP_PROBE = r"""
+import ctypes, json, os
+cuda = ctypes.CDLL("libcuda.so.1")
+dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
+cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+rcs = []
+while len(rcs) < 200 and (not rcs or rcs[-1] == 0):
+    rcs.append(cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 30))
+print(json.dumps({"total": total.value, "rcs": rcs,
+                  "env": {k: v for k, v in os.environ.items() if k.startswith(("GPUPOOL_", "LD_"))},
+                  "maps": open("/proc/self/maps").read()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def workspace_image(real_cluster) -> str:
+    """The chart's workspace image (scripts/build-images, cached), loaded into the node."""
+    from tests.chart.imagelib import build_images
+
+    built = build_images("workspace")["workspace"]
+    subprocess.run([str(script_path()), "import", "--dir", str(real_cluster.state_dir),
+                    str(built.archive)], check=True, capture_output=True, timeout=600)
+    return built.image
+
+
+def _node_agent_once(info: ClusterInfo) -> None:
+    """gpupool-node-agent on the node (in its mount namespace, as its DaemonSet pod would
+    be): one declared GPU with its capacity, and the interception library copied to the
+    node's /var/lib/gpupool/lib."""
+    subprocess.run(["nsenter", "-t", str(info.holder_pid), "-m", "-n", sys.executable, "-m",
+                    "scheduler.kubernetes.node_agent", "--kubeconfig", str(info.kubeconfig),
+                    "--node-name", str(info.real_node), "--declared-gpus",
+                    json.dumps(DECLARED_GPU), "--advertise-capacity", "--once"],
+                   check=True, capture_output=True, cwd=REPO, timeout=120,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def _home_volume(name: str, path: Path) -> dict:
+    """A volume for the workspace's home claim (kube-controller-manager binds it)."""
+    path.mkdir(mode=0o777, exist_ok=True)
+    path.chmod(0o777)  # the image's user (1000) writes its home
+    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+            "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "persistentVolumeReclaimPolicy": "Retain",
+                     "hostPath": {"path": str(path), "type": "Directory"}}}
+
+
+def test_a_quarter_gpu_workspace_runs_with_the_interception_library_holding_its_cap(
+        real_cluster, workspace_image, tmp_path, monkeypatch):
+    """GpupoolKubeSpawner starts the workspace image with 0.25 GPU; gpupool-scheduler binds
+    it to the real node with its ConfigMap; in the container the fraction's environment is
+    set, the interception library is loaded, and the fake driver's allocations stop at the
+    fraction's memory."""
+    from .test_k8s_spawner import _kspawner, _stop_reflectors
+
+    info, ns = real_cluster, "real-node-workspace"
+    _node_agent_once(info)
+    Spawner, c = _kspawner(info, ns, "p-real", monkeypatch)
+    c.KubeSpawner.image = workspace_image
+    c.KubeSpawner.image_pull_policy = "Never"
+    # No hub runs here to serve the single-user server's logins: the container idles.
+    c.KubeSpawner.cmd = ["python3", "-c", "import time; time.sleep(10**6)"]
+    c.KubeSpawner.volumes = [{"name": "fake-cuda", "hostPath": {"path": str(FAKE_CUDA)}}]
+    c.KubeSpawner.volume_mounts = [{"name": "fake-cuda", "mountPath": "/opt/fake-cuda",
+                                    "readOnly": True}]
+    c.KubeSpawner.environment = {"LD_LIBRARY_PATH": "/opt/fake-cuda"}
+    sched = SchedulerProcess(info, tmp_path)
+
+    async def go():
+        async with kube(info) as kc:
+            await create_namespace(kc, ns)
+            await _default_service_account(kc, ns)
+            await kc.apply("/api/v1/persistentvolumes",
+                           _home_volume("real-node-home", tmp_path / "home"))
+            await create_org(kc, "d-real", 1, {"p-real": {"gpus": 1}})
+            sched.start()
+            sp = Spawner(config=c, _mock=True)
+            try:
+                sp.user_options = {"project": "p-real", "gpu_mode": "fraction",
+                                   "gpu_fraction": 0.25, "cpu": 1, "memory_gib": 2}
+                await asyncio.wait_for(sp.start(), 300)
+                pod = await kc.get(f"/api/v1/namespaces/{ns}/pods/{sp.pod_name}")
+                cm = await kc.get(f"/api/v1/namespaces/{ns}/configmaps/{sp.pod_name}-gpupool")
+                probe = kubectl(info, "-n", ns, "exec", sp.pod_name, "--", "python3", "-c",
+                                CAP_PROBE, timeout=120)
+                await sp.stop(now=True)
+                return pod, cm, json.loads(probe.strip().splitlines()[-1])
+            finally:
+                await delete_org(kc, "d-real", ["p-real"])
+                await _stop_reflectors()
+
+    try:
+        pod, cm, probe = run(go())
+    finally:
+        sched.stop()
+        print(f"--- gpupool-scheduler logs ---\n{sched.logs()}")
+    assert pod["spec"]["nodeName"] == info.real_node
+    assert pod["metadata"]["annotations"]["gpupool.io/gpu-milli"] == "250"
+    for key, value in cm["data"].items():  # the fraction's environment, from the ConfigMap
+        if key.startswith("GPUPOOL_") or key == "LD_PRELOAD":
+            assert probe["env"].get(key) == value, key
+    assert probe["env"]["GPUPOOL_GPU_MILLI"] == "250"
+    assert cm["data"]["LD_PRELOAD"] in probe["maps"]  # loaded into the process
+    limit = probe["total"]
+    assert 0 < limit <= DECLARED_GPU["memory_mib"] * 2**20 // 4
+    rcs = probe["rcs"]
+    assert rcs[-1] == 2 and all(rc == 0 for rc in rcs[:-1]), rcs
+    assert (len(rcs) - 1) * 2**30 <= limit < len(rcs) * 2**30
