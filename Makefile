@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 # prefer the system's Python (3.11+) to one inside a private home (pyenv under /root).
 PYTHON3 ?= $(shell /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo /usr/bin/python3 || echo python3)
 
-.PHONY: setup run test lint native bench clean system k8s dex images docs fuzz replay-sweep
+.PHONY: setup run test test-images lint native bench clean system k8s dex images docs fuzz replay-sweep
 
 setup: $(VENV)/.installed
 
@@ -46,8 +46,13 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy scheduler
 
-test: setup system native lint k8s dex images
+test: setup system native lint k8s dex
 	$(VENV)/bin/pytest -q tests
+
+# The tests that need the chart's images (built first: 25-40 minutes cold on 2 cores, then
+# cached): the images themselves, the chart's pods on the real node, a workspace pod there.
+test-images: setup system native k8s images
+	GPUPOOL_TEST_IMAGES=1 $(VENV)/bin/pytest -q -m images tests
 
 # The scheduler's property tests with a long random profile (CI runs a fixed, short one).
 fuzz: setup

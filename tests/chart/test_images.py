@@ -24,6 +24,7 @@ from .imagelib import NAMES, Built, archive_config, build_images, run_in, unpack
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.images,
     pytest.mark.skipif(os.geteuid() != 0, reason="buildah's chroot builds and chroot need root"),
 ]
 

@@ -24,6 +24,7 @@ from .realnode import port_forward
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.images,
     pytest.mark.skipif(os.geteuid() != 0, reason="the real node and image builds need root"),
 ]
 

@@ -243,6 +243,7 @@ def _home_volume(name: str, path: Path) -> dict:
                      "hostPath": {"path": str(path), "type": "Directory"}}}
 
 
+@pytest.mark.images
 def test_a_quarter_gpu_workspace_runs_with_the_interception_library_holding_its_cap(
         real_cluster, workspace_image, tmp_path, monkeypatch):
     """GpupoolKubeSpawner starts the workspace image with 0.25 GPU; gpupool-scheduler binds
