@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 # prefer the system's Python (3.11+) to one inside a private home (pyenv under /root).
 PYTHON3 ?= $(shell /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo /usr/bin/python3 || echo python3)
 
-.PHONY: setup run test lint native bench clean system k8s dex docs fuzz
+.PHONY: setup run test lint native bench clean system k8s dex peers bench-peers docs fuzz
 
 setup: $(VENV)/.installed
 
@@ -37,11 +37,20 @@ k8s:
 dex:
 	scripts/build-dex >/dev/null
 
+# KAI-Scheduler, the peer that bench/peers runs beside gpupool-scheduler (built once from its
+# released source in ../shared/peers/, cached in ~/.cache/gpupool).
+peers:
+	scripts/build-peers >/dev/null
+
+# gpupool-scheduler, KAI-Scheduler and kube-scheduler on the same cluster, the same work.
+bench-peers: setup k8s peers
+	nice -n 10 $(PY) bench/peers
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy scheduler
 
-test: setup system native lint k8s dex
+test: setup system native lint k8s dex peers
 	$(VENV)/bin/pytest -q tests
 
 # The scheduler's property tests with a long random profile (CI runs a fixed, short one).
