@@ -83,9 +83,9 @@ def table(name: str, rows: dict[str, dict]) -> str:
 
 
 async def main_async(args: argparse.Namespace, info: ClusterInfo) -> list[dict]:
-    kai = schedulers.kai_dir()
     await apply_crds(info)
-    await apply_crds(info, kai / "crds")
+    if KAI in args.schedulers:
+        await apply_crds(info, schedulers.kai_dir() / "crds")
     results = []
     async with client_for(info, max_connections=96) as kc:
         for ns in (NS, schedulers.RESERVATION_NS, "kai-scale-adjust", "kai-scheduler"):
