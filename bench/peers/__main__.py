@@ -42,7 +42,6 @@ import schedulers  # noqa: E402
 from scenarios import Bench, log  # noqa: E402
 from workload import CEILING, GPUPOOL, KAI, KUBE, NS  # noqa: E402
 
-from scheduler.kubernetes.client import ApiError  # noqa: E402
 from scheduler.kubernetes.testcluster import (  # noqa: E402
     ClusterInfo,
     TestCluster,
@@ -89,12 +88,8 @@ async def main_async(args: argparse.Namespace, info: ClusterInfo) -> list[dict]:
     results = []
     async with client_for(info, max_connections=96) as kc:
         for ns in (NS, schedulers.RESERVATION_NS, "kai-scale-adjust", "kai-scheduler"):
-            try:
-                await kc.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                     "metadata": {"name": ns}})
-            except ApiError as e:
-                if e.status != 409:
-                    raise
+            await kc.ensure("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                   "metadata": {"name": ns}})
         small = [s for s in args.scenarios if s != "throughput"]
         nodes = await add_nodes(info, kc, args.small_nodes, args.gpus_per_node)
         b = Bench(kc, info, info.state_dir / "logs", nodes, args.gpus_per_node, args.stall_s)
@@ -140,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedulers", nargs="+", choices=(GPUPOOL, KAI, KUBE),
                     default=[GPUPOOL, KAI, KUBE])
     ap.add_argument("--json", action="store_true", help="only the JSON lines on stdout")
+    ap.add_argument("--state-dir", type=Path, help="keep the cluster's state and every "
+                    "scheduler's log here (default: a temporary folder, removed)")
     args = ap.parse_args(argv)
     for flag, v, lo in (("--nodes", args.nodes, 1), ("--pods", args.pods, 1),
                         ("--small-nodes", args.small_nodes, 4), ("--gpus-per-node", args.gpus_per_node, 4)):
@@ -147,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{flag} must be an integer >= {lo}, got {v}")
     if args.small_nodes > args.nodes:
         ap.error(f"--small-nodes must be at most --nodes ({args.nodes}), got {args.small_nodes}")
-    cluster = TestCluster(nodes=0, gpus_per_node=args.gpus_per_node)
+    cluster = TestCluster(nodes=0, gpus_per_node=args.gpus_per_node, state_dir=args.state_dir)
     info = cluster.start()
     t0 = time.time()
     try:
