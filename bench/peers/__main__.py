@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{flag} must be an integer >= {lo}, got {v}")
     if args.small_nodes > args.nodes:
         ap.error(f"--small-nodes must be at most --nodes ({args.nodes}), got {args.small_nodes}")
+    if args.state_dir:
+        args.state_dir.mkdir(parents=True, exist_ok=True)
     cluster = TestCluster(nodes=0, gpus_per_node=args.gpus_per_node, state_dir=args.state_dir)
     info = cluster.start()
     t0 = time.time()
