@@ -131,28 +131,30 @@ async def make_queues(b: Bench, scheduler: str, queues: list[Queue]) -> None:
 
 
 async def clean(b: Bench) -> None:
-    """Delete every pod, gang and queue the bench made, and KAI's reservation pods."""
-    kc = b.kc
-    for path in (f"/api/v1/namespaces/{NS}/pods",
-                 f"/api/v1/namespaces/{schedulers.RESERVATION_NS}/pods",
-                 f"{KAI_PG_API}/namespaces/{NS}/podgroups", f"{KAI_API}/queues",
-                 f"{GPUPOOL_API}/projects", f"{GPUPOOL_API}/departments"):
-        try:
-            await kc.request("DELETE", path, {"apiVersion": "v1", "kind": "DeleteOptions",
-                                              "gracePeriodSeconds": 0}, timeout=600)
-        except ValueError:  # "404 page not found": KAI's CRDs are not installed
-            pass
-        except ApiError as e:
-            if e.status != 404:
-                raise
-    for path in (f"/api/v1/namespaces/{NS}/pods", f"{KAI_API}/queues", f"{GPUPOOL_API}/projects"):
-        for _ in range(600):
-            try:
-                if not (await kc.get(path, limit=1))["items"]:
-                    break
-            except (ApiError, ValueError):
-                break
-            await asyncio.sleep(0.2)
+    """Delete every pod, gang and queue the bench made, and KAI's reservation pods; wait
+    until the pods and queues are gone."""
+    paths = (f"/api/v1/namespaces/{NS}/pods", f"/api/v1/namespaces/{schedulers.RESERVATION_NS}/pods",
+             f"{KAI_PG_API}/namespaces/{NS}/podgroups", f"{KAI_API}/queues",
+             f"{GPUPOOL_API}/projects", f"{GPUPOOL_API}/departments")
+    for _ in range(20):
+        left = False
+        for path in paths:
+            try:  # thousands of pods outlast the API server's 60 s: delete again what is left
+                if not (await b.kc.get(path, limit=1))["items"]:
+                    continue
+                left = True
+                await b.kc.request("DELETE", path, {"apiVersion": "v1", "kind": "DeleteOptions",
+                                                    "gracePeriodSeconds": 0}, timeout=600)
+            except ValueError:  # "404 page not found": KAI's CRDs are not installed
+                continue
+            except (ApiError, asyncio.TimeoutError) as e:
+                if isinstance(e, ApiError) and e.status not in (404, 500, 504):
+                    raise
+                log(f"deleting {path}: {e}; again")
+        if not left:
+            return
+        await asyncio.sleep(1)
+    raise RuntimeError("the bench's pods and queues are still there after 20 rounds of deletes")
 
 
 def cpu_s(pids: list[int]) -> float:
