@@ -140,7 +140,7 @@ async def start(name: str, info: ClusterInfo, log_dir: Path, nodes: list[str],
             run.helper = asyncio.create_task(reservation_helper(info))
     else:
         run.procs.append(_spawn([
-            str(info.k8s_bin / "kube-scheduler"), f"--kubeconfig={info.kubeconfig}",
+            str(info.kubernetes_bin / "kube-scheduler"), f"--kubeconfig={info.kubeconfig}",
             "--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0",
             f"--authentication-kubeconfig={info.kubeconfig}",
             f"--authorization-kubeconfig={info.kubeconfig}", "--profiling=false"],
