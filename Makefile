@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 # prefer the system's Python (3.11+) to one inside a private home (pyenv under /root).
 PYTHON3 ?= $(shell /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo /usr/bin/python3 || echo python3)
 
-.PHONY: setup run test test-images lint native bench clean system k8s dex images docs fuzz replay-sweep
+.PHONY: setup run test test-images lint native bench clean system k8s dex images peers bench-peers docs fuzz replay-sweep
 
 setup: $(VENV)/.installed
 
@@ -42,11 +42,20 @@ dex:
 images: system
 	scripts/build-images >/dev/null
 
+# KAI-Scheduler, the peer that bench/peers runs beside gpupool-scheduler (built once from its
+# released source in ../shared/peers/, cached in ~/.cache/gpupool).
+peers:
+	scripts/build-peers >/dev/null
+
+# gpupool-scheduler, KAI-Scheduler and kube-scheduler on the same cluster, the same work.
+bench-peers: setup k8s peers
+	nice -n 10 $(PY) bench/peers
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy scheduler
 
-test: setup system native lint k8s dex
+test: setup system native lint k8s dex peers
 	$(VENV)/bin/pytest -q tests
 
 # The tests that need the chart's images (built first: 25-40 minutes cold on 2 cores, then

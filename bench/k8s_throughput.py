@@ -352,17 +352,17 @@ def cpu_now() -> dict[str, float]:
 
 
 async def bare_binder(kc: KubeClient, nodes: list[str], gpus: int, scheduler: str,
-                      concurrency: int) -> None:
+                      concurrency: int, ns: str = NS) -> None:
     """The ceiling: bind each new pod to the next node with a free GPU, nothing else."""
     free = {n: gpus for n in nodes}
     order = iter([n for n in nodes for _ in range(gpus)])
     sem = asyncio.Semaphore(concurrency)
-    existing, rv = await kc.list_all(f"/api/v1/namespaces/{NS}/pods",
+    existing, rv = await kc.list_all(f"/api/v1/namespaces/{ns}/pods",
                                      fieldSelector=f"spec.schedulerName={scheduler}")
 
     async def bind(name: str, node: str) -> None:
         async with sem:
-            await kc.request("POST", f"/api/v1/namespaces/{NS}/pods/{name}/binding", {
+            await kc.request("POST", f"/api/v1/namespaces/{ns}/pods/{name}/binding", {
                 "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, decode=False)
 
@@ -371,7 +371,7 @@ async def bare_binder(kc: KubeClient, nodes: list[str], gpus: int, scheduler: st
     async def events():
         for obj in existing:
             yield {"type": "ADDED", "object": obj}
-        async for ev in kc.watch(f"/api/v1/namespaces/{NS}/pods", rv,
+        async for ev in kc.watch(f"/api/v1/namespaces/{ns}/pods", rv,
                                  fieldSelector=f"spec.schedulerName={scheduler}"):
             yield ev
 
@@ -474,8 +474,9 @@ def run_bare_binder(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGTERM, stopped.set)
         async with KubeClient(job["host"], job["token"], job["ca_file"],
                               max_connections=job["concurrency"] + 16) as kb:
-            task = asyncio.create_task(bare_binder(kb, job["nodes"], args.gpus_per_node,
-                                                   "bench-bare", job["concurrency"]))
+            task = asyncio.create_task(bare_binder(
+                kb, job["nodes"], args.gpus_per_node, job.get("scheduler", "bench-bare"),
+                job["concurrency"], job.get("namespace", NS)))
             await asyncio.wait([task, asyncio.create_task(stopped.wait())],
                                return_when=asyncio.FIRST_COMPLETED)
             task.cancel()
