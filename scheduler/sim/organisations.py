@@ -95,7 +95,7 @@ class Organisation:
     workspaces_borrow: bool
     units: tuple[Unit, ...]
     seed: int = 1
-    _grid: np.ndarray = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+    _grid: np.ndarray = field(init=False, repr=False, compare=False)  # set in __post_init__
 
     def __post_init__(self) -> None:
         steps = int(math.ceil(self.days * DAY_S / STEP_S))

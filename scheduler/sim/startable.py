@@ -19,6 +19,7 @@ and project, so that each waiting pod costs a few array sums, not a pass over th
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import cast
 
 import numpy as np
 
@@ -60,20 +61,22 @@ class Holdings:
                 gpu, cpu, mem = self.parts[key]
                 for p in v.placement:
                     i = self.index[p.node]
-                    for g in p.gpu_indices:
-                        gpu[i, g] += p.gpu_milli
+                    for gi in p.gpu_indices:
+                        gpu[i, gi] += p.gpu_milli
                     cpu[i] += v.demand.cpu_milli
                     mem[i] += v.demand.memory_mib
         self._sum: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def _kept(self, keys: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         key = tuple(sorted(map(str, keys)))
-        out = self._sum.get(key)
-        if out is None:
+        if key not in self._sum:
             parts = [self.parts[k] for k in keys if k in self.parts]
-            zero = (np.zeros_like(self.gpu_mem), np.zeros_like(self.cpu), np.zeros_like(self.mem))
-            out = self._sum[key] = tuple(sum((p[j] for p in parts), zero[j]) for j in range(3))  # type: ignore[assignment]
-        return out
+            gpu, cpu, mem = (np.zeros_like(self.gpu_mem), np.zeros_like(self.cpu),
+                             np.zeros_like(self.mem))
+            for pg, pc, pm in parts:
+                gpu, cpu, mem = gpu + pg, cpu + pc, mem + pm
+            self._sum[key] = (gpu, cpu, mem)
+        return self._sum[key]
 
     def _keys(self, w: Workload) -> dict[str, list]:
         """The parts that stay for ``w``, by protection."""
@@ -81,7 +84,7 @@ class Holdings:
         for k in self.parts:
             if k == "fixed":
                 continue
-            project, prio = k  # type: ignore[misc]
+            project, prio = cast(tuple[str, int], k)
             if project == w.project:
                 if prio >= w.effective_priority:
                     own.append(k)
