@@ -238,9 +238,18 @@ c = get_config()  # noqa: F821 (provided by traitlets)
 # $GPUPOOL_STATE_DIR or ./.gpupool
 # c.Gpupool.state_dir = ...
 
+# Node label a training's workers prefer to share (backend = kubernetes), e.g.
+# topology.kubernetes.io/zone or a rack label: gpupool-scheduler places the whole gang
+# within one value of it when one has room. Empty: none.
+# c.Gpupool.topology_key = ''
+
 # Discover GPUs with NVML when the library is present.
 # c.Gpupool.use_nvml = True
 
 # Shared password of the starter organisation's users (embedded mode's
 # SharedPasswordAuthenticator). Change it, or configure another authenticator.
 # c.Gpupool.user_password = 'gpupool-user'
+
+# Image of trainings whose spec names none (backend = kubernetes): the project's workspace
+# image holds gpupool.checkpoint and numpy.
+# c.Gpupool.workload_image = 'ghcr.io/gpupool/gpupool-workspace:0.1.0'
