@@ -62,6 +62,10 @@ def test_fair_share_fills_the_cluster_in_proportion(results):
         assert 0 < row["jain_final"] <= 1 and row["samples"] >= 1, name
         # the weight-4 queue gets more than a weight-1 queue
         assert row["held"]["w4"] > row["held"]["w1a"], name
+        # every sample and every bind is there to read the fill from
+        assert len(row["series"]) == row["samples"], name
+        assert len(row["bind_order"]) >= SMALL_NODES * GPUS, name
+        assert 0 < row["jain_min_per_change"] <= 1 and row["evicted"] >= 0, name
 
 
 def test_the_gang_binds_whole(results):

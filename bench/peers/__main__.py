@@ -72,7 +72,9 @@ async def add_nodes(info: ClusterInfo, kc, count: int, gpus: int) -> list[str]:
 
 
 def table(name: str, rows: dict[str, dict]) -> str:
-    cols = [k for k in next(iter(rows.values())) if k not in ("version", "args")]
+    # per-sample series stay in the JSON line only
+    cols = [k for k, v in next(iter(rows.values())).items()
+            if k not in ("version", "args") and not isinstance(v, list)]
     out = [f"## {name}", "| scheduler | " + " | ".join(cols) + " |",
            "|---" * (len(cols) + 1) + "|"]
     for sched, r in rows.items():

@@ -280,7 +280,12 @@ def jain(xs: list[float]) -> float:
 async def fair_share(b: Bench, scheduler: str, sample_s: float = 0.5) -> dict:
     """Four queues with no quota and over-quota weights 1:1:2:4, each with a backlog of the
     whole cluster; every ``sample_s`` the GPUs each holds against what its weight deserves
-    (Jain's index over allocation / deserved), until every GPU is bound and then 5 s more."""
+    (Jain's index over allocation / deserved), until every GPU is bound and then 5 s more.
+    ``series``: each sample's time from the scheduler's start, GPUs held per queue and index.
+    A sample's index depends on how many binds have landed when the clock falls (fewer GPUs
+    than the weights add up to cannot match them), so ``jain_min_per_change`` is also given:
+    the lowest index after any bind or delete the watch saw, once that many GPUs are held;
+    ``bind_order``: the queue of each bind, in the order the watch saw them."""
     g = b.gpus
     weights = {"w1a": 1, "w1b": 1, "w2": 2, "w4": 4}
     await make_queues(b, scheduler, [Queue(q, 0, w) for q, w in weights.items()])
@@ -288,8 +293,10 @@ async def fair_share(b: Bench, scheduler: str, sample_s: float = 0.5) -> dict:
     async with Session(b, scheduler) as s:
         specs = [PodSpec(f"{q}-{i:04d}", q) for i in range(g) for q in weights]
         await create(b.kc, scheduler, specs, 64)
+        t0 = time.perf_counter()
         await s.start()
         samples: list[float] = []
+        series: list[list] = []
         full_at = None
         last_change = time.perf_counter()
         n_last = -1
@@ -300,6 +307,7 @@ async def fair_share(b: Bench, scheduler: str, sample_s: float = 0.5) -> dict:
             now = time.perf_counter()
             if n:
                 samples.append(jain([held[q] / deserved[q] for q in weights]))
+                series.append([round(now - t0, 2), *held.values(), round(samples[-1], 4)])
             if n != n_last:
                 n_last, last_change = n, now
             if n >= g and full_at is None:
@@ -313,7 +321,26 @@ async def fair_share(b: Bench, scheduler: str, sample_s: float = 0.5) -> dict:
             "jain_mean": round(sum(samples) / len(samples), 4) if samples else None,
             "jain_min": round(min(samples), 4) if samples else None,
             "samples": len(samples),
+            "jain_min_per_change": jain_min_per_change(s.pods, weights, deserved),
+            "evicted": len([n for n in s.pods.deleted if n in s.pods.bound]),
+            "series": series,
+            "bind_order": [s.pods.queue(n) for n in sorted(s.pods.bound, key=s.pods.bound.get)],
         }
+
+
+def jain_min_per_change(pods: Pods, weights: dict[str, int], deserved: dict[str, float]) -> float | None:
+    """The lowest Jain index after any bind or delete, once the queues hold at least as many
+    GPUs as their weights add up to (the fewest that can match the weights)."""
+    changes = sorted([(t, 1, n) for n, t in pods.bound.items()]
+                     + [(t, -1, n) for n, t in pods.deleted.items() if n in pods.bound])
+    held = dict.fromkeys(weights, 0)
+    low = None
+    for _, step, name in changes:
+        held[pods.queue(name)] += step
+        if sum(held.values()) >= sum(weights.values()):
+            j = jain([held[q] / deserved[q] for q in weights])
+            low = j if low is None else min(low, j)
+    return None if low is None else round(low, 4)
 
 
 async def gangs(b: Bench, scheduler: str, gang_size: int = 16, stream_gap_s: float = 0.02) -> dict:
