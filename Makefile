@@ -45,7 +45,7 @@ images: system
 # KAI-Scheduler, the peer that bench/peers runs beside gpupool-scheduler (built once from its
 # released source in ../shared/peers/, cached in ~/.cache/gpupool).
 peers:
-	scripts/build-peers >/dev/null
+	scripts/build-peers >/dev/null || [ $$? = 2 ]
 
 # gpupool-scheduler, KAI-Scheduler and kube-scheduler on the same cluster, the same work.
 bench-peers: setup k8s peers
