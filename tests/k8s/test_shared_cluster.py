@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
+
 from scheduler.kubernetes.client import ApiError
 from scheduler.kubernetes.objects import parse_time
 from scheduler.kubernetes.testcluster import ClusterInfo
