@@ -237,9 +237,12 @@ def test_incomplete_gang_waits_for_its_pods(k8s_cluster: ClusterInfo, ns, sched)
                         .gpus(1).gang("g2", 3).obj() for i in range(3)]
                 await _create_all(kc, ns, gang[:2])
 
+                # each pod's reason is written as the scheduler sees the gang: the first may
+                # say "1 of 3" before the second pod arrives, then "2 of 3"
                 async def reported():
                     pods = await list_pods(kc, ns)
-                    return len(pods) == 2 and all(scheduled_false(p) for p in pods) and pods
+                    return len(pods) == 2 and all(
+                        "2 of 3" in (scheduled_false(p) or {}).get("message", "") for p in pods) and pods
 
                 waiting = await wait_until(reported, "the incomplete gang reported waiting")
                 await kc.post(f"/api/v1/namespaces/{ns}/pods", gang[2])
