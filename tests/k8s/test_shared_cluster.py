@@ -9,8 +9,6 @@ from __future__ import annotations
 import re
 import time
 
-import pytest
-
 from scheduler.kubernetes.client import ApiError
 from scheduler.kubernetes.objects import parse_time
 from scheduler.kubernetes.testcluster import ClusterInfo
@@ -89,6 +87,10 @@ async def _pod(kc, ns: str, name: str) -> dict:
     return await kc.get(f"/api/v1/namespaces/{ns}/pods/{name}")
 
 
+async def _phase(kc, ns: str, name: str, phase: str) -> bool:
+    return (await _pod(kc, ns, name)).get("status", {}).get("phase") == phase
+
+
 async def _placed(kc, ns: str, names: list[str]) -> dict[str, str] | None:
     """{pod: node} once every named pod is bound."""
     pods = {p["metadata"]["name"]: p for p in await list_pods(kc, ns)}
@@ -162,10 +164,6 @@ def test_selectors_affinity_and_taints_decide_the_node_and_name_the_reason(k8s_c
     assert any(e["reason"] == "FailedScheduling" and "0/" in e["message"] for e in events)
 
 
-@pytest.mark.xfail(reason=(
-    "known defect, cause not yet found: the waiting pod is often not bound once the DaemonSet's "
-    "pod is deleted (it passed once and failed four times, on main and on the scheduler's own "
-    "branch alike)"), strict=False)
 def test_daemonset_and_other_schedulers_pods_hold_their_cpu(k8s_cluster: ClusterInfo, ns, sched):
     """A DaemonSet's pod takes 3 of the node's 4 CPUs: a gpupool pod asking 2 waits until it
     is gone; a pod of another scheduler that finished holds nothing."""
@@ -194,8 +192,12 @@ def test_daemonset_and_other_schedulers_pods_hold_their_cpu(k8s_cluster: Cluster
                         "spec": {"nodeName": node, "schedulerName": "default-scheduler", "containers": [
                             {"name": "a", "image": "x", "resources": {"requests": {"cpu": "4"}}}]}}
                 await _post(kc, ns, done)
+                # kwok writes a pod on its node Running once: finish it only after that, or
+                # kwok's write can turn it back to Running and its 4 CPUs stay held
+                await wait_until(lambda: _phase(kc, ns, "other-done", "Running"), "kwok running the pod")
                 await kc.patch(f"/api/v1/namespaces/{ns}/pods/other-done/status",
                                {"status": {"phase": "Succeeded"}})
+                await wait_until(lambda: _phase(kc, ns, "other-done", "Succeeded"), "the pod finished")
                 want = make_pod("wants-2-cpu").ns(ns).project("p-ds").kind("workspace").gpus(1).pool(nodes.pool).obj()
                 want["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2"}
                 want["spec"]["containers"][0]["resources"].setdefault("limits", {})["cpu"] = "2"
