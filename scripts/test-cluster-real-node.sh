@@ -19,6 +19,10 @@
 #   https://10.0.0.1 (the `kubernetes` Service) to the API server, which listens on every
 #   address inside.
 # - The run's pods live under the cgroup /gpupool-RUN in every hierarchy (cgroupRoot).
+# - With --fake-gpus N, scripts/fake-gpu serves as the node's device plugin: it registers at
+#   /var/lib/kubelet/device-plugins/kubelet.sock, where the kubelet's device manager listens
+#   whatever its --root-dir; that folder is on the namespace's own /var/lib, so two runs'
+#   plugins and kubelets never meet. Its UUIDs carry the run's id.
 
 REAL_NODE_NAME="${REAL_NODE_NAME:-real-node}"
 REAL_NODE_IP=10.200.0.1     # on the veth inside the namespace; nothing outside sees it
@@ -33,6 +37,9 @@ holder_mntns=""
 run_id=""
 cg_name=""
 image_archives=()
+fake_gpus=0
+# The kubelet's device manager's folder (fixed in the kubelet, not under --root-dir).
+REAL_DEVICE_PLUGIN_DIR=/var/lib/kubelet/device-plugins
 
 real_node_check() {
     (($(id -u) == 0)) || die "--real-node needs root (namespaces, cgroups, mounts)"
@@ -232,12 +239,33 @@ conds = (json.load(sys.stdin).get("status") or {}).get("conditions") or []
 sys.exit(not any(c["type"] == "Ready" and c["status"] == "True" for c in conds))'
 }
 
+real_node_gpus() {  # the node advertises $fake_gpus nvidia.com/gpu
+    api GET "/api/v1/nodes/$REAL_NODE_NAME" | python3 -c '
+import json, sys
+alloc = (json.load(sys.stdin).get("status") or {}).get("allocatable") or {}
+sys.exit(alloc.get("nvidia.com/gpu") != sys.argv[1])' "$fake_gpus"
+}
+
+real_node_fake_gpus() {  # after the kubelet started
+    local prefix="GPU-fake-$run_id-"
+    real_node_import "$fakegpu_dir/fake-gpu.tar"
+    start fake-gpu-plugin "${ns_exec[@]}" "$fakegpu_dir/fake-gpu" plugin --gpus "$fake_gpus" \
+        --uuid-prefix "$prefix" --dir "$REAL_DEVICE_PLUGIN_DIR"
+    wait_for "$fake_gpus fake GPUs on node $REAL_NODE_NAME" 120 real_node_gpus
+    cat >>"$state_dir/env" <<ENV
+FAKE_GPUS=$fake_gpus
+FAKE_GPU_UUID_PREFIX=$prefix
+FAKE_GPU_IMAGE=$fakegpu_tag
+ENV
+}
+
 real_node_up() {  # after the API server is ready
     real_node_cgroups
     real_node_containerd
     real_node_import "$pause_archive" "${image_archives[@]}"
     real_node_kubelet
     wait_for "node $REAL_NODE_NAME to be Ready" 120 real_node_ready
+    ((fake_gpus)) && real_node_fake_gpus
     cat >>"$state_dir/env" <<ENV
 REAL_NODE=$REAL_NODE_NAME
 REAL_NODE_HOLDER_PID=$holder_pid

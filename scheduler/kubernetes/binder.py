@@ -113,7 +113,7 @@ class Binder:
             cfg = self.cfg
             reserved = await self.cache.reservations.ensure(
                 self.kc, pl.node, pl.gpu_indices[0], cfg.reservation_namespace, cfg.reservation_image,
-                cfg.reservation_service_account, cfg.reservation_timeout_s)
+                cfg.reservation_service_account, cfg.reservation_timeout_s, cfg.reservation_command)
         async with self._bind_sem:
             if pod.demand.is_fractional:
                 node = self.cache.snap.nodes.get(pl.node)

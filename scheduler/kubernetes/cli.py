@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import logging
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -17,7 +18,7 @@ from ..metrics import prometheus
 from ..snapshot import SchedulerConfig
 from .adapter import GpupoolScheduler
 from .client import KubeClient
-from .config import AdapterConfig
+from .config import RESERVATION_COMMAND, AdapterConfig
 from .lease import LeaderElector
 
 __all__ = ["main", "parser"]
@@ -27,6 +28,14 @@ def core_config(args: argparse.Namespace) -> SchedulerConfig:
     """The core's switches that the command line sets."""
     return SchedulerConfig(policy=args.policy, default_topology_key=args.topology_key,
                            consolidate_in_quota=args.consolidate_in_quota == "on")
+
+
+def reservation_command(text: str) -> tuple[str, ...]:
+    """``--reservation-command``: split as a shell would; '' for the image's entrypoint."""
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--reservation-command: {e}") from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -63,6 +72,9 @@ def parser() -> argparse.ArgumentParser:
                     help="image of the reservation pods (this scheduler's)")
     ap.add_argument("--reservation-service-account", default="default",
                     help="service account of the reservation pods: may patch pods in their namespace")
+    ap.add_argument("--reservation-command", type=reservation_command, default=RESERVATION_COMMAND,
+                    help="command of the reservation pods' container, split as a shell would "
+                         f"(default: {' '.join(RESERVATION_COMMAND)!r}; '' runs the image's entrypoint)")
     ap.add_argument("-v", "--verbose", action="count", default=0, help="more log output (repeatable)")
     return ap
 
@@ -100,6 +112,7 @@ async def _amain(args: argparse.Namespace) -> int:
             gpu_reservations=args.gpu_reservations, reservation_namespace=args.reservation_namespace,
             reservation_image=args.reservation_image,
             reservation_service_account=args.reservation_service_account,
+            reservation_command=args.reservation_command,
             core=core_config(args),
         )  # fmt: skip
         sched = GpupoolScheduler(kc, cfg)

@@ -11,9 +11,11 @@ import aiohttp
 from ..contract import DEFAULT_PRELOAD, SCHEDULER_NAME, A
 from ..snapshot import SchedulerConfig
 
-__all__ = ["GROUP", "NET_ERRORS", "AdapterConfig", "pod_path"]
+__all__ = ["GROUP", "NET_ERRORS", "RESERVATION_COMMAND", "AdapterConfig", "pod_path"]
 
 GROUP = "/apis/gpupool.io/v1alpha1"
+# A GPU reservation's container in the scheduler's image (reservations.main)
+RESERVATION_COMMAND = ("python", "-m", "scheduler.kubernetes.reservations")
 NET_ERRORS = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
 
 
@@ -36,6 +38,8 @@ class AdapterConfig:
     reservation_namespace: str = "default"
     reservation_image: str = "gpupool-scheduler"
     reservation_service_account: str = "default"
+    # the reservation container's command (empty: the image's entrypoint)
+    reservation_command: tuple[str, ...] = RESERVATION_COMMAND
     reservation_timeout_s: float = 300.0
     core: SchedulerConfig | None = None
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..contract import GPU_RESOURCE
 from .client import ApiError, KubeClient
+from .config import RESERVATION_COMMAND
 
 __all__ = ["LABEL", "RESERVED", "Reservations", "reservation_name", "reservation_pod"]
 
@@ -35,8 +36,10 @@ def reservation_name(node: str, index: int) -> str:
     return f"gpupool-reservation-{node}-{index}"[:253]
 
 
-def reservation_pod(node: str, index: int, namespace: str, image: str, service_account: str) -> JSON:
-    return {
+def reservation_pod(node: str, index: int, namespace: str, image: str, service_account: str,
+                    command: tuple[str, ...] = RESERVATION_COMMAND) -> JSON:
+    """The reservation of GPU slot ``index`` of ``node``; ``command`` empty: the image's entrypoint."""
+    pod: JSON = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": reservation_name(node, index), "namespace": namespace,
                      "labels": {LABEL: "true", "app.kubernetes.io/managed-by": "gpupool-scheduler"},
@@ -46,13 +49,15 @@ def reservation_pod(node: str, index: int, namespace: str, image: str, service_a
             "tolerations": [{"operator": "Exists"}],
             "containers": [{
                 "name": "reserve", "image": image,
-                "command": ["python", "-m", "scheduler.kubernetes.reservations"],
                 "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
                 "resources": {"requests": {"cpu": "1m", "memory": "16Mi"}, "limits": {GPU_RESOURCE: "1"}},
             }],
         },
     }  # fmt: skip
+    if command:
+        pod["spec"]["containers"][0]["command"] = list(command)
+    return pod
 
 
 def _slot(obj: JSON) -> tuple[str, int] | None:
@@ -89,7 +94,8 @@ class Reservations:
         return (obj["metadata"].get("annotations") or {}).get(RESERVED) or None
 
     async def ensure(self, kc: KubeClient, node: str, index: int, namespace: str, image: str,
-                     service_account: str, timeout_s: float) -> str:
+                     service_account: str, timeout_s: float,
+                     command: tuple[str, ...] = RESERVATION_COMMAND) -> str:
         """The UUID of the GPU reserved for slot ``index`` of ``node``: the reservation is made
         if there is none, and waited for (at most ``timeout_s``). Raises TimeoutError."""
         if (uuid := self.uuid(node, index)) is not None:
@@ -97,7 +103,7 @@ class Reservations:
         if (node, index) not in self.pods:
             try:
                 await kc.post(f"/api/v1/namespaces/{namespace}/pods",
-                              reservation_pod(node, index, namespace, image, service_account))
+                              reservation_pod(node, index, namespace, image, service_account, command))
             except ApiError as e:
                 if e.status != 409:  # one made by an earlier bind (or life of the scheduler)
                     raise

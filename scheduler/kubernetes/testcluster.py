@@ -5,7 +5,8 @@ for its ``ready`` file, and stops it (SIGTERM; the script tears down every proce
 started). Nothing here fakes the API server: the cluster is etcd + kube-apiserver (+ kwok
 for nodes and, on request, kube-controller-manager and kube-scheduler) built from the
 pinned upstream sources. With ``real_node=True`` it also runs one real node (containerd and
-kubelet in a network namespace of the run's own; docs/decisions/0064).
+kubelet in a network namespace of the run's own; docs/decisions/0064), and with
+``fake_gpus=N`` N fake GPUs there through a device plugin of the kubelet's (scripts/fake-gpu).
 
 Errors: ``TestClusterError`` when the script fails or the cluster does not come up; its
 message carries the tail of the script's output.
@@ -78,6 +79,9 @@ class ClusterInfo:
     real_node: str | None = None  # the real node's name (up --real-node), else None
     holder_pid: int | None = None  # the process that holds the real node's namespaces
     node_cgroup: str | None = None  # the real node's cgroupRoot, e.g. /gpupool-0123456789
+    fake_gpus: int = 0  # nvidia.com/gpu of the real node's fake device plugin (up --fake-gpus)
+    fake_gpu_uuid_prefix: str | None = None  # its devices' UUIDs: PREFIX0, PREFIX1, ...
+    fake_gpu_image: str | None = None  # the image whose entrypoint is `fake-gpu report`
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
@@ -98,6 +102,7 @@ class TestCluster:
     kube_scheduler: bool = False
     real_node: bool = False
     image_archives: tuple[Path, ...] = ()
+    fake_gpus: int = 0
     state_dir: Path | None = None
     start_timeout_s: float = 600.0
     _proc: subprocess.Popen | None = field(default=None, repr=False)
@@ -122,6 +127,8 @@ class TestCluster:
             cmd.append("--real-node")
         for archive in self.image_archives:
             cmd += ["--image-archive", str(archive)]
+        if self.fake_gpus:
+            cmd += ["--fake-gpus", str(self.fake_gpus)]
         log = open(d / "test-cluster.out", "wb")  # noqa: SIM115 - lives as long as the cluster
         env = {**os.environ, "KCM_CONTROLLERS": self.controllers} if self.controllers else None
         self._proc = subprocess.Popen(
@@ -150,6 +157,9 @@ class TestCluster:
             real_node=env.get("REAL_NODE"),
             holder_pid=int(env["REAL_NODE_HOLDER_PID"]) if "REAL_NODE_HOLDER_PID" in env else None,
             node_cgroup=env.get("REAL_NODE_CGROUP"),
+            fake_gpus=int(env.get("FAKE_GPUS", 0)),
+            fake_gpu_uuid_prefix=env.get("FAKE_GPU_UUID_PREFIX"),
+            fake_gpu_image=env.get("FAKE_GPU_IMAGE"),
         )
         return self.info
 
