@@ -285,6 +285,19 @@ class ClusterArrays:
                 st[key] = np.fromiter((c.allows(*r) for r in rows), dtype=bool, count=len(self.names))
         return st[key]
 
+    def preference(self, constraints: NodeConstraints | None) -> np.ndarray | None:
+        """Each node's preferred-affinity score for ``constraints`` (``NodeConstraints.
+        preference``); None when they prefer nothing. Kept per lineage like ``allowed``."""
+        if constraints is None or not constraints.preferred:
+            return None
+        key = ("preference", constraints)
+        st = self.lineage.static
+        if key not in st:
+            rows = zip(self.names, self.labels)
+            st[key] = np.fromiter((constraints.preference(*r) for r in rows), dtype=np.int64,
+                                  count=len(self.names))
+        return st[key]
+
     def unavailable(self, constraints: NodeConstraints | None) -> str | None:
         """When no node at all allows ``constraints``: kube-scheduler's sentence saying why
         ("0/4 nodes are available: ..."); else None."""

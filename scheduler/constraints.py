@@ -3,6 +3,11 @@ taints and tolerations, with kube-scheduler's meaning (its NodeAffinity and Tain
 filters). Pure data and pure functions: an adapter reads them off its pods and nodes, the
 core asks ``allows`` once per node and distinct constraint (``ClusterArrays.allowed``).
 
+Which of those nodes a pod prefers: preferred node affinity, scored as kube-scheduler's
+NodeAffinity score plugin does (the sum of the weights of the preferred terms a node
+matches); the core asks ``preference`` once per node and distinct constraint
+(``ClusterArrays.preference``) and places on the best-scored nodes that have room first.
+
 Constraints are frozen and compare by value, so equal constraints of thousands of pods are
 one cache key: the nodes they allow are worked out once per set of nodes.
 """
@@ -96,15 +101,23 @@ class NodeConstraints:
     # The node affinity of the pod's volumes (a PersistentVolume's, a StorageClass's allowed
     # topologies): every group holds, each by any of its terms.
     volumes: tuple[tuple[Term, ...], ...] = ()
+    # preferred node affinity: (weight 1-100, term); a node scores the sum of the weights
+    # of the terms it matches (an empty term matches none, as in kube-scheduler)
+    preferred: tuple[tuple[int, Term], ...] = ()
 
     def __hash__(self) -> int:
         # Kept once worked out: the constraints are part of cache keys asked for every
         # placement, and hashing the nested tuples each time would cost more than the lookup.
         h = self.__dict__.get("_hash")
         if h is None:
-            h = hash((self.selector, self.terms, self.tolerations, self.volumes))
+            h = hash((self.selector, self.terms, self.tolerations, self.volumes, self.preferred))
             object.__setattr__(self, "_hash", h)
         return h
+
+    def preference(self, name: str, labels: dict[str, str]) -> int:
+        """kube-scheduler's NodeAffinity score of a node, before normalising: the summed
+        weights of the preferred terms it matches."""
+        return sum(w for w, t in self.preferred if t.matches(name, labels))
 
     def untolerated(self, taints: tuple[Taint, ...]) -> Taint | None:
         """The first taint of a node that keeps this pod off it."""

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from .cluster import ClusterArrays
 from .model import Bind, Decisions, PodPlacement, Project, Quota, Workload
 from .placement import Choice
 from .quota import (
@@ -261,7 +262,7 @@ class Cycle:
         tries = (True, False) if protected and w.demand.gpu_count and a.has_scarce(pool) else (False,)
         if w.pods == 1 and topo is None:  # the common case: nothing to undo
             for off_scarce in tries:
-                c = self.policy.place(a, a.eligible_view(pool, w.gpu_models, w.demand, off_scarce, w.constraints), w.demand)
+                c = self._place_pod(a, a.eligible_view(pool, w.gpu_models, w.demand, off_scarce, w.constraints), w)
                 if c is not None:
                     self.work.take(w, [c])
                     return [c]
@@ -279,7 +280,7 @@ class Cycle:
                             mask = a.eligible(pool, w.gpu_models, w.demand, w.constraints) & domain
                             if off_scarce:
                                 mask &= ~a.scarce(pool)
-                        c = self.policy.place(a, mask, w.demand)
+                        c = self._place_pod(a, mask, w)
                         if c is None:
                             break
                         self.work.take(w, [c])
@@ -289,6 +290,19 @@ class Cycle:
                         return choices
         self.failed[key] = self.work.epoch
         self.no_room.add(group, size)
+        return None
+
+    def _place_pod(self, a: ClusterArrays, mask: np.ndarray, w: Workload) -> Choice | None:
+        """One pod of ``w`` on a node of ``mask``. With preferred node affinity the policy
+        chooses among the best-scored nodes that have room: the nodes of the highest score
+        first, then of the next one, and so on (decision 0075)."""
+        pref = a.preference(w.constraints)
+        if pref is None:
+            return self.policy.place(a, mask, w.demand)
+        for level in np.unique(pref[mask])[::-1]:
+            c = self.policy.place(a, mask & (pref == level), w.demand)
+            if c is not None:
+                return c
         return None
 
     def _shape(self, w: Workload) -> tuple[int, tuple | None, str | None]:

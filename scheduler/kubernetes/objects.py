@@ -248,14 +248,31 @@ def node_terms(selector: JSON | None, where: str) -> tuple[Term, ...] | None:
         for i, t in enumerate(selector.get("nodeSelectorTerms") or ()))
 
 
+def preferred_terms(items: Any, where: str) -> tuple[tuple[int, Term], ...]:
+    """``preferredDuringSchedulingIgnoredDuringExecution``: (weight, term) pairs, weights 1-100
+    as the API server's validation has them."""
+    out = []
+    for i, p in enumerate(items or ()):
+        at = f"{where} preferredDuringSchedulingIgnoredDuringExecution[{i}]"
+        weight = p.get("weight")
+        if not isinstance(weight, int) or isinstance(weight, bool) or not 1 <= weight <= 100:
+            raise ValidationError(f"{at}.weight", f"must be an integer from 1 to 100, got {weight!r}")
+        t = p.get("preference") or {}
+        out.append((weight, Term(_requirements(t.get("matchExpressions"), f"{at}.preference.matchExpressions"),
+                                 _requirements(t.get("matchFields"), f"{at}.preference.matchFields",
+                                               fields=True))))
+    return tuple(out)
+
+
 def parse_constraints(spec: JSON, where: str = "pod") -> NodeConstraints | None:
-    """A pod's nodeSelector, required node affinity and tolerations; None when it has none
-    (the core then keeps it off tainted nodes only). Preferred affinity is not a constraint."""
+    """A pod's nodeSelector, required and preferred node affinity and tolerations; None when
+    it has none (the core then keeps it off tainted nodes only)."""
     selector = spec.get("nodeSelector") or {}
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    preferred = preferred_terms(affinity.get("preferredDuringSchedulingIgnoredDuringExecution"), where)
     tolerations = spec.get("tolerations") or ()
-    if not (selector or required or tolerations):
+    if not (selector or required or tolerations or preferred):
         return None
     terms = node_terms(required, where)
     tols = []
@@ -264,7 +281,8 @@ def parse_constraints(spec: JSON, where: str = "pod") -> NodeConstraints | None:
         if op not in ("Equal", "Exists"):
             raise ValidationError(f"{where} tolerations[{i}].operator", f"must be Equal or Exists, got {op!r}")
         tols.append(Toleration(t.get("key") or "", op, str(t.get("value") or ""), t.get("effect") or ""))
-    return NodeConstraints(tuple(sorted((str(k), str(v)) for k, v in selector.items())), terms, tuple(tols))
+    return NodeConstraints(tuple(sorted((str(k), str(v)) for k, v in selector.items())), terms, tuple(tols),
+                           preferred=preferred)
 
 
 def workload_name(namespace: str, name: str, gang: str | None) -> str:

@@ -168,6 +168,29 @@ def test_bad_node_affinity_names_the_field(term, field):
         parse_pod(pod)
 
 
+def test_preferred_node_affinity_is_read_with_its_weights():
+    from scheduler.constraints import Requirement, Term
+
+    pod = _with_ts(make_pod("c").ns("t").obj())
+    pod["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 80, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}},
+        {"weight": 1, "preference": {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}},
+    ]}}
+    c = parse_pod(pod).constraints
+    assert c.preferred == ((80, Term((Requirement("zone", "In", ("z1",)),))),
+                           (1, Term((), (Requirement("metadata.name", "In", ("n1",)),))))
+    assert c.terms is None and c.selector == ()
+
+
+@pytest.mark.parametrize("weight", [0, 101, "5", None, True])
+def test_a_bad_preferred_weight_names_the_field(weight):
+    pod = _with_ts(make_pod("c").ns("t").obj())
+    pod["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": weight, "preference": {"matchExpressions": [{"key": "a", "operator": "Exists"}]}}]}}
+    with pytest.raises(ValidationError, match=r"preferredDuringSchedulingIgnoredDuringExecution\[0\]\.weight"):
+        parse_pod(pod)
+
+
 def test_node_taints_are_read():
     from scheduler.constraints import Taint
 

@@ -112,3 +112,36 @@ def test_core_places_only_where_constraints_allow_and_says_why_not():
     assert d.reason("nowhere") == "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
     # No room left on the untainted nodes: the tainted one's free GPUs are not for it.
     assert "plain-2" in {p.workload for p in d.pending}
+
+
+def test_preference_is_the_summed_weight_of_the_preferred_terms_a_node_matches():
+    z1 = Term((Requirement("zone", "In", ("z1",)),))
+    gen3 = Term((Requirement("gen", "Gt", ("2",)),))
+    z2 = Term((Requirement("zone", "In", ("z2",)),))
+    c = NodeConstraints(preferred=((5, z1), (7, gen3), (11, z2), (13, Term())))
+    assert c.preference("n", LABELS) == 12  # z1 and gen > 2; an empty term matches no node
+    assert c.preference("n", {"zone": "z2"}) == 11
+    assert c.preference("n", {}) == 0
+    assert c.allows("n", {}, ())  # a preference keeps no node out
+
+
+def _where(s: Snapshot) -> dict[str, set[str]]:
+    return {b.workload: {p.node for p in b.pods} for b in decide(s).binds}
+
+
+def test_core_places_on_the_best_preferred_node_with_room_first():
+    """kube-scheduler's NodeAffinity score: the sum of the matching terms' weights. The
+    preferred node wins over the one the policy alone would take (the lowest index, a), a
+    higher sum wins over a higher single weight, and a full preferred node falls back to the
+    next best; the tainted node stays out whatever is preferred."""
+    z1, z2 = Term((Requirement("zone", "In", ("z1",)),)), Term((Requirement("zone", "In", ("z2",)),))
+    s = _snapshot()
+    s.upsert_workload(Workload("plain", "p", demand=PodDemand(gpus=1)))
+    assert _where(s) == {"plain": {"a"}}  # no preference: the policy's choice
+
+    s = _snapshot()
+    summed = NodeConstraints(preferred=((40, z1), (30, z2), (20, z2)))
+    s.upsert_workload(Workload("first", "p", demand=PodDemand(gpus=2), constraints=summed, submit_time=1))
+    s.upsert_workload(Workload("second", "p", demand=PodDemand(gpus=2), constraints=summed, submit_time=2))
+    s.upsert_workload(Workload("third", "p", demand=PodDemand(gpus=1), constraints=summed, submit_time=3))
+    assert _where(s) == {"first": {"b"}, "second": {"a"}}  # c is tainted: third waits

@@ -1,0 +1,205 @@
+"""Which GPU a container gets on a real node (decision 0060): the real node of the test
+cluster with two fake GPUs through a device plugin of the kubelet's (``scripts/test-cluster
+up --real-node --fake-gpus 2``, scripts/fake-gpu; the GPU is the only mock). The kubelet's
+device manager gives a whole-GPU pod its GPU; with ``--gpu-reservations`` a reservation pod
+(the fake-gpu image's ``report``) holds the fractions' GPU through the same device manager
+and reports its UUID itself. Each container's ``NVIDIA_VISIBLE_DEVICES`` is read inside it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from scheduler.kubernetes.client import ApiError
+from scheduler.kubernetes.testcluster import REPO, ClusterInfo, TestCluster, apply_crds
+
+from .conftest import REAL_NODE_CONTROLLERS
+from .helpers import (
+    SchedulerProcess,
+    create_namespace,
+    create_org,
+    delete_org,
+    kube,
+    run,
+    wait_until,
+)
+from .realnode import TEST_IMAGE, build_test_image, kubectl
+
+pytestmark = pytest.mark.timeout(900)
+
+GPUS = 2
+MODEL, MEMORY_MIB = "NVIDIA H100 80GB HBM3", 81559
+SHOW = "echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; exec /bin/busybox sleep 100000"
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster(tmp_path_factory) -> ClusterInfo:
+    """A cluster of its own: the real node with two fake GPUs, the busybox test image,
+    kube-controller-manager for service accounts and their tokens, gpupool's CRDs; and the
+    node's GPUs published by gpupool-node-agent (a file inventory naming the device plugin's
+    UUIDs, as NVML would name the real ones)."""
+    from tests.conftest import _build_first
+
+    _build_first()
+    d = tmp_path_factory.mktemp("gpu-cluster")
+    image = build_test_image(d / "busybox.tar")
+    with TestCluster(nodes=0, real_node=True, controller_manager=True, fake_gpus=GPUS,
+                     controllers=REAL_NODE_CONTROLLERS, image_archives=(image,)) as info:
+        asyncio.run(apply_crds(info))
+        inventory = d / "inventory.json"
+        inventory.write_text(json.dumps({"gpus": [
+            {"index": i, "uuid": f"{info.fake_gpu_uuid_prefix}{i}", "model": MODEL,
+             "memory_mib": MEMORY_MIB} for i in range(GPUS)]}))
+        subprocess.run([sys.executable, "-m", "scheduler.kubernetes.node_agent", "--kubeconfig",
+                        str(info.kubeconfig), "--node-name", str(info.real_node), "--inventory",
+                        str(inventory), "--host-lib-dir", str(d / "lib"), "--pods-dir", "", "--once"],
+                       check=True, capture_output=True, cwd=REPO, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+        yield info
+
+
+def _pod(name: str, project: str, gpus: int = 0, fraction: float | None = None) -> dict:
+    """A busybox pod for gpupool-scheduler that prints the GPUs it was given and sleeps."""
+    c: dict = {"name": "main", "image": TEST_IMAGE, "imagePullPolicy": "Never",
+               "command": ["/bin/busybox", "sh", "-c", SHOW],
+               "resources": {"requests": {"cpu": "10m", "memory": "16Mi"},
+                             "limits": {"memory": "64Mi"}}}
+    ann = {"gpupool.io/project": project, "gpupool.io/kind": "workspace"}
+    if gpus:
+        c["resources"]["limits"]["nvidia.com/gpu"] = str(gpus)
+    if fraction is not None:
+        ann["gpupool.io/gpu-fraction"] = str(fraction)
+        c["envFrom"] = [{"configMapRef": {"name": f"{name}-gpupool"}}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": ann},
+            "spec": {"schedulerName": "gpupool", "terminationGracePeriodSeconds": 0,
+                     "containers": [c]}}
+
+
+def _reservation_rbac(ns: str) -> list[tuple[str, dict]]:
+    """The chart's reservation service account and Role (patch pods), in ``ns``."""
+    name = "gpupool-reservation"
+    return [
+        (f"/api/v1/namespaces/{ns}/serviceaccounts",
+         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}),
+        (f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name},
+          "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]}),
+        (f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+          "metadata": {"name": name},
+          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+          "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]}),
+    ]  # fmt: skip
+
+
+def _gpus_seen(info: ClusterInfo, ns: str, pod: str) -> str:
+    """``NVIDIA_VISIBLE_DEVICES`` as the container's own process has it."""
+    return kubectl(info, "-n", ns, "exec", pod, "--", "/bin/busybox", "sh", "-c",
+                   "echo $NVIDIA_VISIBLE_DEVICES").strip()
+
+
+def _place(info: ClusterInfo, ns: str, tmp_path, reservations: bool) -> dict:
+    """Two 0.25 fractions, running, then a whole-GPU pod, all by gpupool-scheduler on the
+    real node; returns each pod (and the reservations) with the GPUs it sees."""
+    args = ["--reservation-namespace", ns]
+    if reservations:
+        args += ["--gpu-reservations", "--reservation-image", str(info.fake_gpu_image),
+                 "--reservation-service-account", "gpupool-reservation", "--reservation-command", ""]
+    sched = SchedulerProcess(info, tmp_path, args=tuple(args))
+    dept, project = f"d-{ns}", f"p-{ns}"
+
+    async def go():
+        async with kube(info) as kc:
+            await create_namespace(kc, ns)
+
+            async def account():
+                try:
+                    return await kc.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default")
+                except ApiError as e:
+                    if e.status != 404:
+                        raise
+                    return None
+
+            await wait_until(account, f"the default service account of {ns}", timeout=60)
+            for path, obj in _reservation_rbac(ns):
+                await kc.post(path, obj)
+            await create_org(kc, dept, GPUS, {project: {"gpus": GPUS}})
+            sched.start()
+            try:
+                async def running(names):
+                    pods = [await kc.get(f"/api/v1/namespaces/{ns}/pods/{n}") for n in names]
+                    ok = all((p.get("status") or {}).get("phase") == "Running" for p in pods)
+                    return pods if ok else None
+
+                for n in ("frac-a", "frac-b"):
+                    await kc.post(f"/api/v1/namespaces/{ns}/pods", _pod(n, project, fraction=0.25))
+                fracs = await wait_until(lambda: running(["frac-a", "frac-b"]), "the fractions running",
+                                         timeout=180)
+                await kc.post(f"/api/v1/namespaces/{ns}/pods", _pod("whole", project, gpus=1))
+                (whole,) = await wait_until(lambda: running(["whole"]), "the whole-GPU pod running",
+                                            timeout=180)
+                resv = (await kc.get(f"/api/v1/namespaces/{ns}/pods",
+                                     labelSelector="gpupool.io/gpu-reservation"))["items"]
+                cms = {n: (await kc.get(f"/api/v1/namespaces/{ns}/configmaps/{n}-gpupool"))["data"]
+                       for n in ("frac-a", "frac-b")}
+                seen = {p["metadata"]["name"]: _gpus_seen(info, ns, p["metadata"]["name"])
+                        for p in [*fracs, whole]}
+                resv_logs = {r["metadata"]["name"]: kubectl(info, "-n", ns, "logs", r["metadata"]["name"])
+                             for r in resv}
+                return {"pods": {p["metadata"]["name"]: p for p in [*fracs, whole]}, "seen": seen,
+                        "cms": cms, "reservations": resv, "reservation_logs": resv_logs}
+            finally:
+                sched.stop()
+                await kc.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
+                                 {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+
+                async def gone():
+                    return not (await kc.get(f"/api/v1/namespaces/{ns}/pods"))["items"]
+
+                await wait_until(gone, f"the pods of {ns} gone (their GPUs free again)", timeout=120)
+                await delete_org(kc, dept, [project])
+
+    try:
+        return run(go())
+    finally:
+        print(f"--- gpupool-scheduler logs ---\n{sched.logs()}")
+
+
+def test_a_whole_gpu_pod_never_sees_the_gpu_its_nodes_fractions_are_on(gpu_cluster, tmp_path):
+    """--gpu-reservations: the fractions' reservation is given a GPU by the kubelet and
+    reports it from inside its container; the fractions see that GPU; the whole-GPU pod that
+    comes after them is given the other one."""
+    info = gpu_cluster
+    uuids = [f"{info.fake_gpu_uuid_prefix}{i}" for i in range(GPUS)]
+    got = _place(info, "real-gpus-reserved", tmp_path, reservations=True)
+    seen, (resv,) = got["seen"], got["reservations"]
+    reserved = resv["metadata"]["annotations"]["gpupool.io/reserved-gpu"]
+    assert reserved in uuids
+    assert resv["spec"]["nodeName"] == info.real_node
+    assert f"NVIDIA_VISIBLE_DEVICES={reserved} reserved {reserved}" in got["reservation_logs"][
+        resv["metadata"]["name"]]
+    assert seen["frac-a"] == seen["frac-b"] == reserved
+    assert [got["cms"][n]["NVIDIA_VISIBLE_DEVICES"] for n in ("frac-a", "frac-b")] == [reserved] * 2
+    assert seen["whole"] in uuids
+    assert seen["whole"] != reserved, "the whole-GPU pod was given the fractions' GPU"
+    assert {p["spec"]["nodeName"] for p in got["pods"].values()} == {info.real_node}
+
+
+def test_without_reservations_a_whole_gpu_pod_can_be_given_the_fractions_gpu(gpu_cluster, tmp_path):
+    """Without --gpu-reservations the fractions are pinned to the scheduler's GPU (index 0's
+    UUID, as the node agent publishes it) while the device manager knows of no GPU in use:
+    the device plugin's preferred allocation (the lowest free device) gives the whole-GPU
+    pod that same GPU. This is what the reservations are for."""
+    info = gpu_cluster
+    got = _place(info, "real-gpus-unreserved", tmp_path, reservations=False)
+    seen, pods = got["seen"], got["pods"]
+    assert got["reservations"] == []
+    assert [pods[n]["metadata"]["annotations"]["gpupool.io/gpu-indices"] for n in ("frac-a", "frac-b")] \
+        == ["0", "0"], "the fractions packed on the scheduler's GPU 0"
+    assert seen["frac-a"] == seen["frac-b"] == f"{info.fake_gpu_uuid_prefix}0"
+    assert seen["whole"] == seen["frac-a"], "expected the collision the reservations prevent"
