@@ -28,6 +28,22 @@ def build_test_image(out: Path) -> Path:
     return out
 
 
+PROBE_IMAGE = "gpupool.local/cuda-probe:test"
+LIBC = (Path("/lib/x86_64-linux-gnu/libc.so.6"), Path("/lib64/ld-linux-x86-64.so.2"))
+
+
+def build_probe_image(out: Path, probe: Path, fake_cuda: Path) -> Path:
+    """busybox, glibc (the two files a C program linked with only libc needs), the native
+    tests' CUDA probe at /opt/probe and the fake driver as the system's libcuda.so.1: an image
+    in which the interception library (mounted by the pod) loads into a real process."""
+    subprocess.run([str(REPO / "scripts" / "docker-archive"), "--tag", PROBE_IMAGE,
+                    "--entrypoint", "/bin/busybox", "--out", str(out),
+                    f"{BUSYBOX}:/bin/busybox", f"{probe}:/opt/probe",
+                    f"{fake_cuda}:/lib/x86_64-linux-gnu/libcuda.so.1",
+                    *(f"{lib}:{lib}" for lib in LIBC)], check=True)
+    return out
+
+
 def pinned_pod(name: str, node: str, script: str, memory: str = "64Mi") -> dict:
     """A busybox pod bound to ``node`` directly (no scheduler needed) running ``script``."""
     return {

@@ -17,6 +17,7 @@ import pytest
 
 from scheduler.kubernetes.client import ApiError
 from scheduler.kubernetes.testcluster import REPO, ClusterInfo, TestCluster, apply_crds
+from tests.native.conftest import native  # noqa: F401  (fixture)
 
 from .conftest import REAL_NODE_CONTROLLERS
 from .helpers import (
@@ -33,6 +34,7 @@ from .realnode import TEST_IMAGE, build_test_image, kubectl
 pytestmark = pytest.mark.timeout(900)
 
 GPUS = 2
+PRELOAD_SRC = REPO / "native" / "build" / "libgpupool-cuda.so"  # make native
 MODEL, MEMORY_MIB = "NVIDIA H100 80GB HBM3", 81559
 SHOW = "echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; exec /bin/busybox sleep 100000"
 
@@ -51,16 +53,32 @@ def gpu_cluster(tmp_path_factory) -> ClusterInfo:
     with TestCluster(nodes=0, real_node=True, controller_manager=True, fake_gpus=GPUS,
                      controllers=REAL_NODE_CONTROLLERS, image_archives=(image,)) as info:
         asyncio.run(apply_crds(info))
-        inventory = d / "inventory.json"
+        inventory = _inventory(info)
         inventory.write_text(json.dumps({"gpus": [
             {"index": i, "uuid": f"{info.fake_gpu_uuid_prefix}{i}", "model": MODEL,
              "memory_mib": MEMORY_MIB} for i in range(GPUS)]}))
-        subprocess.run([sys.executable, "-m", "scheduler.kubernetes.node_agent", "--kubeconfig",
-                        str(info.kubeconfig), "--node-name", str(info.real_node), "--inventory",
-                        str(inventory), "--host-lib-dir", str(d / "lib"), "--pods-dir", "", "--once"],
-                       check=True, capture_output=True, cwd=REPO, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+        _node_agent_once(info, inventory)
         yield info
+
+
+def _node_agent_once(info: ClusterInfo, inventory) -> None:
+    """gpupool-node-agent on the node (in its mount namespace, as its DaemonSet pod would
+    be): the GPUs of ``inventory``, the interception library copied to the node's
+    /var/lib/gpupool/lib, the shares' counters read from the kubelet's folder of pods."""
+    subprocess.run(["nsenter", "-t", str(info.holder_pid), "-m", "-n", sys.executable, "-m",
+                    "scheduler.kubernetes.node_agent", "--kubeconfig", str(info.kubeconfig),
+                    "--node-name", str(info.real_node), "--inventory", str(inventory),
+                    "--preload-src", str(PRELOAD_SRC), "--pods-dir", str(_pods_dir(info)), "--once"],
+                   check=True, capture_output=True, cwd=REPO, timeout=120,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def _inventory(info: ClusterInfo):
+    return info.state_dir / "inventory.json"
+
+
+def _pods_dir(info: ClusterInfo):
+    return info.state_dir / "node" / "kubelet" / "pods"  # the node's kubelet --root-dir/pods
 
 
 def _pod(name: str, project: str, gpus: int = 0, fraction: float | None = None) -> dict:
@@ -97,6 +115,21 @@ def _reservation_rbac(ns: str) -> list[tuple[str, dict]]:
     ]  # fmt: skip
 
 
+async def _namespace(kc, ns: str) -> None:
+    """``ns``, with the default service account pods need (kube-controller-manager's)."""
+    await create_namespace(kc, ns)
+
+    async def account():
+        try:
+            return await kc.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default")
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            return None
+
+    await wait_until(account, f"the default service account of {ns}", timeout=60)
+
+
 def _gpus_seen(info: ClusterInfo, ns: str, pod: str) -> str:
     """``NVIDIA_VISIBLE_DEVICES`` as the container's own process has it."""
     return kubectl(info, "-n", ns, "exec", pod, "--", "/bin/busybox", "sh", "-c",
@@ -115,17 +148,7 @@ def _place(info: ClusterInfo, ns: str, tmp_path, reservations: bool) -> dict:
 
     async def go():
         async with kube(info) as kc:
-            await create_namespace(kc, ns)
-
-            async def account():
-                try:
-                    return await kc.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default")
-                except ApiError as e:
-                    if e.status != 404:
-                        raise
-                    return None
-
-            await wait_until(account, f"the default service account of {ns}", timeout=60)
+            await _namespace(kc, ns)
             for path, obj in _reservation_rbac(ns):
                 await kc.post(path, obj)
             await create_org(kc, dept, GPUS, {project: {"gpus": GPUS}})
@@ -203,3 +226,175 @@ def test_without_reservations_a_whole_gpu_pod_can_be_given_the_fractions_gpu(gpu
         == ["0", "0"], "the fractions packed on the scheduler's GPU 0"
     assert seen["frac-a"] == seen["frac-b"] == f"{info.fake_gpu_uuid_prefix}0"
     assert seen["whole"] == seen["frac-a"], "expected the collision the reservations prevent"
+
+
+# ------------------------------------------------------------- a workload's log lines
+LOGGING = ("echo started; echo GPU=$NVIDIA_VISIBLE_DEVICES;"
+           " while [ ! -e /tmp/go ]; do /bin/busybox sleep 0.2; done; echo after;"
+           " while [ ! -e /tmp/end ]; do /bin/busybox sleep 0.2; done")
+
+
+def test_a_command_workloads_log_lines_come_from_its_container_through_the_api_server(
+        gpu_cluster, tmp_path):
+    """A training command submitted as the hub's runner submits it (one pod, placed by
+    gpupool-scheduler, a whole GPU from the device plugin) writes lines in a real container;
+    the hub's log handler for Kubernetes (``KubernetesMode.workload_log``, what ``gpupool
+    logs`` and ``GET /workloads/NAME/log`` call) reads them from the API server, and a follow
+    from the returned offset gets only the lines written since."""
+    import time
+
+    from hub_ext.backends.kubernetes import KubernetesMode
+    from hub_ext.backends.kubernetes_commands import KubernetesCommands
+    from hub_ext.config import Gpupool
+    from hub_ext.db.tables import WorkloadRow
+    from hub_ext.requests.rules import WorkloadRequest
+    from hub_ext.schema import make_sessionmaker
+
+    info, ns, name = gpu_cluster, "real-gpus-logs", "cmd-log"
+    Session = make_sessionmaker(f"sqlite:///{tmp_path}/hub.db")
+    cfg = Gpupool(backend="kubernetes", namespace=ns, kubeconfig=str(info.kubeconfig))
+    sched = SchedulerProcess(info, tmp_path)
+    req = WorkloadRequest(project="p-log", kind="training", gpu_mode="whole", gpus=1, cpu=0.1,
+                          memory_gib=0.0625, command=["/bin/busybox", "sh", "-c", LOGGING])
+    with Session() as s:
+        s.add(WorkloadRow(name=name, owner="alice", project="p-log", kind="training", spec=req.to_dict(),
+                          state="pending", submit_time=time.time()))
+        s.commit()
+
+    def state() -> str:
+        with Session() as s:
+            return s.get(WorkloadRow, name).state
+
+    async def log(offset=None):
+        return await KubernetesMode.workload_log(cfg, name, "training", "alice", 100, offset)
+
+    async def go():
+        async with kube(info) as kc, kube(info) as hub_kc:
+            await _namespace(kc, ns)
+            await create_org(kc, "d-log", GPUS, {"p-log": {"gpus": GPUS}})
+            runner = KubernetesCommands(hub_kc, Session, ns, poll_s=0.2, default_image=TEST_IMAGE)
+            sched.start()
+            runner.start()
+            try:
+                async def two_lines():
+                    lines, end = await log()
+                    return (lines, end) if len(lines) >= 2 else None
+
+                first, end = await wait_until(two_lines, "the command's first lines", timeout=180)
+                pod = (await kc.get(f"/api/v1/namespaces/{ns}/pods/{name}"))
+                kubectl(info, "-n", ns, "exec", name, "--", "/bin/busybox", "touch", "/tmp/go")
+
+                async def followed():
+                    lines, _ = await log(end)
+                    return lines or None
+
+                after = await wait_until(followed, "the line written after the first read", timeout=60)
+                kubectl(info, "-n", ns, "exec", name, "--", "/bin/busybox", "touch", "/tmp/end")
+                await wait_until(_async(lambda: state() == "succeeded"), "the command ended", timeout=120)
+                return pod, first, after
+            finally:
+                await runner.stop()
+                sched.stop()
+                await delete_org(kc, "d-log", ["p-log"])
+
+    try:
+        pod, first, after = run(go())
+    finally:
+        print(f"--- gpupool-scheduler logs ---\n{sched.logs()}")
+    assert pod["spec"]["nodeName"] == info.real_node
+    assert first[0] == "started"
+    assert first[1] in {f"GPU={info.fake_gpu_uuid_prefix}{i}" for i in range(GPUS)}
+    assert after == ["after"]
+
+
+def _async(pred):
+    async def call():
+        return pred()
+    return call
+
+
+# ------------------------------------------------------- idle counters of a real fraction
+def test_a_fractions_counters_written_in_its_container_reach_the_culler(gpu_cluster, native, tmp_path):  # noqa: F811
+    """Three 0.25 fractions made as the hub makes them (``gpu_parts``: the scheduler's
+    ConfigMap, the library's mount, the account's emptyDir) run the native tests' CUDA probe
+    in real containers, with the interception library that gpupool-node-agent copied to the
+    node and the fake driver: one launches kernels, one allocates once, one never touches the
+    GPU. The node agent reads their accounts from the kubelet's folder of pods and publishes
+    them on the Node; the culler's reader (``ClusterActivity``) gives each workload its own."""
+    from hub_ext.backends.kubernetes import ClusterActivity
+    from hub_ext.config import Gpupool
+    from scheduler.contract import A, gpu_parts
+    from scheduler.kubernetes.testcluster import script_path
+
+    from .realnode import PROBE_IMAGE, build_probe_image
+
+    info, ns = gpu_cluster, "real-gpus-idle"
+    archive = build_probe_image(tmp_path / "probe.tar", native.probe("dlsym"), native.fake_dir / "libcuda.so.1")
+    subprocess.run([str(script_path()), "import", "--dir", str(info.state_dir), str(archive)],
+                   check=True, capture_output=True, timeout=300)
+    runs = {"busy": "/opt/probe dlsym init ctx:0 launch:2", "quiet": "/opt/probe dlsym init ctx:0 alloc:10M",
+            "none": "true"}
+    sched = SchedulerProcess(info, tmp_path)
+    cfg = Gpupool(backend="kubernetes", namespace=ns, kubeconfig=str(info.kubeconfig))
+
+    def share(name: str, script: str) -> dict:
+        parts = gpu_parts(name, 0.25)
+        ann = {"gpupool.io/project": "p-idle", "gpupool.io/kind": "workspace", A.WORKLOAD: f"wl-{name}",
+               **parts.annotations}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": ann},
+                "spec": {"schedulerName": "gpupool", "terminationGracePeriodSeconds": 0,
+                         "volumes": parts.volumes,
+                         "containers": [{
+                             "name": "main", "image": PROBE_IMAGE, "imagePullPolicy": "Never",
+                             "command": ["/bin/busybox", "sh", "-c",
+                                         f"{script}; echo probe-exit=$?; exec /bin/busybox sleep 100000"],
+                             "env": [{"name": k, "value": v} for k, v in sorted(parts.env.items())],
+                             "envFrom": parts.env_from, "volumeMounts": parts.mounts,
+                             "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
+                                           "limits": {"memory": "128Mi"}}}]}}
+
+    async def go():
+        async with kube(info) as kc:
+            await _namespace(kc, ns)
+            await create_org(kc, "d-idle", GPUS, {"p-idle": {"gpus": GPUS}})
+            sched.start()
+            try:
+                for name, script in runs.items():
+                    await kc.post(f"/api/v1/namespaces/{ns}/pods", share(name, script))
+                logs = {}
+                for name in runs:
+                    async def ran(name=name):
+                        try:
+                            out = kubectl(info, "-n", ns, "logs", name)
+                        except AssertionError:  # not started yet
+                            return None
+                        return out if "probe-exit=" in out else None
+
+                    logs[name] = await wait_until(ran, f"the probe of {name} run", timeout=180)
+                pods = {n: await kc.get(f"/api/v1/namespaces/{ns}/pods/{n}") for n in runs}
+                _node_agent_once(info, _inventory(info))
+                node = await kc.get(f"/api/v1/nodes/{info.real_node}")
+                activity = ClusterActivity(cfg)
+                await activity.refresh()
+                return logs, pods, node, {n: activity(f"wl-{n}") for n in runs}
+            finally:
+                sched.stop()
+                await kc.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
+                                 {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+                await delete_org(kc, "d-idle", ["p-idle"])
+
+    try:
+        logs, pods, node, seen = run(go())
+    finally:
+        print(f"--- gpupool-scheduler logs ---\n{sched.logs()}")
+    for name in runs:
+        assert "probe-exit=0" in logs[name], logs[name]
+        assert pods[name]["spec"]["nodeName"] == info.real_node
+    assert "launch rc=0" in logs["busy"] and "alloc rc=0" in logs["quiet"], logs
+    published = json.loads(node["metadata"]["annotations"]["gpupool.io/gpu-activity"])
+    assert published[pods["busy"]["metadata"]["uid"]][:2] == [16, 0]  # launch:2 is 8 calls twice
+    assert published[pods["quiet"]["metadata"]["uid"]][:2] == [0, 1]
+    assert pods["none"]["metadata"]["uid"] not in published  # never loaded the driver: no account
+    assert (seen["busy"].launches, seen["busy"].allocs) == (16, 0)
+    assert (seen["quiet"].launches, seen["quiet"].allocs) == (0, 1)
+    assert seen["none"].count == 0

@@ -164,6 +164,51 @@ def test_selectors_affinity_and_taints_decide_the_node_and_name_the_reason(k8s_c
     assert any(e["reason"] == "FailedScheduling" and "0/" in e["message"] for e in events)
 
 
+def test_preferred_node_affinity_places_on_the_best_scored_node_with_room(k8s_cluster: ClusterInfo, ns, sched):
+    """kube-scheduler's NodeAffinity score: the weights of the matching preferred terms
+    summed. a scores 40, b 30 + 20 = 50, c (tainted, not tolerated) 100: the first pod goes to
+    b though a single term weighs most on a; the second, with b full, to a; the third waits,
+    as the preferred c is not for it."""
+    def preferred(*weighted: tuple[int, dict]) -> dict:
+        return {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": w, "preference": {"matchExpressions": [e]}} for w, e in weighted]}}
+
+    prefs = preferred((40, {"key": "zone", "operator": "In", "values": ["z1"]}),
+                      (30, {"key": "zone", "operator": "In", "values": ["z2"]}),
+                      (20, {"key": "gen", "operator": "Gt", "values": ["2"]}),
+                      (100, {"key": "zone", "operator": "In", "values": ["z3"]}))
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            nodes = OwnNodes(kc, ns)
+            try:
+                a = await nodes.add("a", labels={"zone": "z1", "gen": "1"})
+                b = await nodes.add("b", labels={"zone": "z2", "gen": "5"})
+                c = await nodes.add("c", labels={"zone": "z3"},
+                                    taints=[{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}])
+                await create_org(kc, "d-pref", 6, {"p-pref": {"gpus": 6}}, pool=nodes.pool)
+
+                def pod(name):
+                    return make_pod(name).ns(ns).project("p-pref").kind("workspace").gpus(2).pool(nodes.pool)
+
+                where = {}
+                for name in ("first", "second"):
+                    await _post(kc, ns, _with_spec(pod(name), affinity=prefs))
+                    where.update(await wait_until(lambda n=name: _placed(kc, ns, [n]), f"{name} bound"))
+                await _post(kc, ns, _with_spec(pod("third"), affinity=prefs))
+                await wait_until(lambda: _waiting_with(kc, ns, "third", r"."), "the third waiting with a reason")
+                return (a, b, c), where, await _pod(kc, ns, "third")
+            finally:
+                await delete_org(kc, "d-pref", ["p-pref"])
+                await kc.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
+                                 {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+                await nodes.remove()
+
+    (a, b, c), where, third = run(go())
+    assert where == {"first": b, "second": a}
+    assert not third["spec"].get("nodeName")
+
+
 def test_daemonset_and_other_schedulers_pods_hold_their_cpu(k8s_cluster: ClusterInfo, ns, sched):
     """A DaemonSet's pod takes 3 of the node's 4 CPUs: a gpupool pod asking 2 waits until it
     is gone; a pod of another scheduler that finished holds nothing."""
