@@ -32,14 +32,16 @@ PROBE_IMAGE = "gpupool.local/cuda-probe:test"
 LIBC = (Path("/lib/x86_64-linux-gnu/libc.so.6"), Path("/lib64/ld-linux-x86-64.so.2"))
 
 
-def build_probe_image(out: Path, probe: Path, fake_cuda: Path) -> Path:
+def build_probe_image(out: Path, probe: Path, fake_dir: Path) -> Path:
     """busybox, glibc (the two files a C program linked with only libc needs), the native
-    tests' CUDA probe at /opt/probe and the fake driver as the system's libcuda.so.1: an image
-    in which the interception library (mounted by the pod) loads into a real process."""
+    tests' CUDA probe at /opt/probe and the fake driver (``fake_dir``: libcuda.so.1,
+    libnvidia-ml.so.1) as the system's: an image in which the interception library (mounted
+    by the pod) loads into a real process."""
     subprocess.run([str(REPO / "scripts" / "docker-archive"), "--tag", PROBE_IMAGE,
                     "--entrypoint", "/bin/busybox", "--out", str(out),
                     f"{BUSYBOX}:/bin/busybox", f"{probe}:/opt/probe",
-                    f"{fake_cuda}:/lib/x86_64-linux-gnu/libcuda.so.1",
+                    *(f"{fake_dir / so}:/lib/x86_64-linux-gnu/{so}"
+                      for so in ("libcuda.so.1", "libnvidia-ml.so.1")),
                     *(f"{lib}:{lib}" for lib in LIBC)], check=True)
     return out
 
