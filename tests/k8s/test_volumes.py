@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scheduler.constraints import Requirement, Term
 from scheduler.kubernetes.objects import pod_claims
 from scheduler.kubernetes.volumes import Volumes
@@ -69,3 +71,18 @@ def test_reservations_by_slot_and_the_ones_no_fraction_uses():
     assert r.uuid("n1", 3) == "GPU-1"
     r.on_pod("DELETED", obj)
     assert r.uuid("n1", 3) is None
+
+
+def test_the_reservations_command_is_the_schedulers_unless_told():
+    from scheduler.kubernetes.cli import parse_args
+    from scheduler.kubernetes.reservations import reservation_pod
+
+    default = parse_args([]).reservation_command
+    assert reservation_pod("n1", 0, "ns", "img", "sa", default)["spec"]["containers"][0]["command"] == [
+        "python", "-m", "scheduler.kubernetes.reservations"]
+    given = parse_args(["--reservation-command", "/fake-gpu report --annotation 'a b'"]).reservation_command
+    assert given == ("/fake-gpu", "report", "--annotation", "a b")
+    entrypoint = parse_args(["--reservation-command", ""]).reservation_command
+    assert "command" not in reservation_pod("n1", 0, "ns", "img", "sa", entrypoint)["spec"]["containers"][0]
+    with pytest.raises(SystemExit):
+        parse_args(["--reservation-command", "'unclosed"])
