@@ -229,7 +229,7 @@ def test_without_reservations_a_whole_gpu_pod_can_be_given_the_fractions_gpu(gpu
 
 
 # ------------------------------------------------------------- a workload's log lines
-LOGGING = ("echo started; echo GPU=$NVIDIA_VISIBLE_DEVICES;"
+LOGGING = ("/bin/busybox mkdir -p /tmp; echo started; echo GPU=$NVIDIA_VISIBLE_DEVICES;"
            " while [ ! -e /tmp/go ]; do /bin/busybox sleep 0.2; done; echo after;"
            " while [ ! -e /tmp/end ]; do /bin/busybox sleep 0.2; done")
 
