@@ -398,3 +398,28 @@ def test_a_fractions_counters_written_in_its_container_reach_the_culler(gpu_clus
     assert seen["busy"].launches == 16
     assert (seen["quiet"].launches, seen["quiet"].allocs) == (0, 1)
     assert seen["none"].count == 0
+
+
+# ------------------------------------------------------------------ two runs on one host
+def test_a_second_runs_device_plugin_meets_only_its_own_kubelet(gpu_cluster, tmp_path):
+    """The kubelet's folder of device plugins is fixed (/var/lib/kubelet/device-plugins), and
+    each run's is on its own namespace's /var/lib: a second run with one fake GPU, started
+    beside the first, registers with its own kubelet only, and the first run's node keeps its
+    two GPUs, their UUIDs, and the plugin that answers for them, once the second has stopped."""
+    first = gpu_cluster
+    (tmp_path / "second").mkdir()
+    second = TestCluster(nodes=0, real_node=True, fake_gpus=1, state_dir=tmp_path / "second")
+    info = second.start()
+    try:
+        theirs = json.loads(kubectl(info, "get", "node", str(info.real_node), "-o", "json"))
+        ours = json.loads(kubectl(first, "get", "node", str(first.real_node), "-o", "json"))
+        plugin_log = (tmp_path / "second" / "logs" / "fake-gpu-plugin.log").read_text()
+    finally:
+        second.stop()
+    assert info.fake_gpu_uuid_prefix != first.fake_gpu_uuid_prefix
+    assert theirs["status"]["allocatable"]["nvidia.com/gpu"] == "1"
+    assert ours["status"]["allocatable"]["nvidia.com/gpu"] == str(GPUS)
+    assert f"1 devices {info.fake_gpu_uuid_prefix}0" in plugin_log
+    # The first run's plugin still serves its kubelet: a whole-GPU pod gets one of its GPUs.
+    got = _place(first, "real-gpus-after-second", tmp_path, reservations=False)
+    assert got["seen"]["whole"] in {f"{first.fake_gpu_uuid_prefix}{i}" for i in range(GPUS)}
