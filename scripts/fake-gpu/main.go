@@ -189,7 +189,7 @@ func plugin(args []string) error {
 			now, err1 := os.Stat(kubeletSock)
 			_, err2 := os.Stat(own)
 			if err1 != nil || err2 != nil || !os.SameFile(now, kubelet) {
-				log.Print("the kubelet restarted: serving and registering again")
+				log.Print("the kubelet restarted or removed our socket: serving and registering again")
 				break
 			}
 		}
