@@ -94,6 +94,36 @@ class GpupoolPolicy(FragPolicy):
 
     name = "gpupool"
     view_class = GpupoolView
+    KEEP_OFF_MAX = 0.5  # the penalty of the node model in most demand: below 1, ties only
+
+    def _keep_off(self, arrays: ClusterArrays) -> np.ndarray | None:
+        """Keep scarce GPU models for the pods that need them: among nodes of equal score,
+        the one whose GPU model the mix's model-naming shapes ask least of, for its
+        supply. Per model, the expected GPU milli of the shapes that name it (a shape naming
+        several split evenly among them) over the GPUs of that model in the cluster; the
+        node's penalty is that pressure, scaled to ``KEEP_OFF_MAX`` for the most pressed
+        model. None where no shape names a model (nothing changes then)."""
+        last = getattr(self, "_keep_off_state", None)
+        if last is not None and last[0] is arrays.lineage and last[1] is self.mix:
+            return last[2]
+        off = None
+        models = arrays.models
+        demand = np.zeros(len(models) + 1, dtype=np.float64)
+        for shape, p in zip(self.mix.shapes, self.mix.probs):
+            named = [models.index(m) for m in shape.models if m in models]
+            if named and shape.milli:
+                for k in named:
+                    demand[k] += float(p) * shape.milli * shape.count / len(named)
+        if demand.any():
+            gpus = np.bincount(arrays.model_id.astype(np.int64) + 1, weights=arrays.gpu_count, minlength=len(models) + 1)
+            pressure = np.zeros(len(models) + 1, dtype=np.float64)
+            np.divide(np.roll(demand, 1), gpus, out=pressure, where=gpus > 0)  # index model_id + 1
+            pressure[0] = 0.0  # nodes without GPUs
+            top = pressure.max()
+            if top > 0:
+                off = (self.KEEP_OFF_MAX * pressure / top)[arrays.model_id.astype(np.int64) + 1]
+        self._keep_off_state = (arrays.lineage, self.mix, off)
+        return off
 
     def _reduce(self, arrays, rows, delta, demand):
         return FGD._reduce(self, arrays, rows, delta, demand)
@@ -175,7 +205,8 @@ class GpupoolPolicy(FragPolicy):
         stale = nodes[rc.stamp[nodes] != arrays.stamp[nodes]]
         self._refresh(bound, base, rc, arrays, demand, stale.tolist() if len(stale) <= SMALL else stale)
         scores = rc.score[nodes]
-        i = int(np.argmax(scores))
+        off = self._keep_off(arrays)
+        i = int(np.argmax(scores if off is None else scores - off[nodes]))
         node = int(nodes[i] if scores[i] > NEG / 2 else nodes[0])  # else: as ``place``'s fallback
         return Choice(node, (int(holes.slot[node]),), need)
 
@@ -194,7 +225,8 @@ class GpupoolPolicy(FragPolicy):
             return None
         nodes = rank == best
         score, _ = self.node_scores(arrays, demand, nodes)
-        node = self.ties.pick(np.where(nodes, score, NEG))
+        off = self._keep_off(arrays)
+        node = self.ties.pick(np.where(nodes, score if off is None else score - off, NEG))
         if node is None:  # cannot happen (a candidate GPU fits); kept total
             node = int(np.argmax(nodes))
         return Choice(node, (int(slot[node]),), int(need))
