@@ -50,7 +50,6 @@ class TraceVariant:
     seed: int | None = None
     model_weight: str = "uniform"  # or "gpus": a model as often as the cluster has its GPUs
 
-
     def __post_init__(self) -> None:
         for key in SHARES:
             v = getattr(self, key)
