@@ -368,15 +368,18 @@ def test_get_policy_rejects_unknown():
 @pytest.mark.parametrize("seed", [None, "ties-to-the-scarce-node"])
 @pytest.mark.parametrize("demand", [PodDemand(gpus=1, cpu_milli=4000), PodDemand(gpu_fraction=0.5, cpu_milli=4000)])
 def test_gpupool_keeps_a_scarce_model_for_the_pods_that_name_it(seed, demand, monkeypatch):
-    """Between nodes of equal score, a pod that names no model goes to the model that the
-    model-naming pods ask least of for its supply: S (one node) and C (three) are named
-    equally often, so S is the scarcer. Without the rule the tie goes to S (the lowest
-    index; the seeded tie order is picked to do the same); where no pod names a model,
-    nothing changes."""
+    """Between nodes of equal score, a pod that names no model keeps off a scarce model: one
+    whose naming pods ask for a larger share of the GPUs than the model holds. S has a
+    quarter of the GPUs (one node of four) and its pods ask for a little more than a
+    quarter of the GPU milli, so S is scarce and the pod goes to C. Without the rule the
+    tie goes to S (the lowest index; the seeded tie order is picked to do the same). Where
+    S is asked for within its share, or no pod names a model, nothing changes."""
     nodes = [Node("s0", [GPU(i, "S", 16000) for i in range(4)], cpu_milli=32000)]
     nodes += [Node(f"c{i}", [GPU(j, "C", 16000) for j in range(4)], cpu_milli=32000) for i in range(3)]
-    named = Mix([Shape(4000, 1000, 1), Shape(4000, 500, 1), Shape(4000, 1000, 1, ("S",)), Shape(4000, 1000, 1, ("C",))], [6, 3, 2, 2])
-    plain = Mix([Shape(4000, 1000, 1), Shape(4000, 500, 1)], [6, 3])
+    shapes = [Shape(4000, 1000, 1), Shape(4000, 500, 1), Shape(4000, 1000, 1, ("S",)), Shape(4000, 1000, 1, ("C",))]
+    scarce = Mix(shapes, [6, 3, 4, 4])  # S: 4,000 of 15,500 milli asked, 25.8% for 25% of the GPUs
+    within = Mix(shapes, [6, 3, 2, 2])  # S: 17.4% asked
+    plain = Mix(shapes[:2], [6, 3])
     if seed is not None:  # a seed whose tie order puts the S node first
         seed = next(s for s in range(100) if np.random.default_rng(s).permutation(len(nodes))[0] == 0)
 
@@ -392,12 +395,9 @@ def test_gpupool_keeps_a_scarce_model_for_the_pods_that_name_it(seed, demand, mo
         return c.node
 
     for kept in ([False, True] if seed is None else [False]):
-        assert arrays_model(nodes, pick(named, kept)) == "C"
+        assert nodes[pick(scarce, kept)].gpus[0].model == "C"
+        assert pick(within, kept) == 0
         assert pick(plain, kept) == 0
         monkeypatch.setattr(GpupoolPolicy, "KEEP_OFF_MAX", 0.0)
-        assert pick(named, kept) == 0
+        assert pick(scarce, kept) == 0
         monkeypatch.undo()
-
-
-def arrays_model(nodes: list[Node], i: int) -> str:
-    return nodes[i].gpus[0].model

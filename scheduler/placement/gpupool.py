@@ -94,34 +94,39 @@ class GpupoolPolicy(FragPolicy):
 
     name = "gpupool"
     view_class = GpupoolView
-    KEEP_OFF_MAX = 0.5  # the penalty of the node model in most demand: below 1, ties only
+    KEEP_OFF_MAX = 0.5  # the most a scarce model's nodes lose: below one point of score, ties only
 
     def _keep_off(self, arrays: ClusterArrays) -> np.ndarray | None:
         """Keep scarce GPU models for the pods that need them: among nodes of equal score,
-        the one whose GPU model the mix's model-naming shapes ask least of, for its
-        supply. Per model, the expected GPU milli of the shapes that name it (a shape naming
-        several split evenly among them) over the GPUs of that model in the cluster; the
-        node's penalty is that pressure, scaled to ``KEEP_OFF_MAX`` for the most pressed
-        model. None where no shape names a model (nothing changes then)."""
+        prefer those whose GPU model is not scarce. A model is scarce when the pods of the
+        mix that name it ask for a larger share of the GPU milli than the model's share of
+        the cluster's GPUs (a shape naming several models counts for each in equal parts):
+        ``f`` = that demand share over that supply share, above 1. The penalty of a scarce
+        model's nodes is ``KEEP_OFF_MAX * (1 - 1 / f)``: more for a model asked for far
+        beyond its supply, never a whole point of score. Models asked for within their
+        supply get none, so where no model is scarce (or no shape names one) the result is
+        None and every decision is as without the rule."""
         last = getattr(self, "_keep_off_state", None)
         if last is not None and last[0] is arrays.lineage and last[1] is self.mix:
             return last[2]
         off = None
         models = arrays.models
-        demand = np.zeros(len(models) + 1, dtype=np.float64)
+        named = np.zeros(len(models) + 1, dtype=np.float64)  # index: model id + 1
+        total = 0.0
         for shape, p in zip(self.mix.shapes, self.mix.probs):
-            named = [models.index(m) for m in shape.models if m in models]
-            if named and shape.milli:
-                for k in named:
-                    demand[k] += float(p) * shape.milli * shape.count / len(named)
-        if demand.any():
+            milli = float(p) * shape.milli * shape.count
+            total += milli
+            ids = [models.index(m) + 1 for m in shape.models if m in models]
+            for k in ids:
+                named[k] += milli / len(ids)
+        if named.any() and total > 0:
             gpus = np.bincount(arrays.model_id.astype(np.int64) + 1, weights=arrays.gpu_count, minlength=len(models) + 1)
-            pressure = np.zeros(len(models) + 1, dtype=np.float64)
-            np.divide(np.roll(demand, 1), gpus, out=pressure, where=gpus > 0)  # index model_id + 1
-            pressure[0] = 0.0  # nodes without GPUs
-            top = pressure.max()
-            if top > 0:
-                off = (self.KEEP_OFF_MAX * pressure / top)[arrays.model_id.astype(np.int64) + 1]
+            gpus[0] = 0.0  # nodes without GPUs
+            f = np.zeros(len(models) + 1, dtype=np.float64)
+            np.divide(named / total, gpus / gpus.sum(), out=f, where=gpus > 0)
+            if (f > 1.0).any():
+                pen = np.where(f > 1.0, self.KEEP_OFF_MAX * (1.0 - 1.0 / np.maximum(f, 1.0)), 0.0)
+                off = pen[arrays.model_id.astype(np.int64) + 1]
         self._keep_off_state = (arrays.lineage, self.mix, off)
         return off
 
