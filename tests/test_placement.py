@@ -12,7 +12,7 @@ from scheduler.model import GPU, MILLI, Node, PodDemand
 from scheduler.placement import POLICIES, Choice, get_policy
 from scheduler.placement.choice import NEG
 from scheduler.placement.frag_policy import FragPolicy
-from scheduler.placement.gpupool import HoleWaste
+from scheduler.placement.gpupool import GpupoolPolicy, HoleWaste
 from scheduler.placement.mix import Mix, Shape
 from scheduler.placement.views import FgdView, GpupoolView
 
@@ -363,3 +363,41 @@ def test_keepwhole_keeps_the_largest_unused_nodes_for_whole_node_pods():
 def test_get_policy_rejects_unknown():
     with pytest.raises(ValueError, match="unknown placement policy"):
         get_policy("nope")
+
+
+@pytest.mark.parametrize("seed", [None, "ties-to-the-scarce-node"])
+@pytest.mark.parametrize("demand", [PodDemand(gpus=1, cpu_milli=4000), PodDemand(gpu_fraction=0.5, cpu_milli=4000)])
+def test_gpupool_keeps_a_scarce_model_for_the_pods_that_name_it(seed, demand, monkeypatch):
+    """Between nodes of equal score, a pod that names no model keeps off a scarce model: one
+    whose naming pods ask for a larger share of the GPUs than the model holds. S has a
+    quarter of the GPUs (one node of four) and its pods ask for a little more than a
+    quarter of the GPU milli, so S is scarce and the pod goes to C. Without the rule the
+    tie goes to S (the lowest index; the seeded tie order is picked to do the same). Where
+    S is asked for within its share, or no pod names a model, nothing changes."""
+    nodes = [Node("s0", [GPU(i, "S", 16000) for i in range(4)], cpu_milli=32000)]
+    nodes += [Node(f"c{i}", [GPU(j, "C", 16000) for j in range(4)], cpu_milli=32000) for i in range(3)]
+    shapes = [Shape(4000, 1000, 1), Shape(4000, 500, 1), Shape(4000, 1000, 1, ("S",)), Shape(4000, 1000, 1, ("C",))]
+    scarce = Mix(shapes, [6, 3, 4, 4])  # S: 4,000 of 15,500 milli asked, 25.8% for 25% of the GPUs
+    within = Mix(shapes, [6, 3, 2, 2])  # S: 17.4% asked
+    plain = Mix(shapes[:2], [6, 3])
+    if seed is not None:  # a seed whose tie order puts the S node first
+        seed = next(s for s in range(100) if np.random.default_rng(s).permutation(len(nodes))[0] == 0)
+
+    def pick(mix: Mix, kept: bool) -> int:
+        arrays = ClusterArrays.from_nodes(nodes)
+        policy = get_policy("gpupool", seed=seed)
+        policy.mix = mix
+        mask = arrays.eligible_view(None, (), demand) if kept else arrays.eligible(None, (), demand)
+        scores = policy.node_scores(arrays, demand, mask)[0]
+        assert len(set(scores.tolist())) == 1  # all four tie on the score
+        c = policy.place(arrays, mask, demand)
+        assert c is not None
+        return c.node
+
+    for kept in ([False, True] if seed is None else [False]):
+        assert nodes[pick(scarce, kept)].gpus[0].model == "C"
+        assert pick(within, kept) == 0
+        assert pick(plain, kept) == 0
+        monkeypatch.setattr(GpupoolPolicy, "KEEP_OFF_MAX", 0.0)
+        assert pick(scarce, kept) == 0
+        monkeypatch.undo()

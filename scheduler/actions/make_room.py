@@ -169,6 +169,9 @@ class MakeRoom:
             # spare each one it still fits without, higher priorities first.
             used = {x.node for x in placed}
             needed = [x for x in victims if any(y.node in used for y in x[1])]
+            # Every victim needed and none spared: the cluster is as it was when ``placed`` was
+            # found (the same work gone, in the same order), and placement depends on that alone.
+            as_found = len(needed) == len(victims) and w.pods == 1
             plan.undo()
             for v, choices in needed:
                 work.give(v, choices)
@@ -180,7 +183,10 @@ class MakeRoom:
                     if fits:
                         spare.keep()
                         needed.remove(x)
-            if not (strategy.admits(c, w, pool) and c.place(w, pool)):  # pragma: no cover - seen to fit above
+                        as_found = False
+            if as_found:
+                work.take(w, placed)
+            elif not (strategy.admits(c, w, pool) and c.place(w, pool)):  # pragma: no cover - seen to fit above
                 return False
             plan.keep()
         self.hopeless.clear()  # evictions change what room there is and who may be taken

@@ -160,10 +160,16 @@ class FragPolicy:
         rc = self._kept_scores(arrays, mask, demand)
         masked = rc.masked
         assert masked is not None  # kept in step by in_step
-        node = int(np.argmax(masked))  # the first best: lowest index, as unseeded ties go
+        off = self._keep_off(arrays)
+        node = int(np.argmax(masked if off is None else masked - off))  # the first best: lowest index, as unseeded ties go
         if masked[node] <= NEG / 2:
             return None
         return node, int(rc.slot[node])
+
+    def _keep_off(self, arrays: ClusterArrays) -> np.ndarray | None:
+        """Per node, a penalty below 1 that only parts nodes of equal integer score (lower
+        is preferred), or None for none (the default)."""
+        return None
 
     def place(self, arrays: ClusterArrays, mask: np.ndarray, demand: PodDemand) -> Choice | None:
         if self.ties.seed is None and arrays.kept_in_step(mask):
@@ -175,6 +181,9 @@ class FragPolicy:
         fit = mask & (arrays.full_free >= demand.gpus) if demand.gpus else mask
         score, slot = self.node_scores(arrays, demand, fit)
         s = np.where(fit, score, NEG)
+        off = self._keep_off(arrays)
+        if off is not None:
+            s = s - off
         node = self.ties.pick(s)
         if node is None:
             return None

@@ -94,6 +94,41 @@ class GpupoolPolicy(FragPolicy):
 
     name = "gpupool"
     view_class = GpupoolView
+    KEEP_OFF_MAX = 0.5  # the most a scarce model's nodes lose: below one point of score, ties only
+
+    def _keep_off(self, arrays: ClusterArrays) -> np.ndarray | None:
+        """Keep scarce GPU models for the pods that need them: among nodes of equal score,
+        prefer those whose GPU model is not scarce. A model is scarce when the pods of the
+        mix that name it ask for a larger share of the GPU milli than the model's share of
+        the cluster's GPUs (a shape naming several models counts for each in equal parts):
+        ``f`` = that demand share over that supply share, above 1. The penalty of a scarce
+        model's nodes is ``KEEP_OFF_MAX * (1 - 1 / f)``: more for a model asked for far
+        beyond its supply, never a whole point of score. Models asked for within their
+        supply get none, so where no model is scarce (or no shape names one) the result is
+        None and every decision is as without the rule."""
+        last = getattr(self, "_keep_off_state", None)
+        if last is not None and last[0] is arrays.lineage and last[1] is self.mix:
+            return last[2]
+        off = None
+        models = arrays.models
+        named = np.zeros(len(models) + 1, dtype=np.float64)  # index: model id + 1
+        total = 0.0
+        for shape, p in zip(self.mix.shapes, self.mix.probs):
+            milli = float(p) * shape.milli * shape.count
+            total += milli
+            ids = [models.index(m) + 1 for m in shape.models if m in models]
+            for k in ids:
+                named[k] += milli / len(ids)
+        if named.any() and total > 0:
+            gpus = np.bincount(arrays.model_id.astype(np.int64) + 1, weights=arrays.gpu_count, minlength=len(models) + 1)
+            gpus[0] = 0.0  # nodes without GPUs
+            f = np.zeros(len(models) + 1, dtype=np.float64)
+            np.divide(named / total, gpus / gpus.sum(), out=f, where=gpus > 0)
+            if (f > 1.0).any():
+                pen = np.where(f > 1.0, self.KEEP_OFF_MAX * (1.0 - 1.0 / np.maximum(f, 1.0)), 0.0)
+                off = pen[arrays.model_id.astype(np.int64) + 1]
+        self._keep_off_state = (arrays.lineage, self.mix, off)
+        return off
 
     def _reduce(self, arrays, rows, delta, demand):
         return FGD._reduce(self, arrays, rows, delta, demand)
@@ -175,7 +210,8 @@ class GpupoolPolicy(FragPolicy):
         stale = nodes[rc.stamp[nodes] != arrays.stamp[nodes]]
         self._refresh(bound, base, rc, arrays, demand, stale.tolist() if len(stale) <= SMALL else stale)
         scores = rc.score[nodes]
-        i = int(np.argmax(scores))
+        off = self._keep_off(arrays)
+        i = int(np.argmax(scores if off is None else scores - off[nodes]))
         node = int(nodes[i] if scores[i] > NEG / 2 else nodes[0])  # else: as ``place``'s fallback
         return Choice(node, (int(holes.slot[node]),), need)
 
@@ -194,7 +230,8 @@ class GpupoolPolicy(FragPolicy):
             return None
         nodes = rank == best
         score, _ = self.node_scores(arrays, demand, nodes)
-        node = self.ties.pick(np.where(nodes, score, NEG))
+        off = self._keep_off(arrays)
+        node = self.ties.pick(np.where(nodes, score if off is None else score - off, NEG))
         if node is None:  # cannot happen (a candidate GPU fits); kept total
             node = int(np.argmax(nodes))
         return Choice(node, (int(slot[node]),), int(need))

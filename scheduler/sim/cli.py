@@ -18,6 +18,7 @@ from ..placement import POLICIES
 from . import placement as placement_sim
 from .replay_cli import add_replay
 from .trace import default_trace_dir, load_nodes, load_pods
+from .variants import TraceVariant
 
 
 def _policies(arg: str) -> list[str]:
@@ -48,16 +49,20 @@ def cmd_placement(args: argparse.Namespace) -> int:
     if args.max_pods:
         pods = pods[: args.max_pods]
     seeds = [args.first_seed + i for i in range(args.seeds)]
-    results = [placement_sim.run(nodes, pods, p, seeds, args.order) for p in _policies(args.policy)]
+    variant = TraceVariant.parse(args.variant) if args.variant else None
+    results = [placement_sim.run(nodes, pods, p, seeds, args.order, variant) for p in _policies(args.policy)]
     if args.json:
         out = [r.to_json() for r in results]
         for o in out:
             o["nodes"], o["pods"] = str(args.nodes), str(args.pods)
+            if variant is not None:
+                o["variant"] = variant.to_json()
             if not args.per_seed:
                 o.pop("per_seed")
         print(json.dumps(out[0] if len(out) == 1 else {"results": out}))
     else:
-        print(f"{Path(args.pods).name} on {Path(args.nodes).name}, {args.order} order, {len(seeds)} seed(s) from {args.first_seed}")
+        shaped = f" (variant {variant.label()})" if variant is not None else ""
+        print(f"{Path(args.pods).name}{shaped} on {Path(args.nodes).name}, {args.order} order, {len(seeds)} seed(s) from {args.first_seed}")
         print(_table(results))
     return 0
 
@@ -89,6 +94,12 @@ def add_placement(sub) -> None:
         choices=["shuffled", "creation"],
         default="shuffled",
         help="order of the trace's own pods: shuffled with the seed (default, the paper's artifact) or creation time",
+    )
+    p.add_argument(
+        "--variant",
+        default="",
+        help="reshape the pods: model_share=S,multi_gpu_share=S,fraction_share=S[,seed=N] (shares of the GPU pods;"
+        " any subset; without seed each run seed draws its own variant; see scheduler/sim/variants.py)",
     )
     p.add_argument("--max-nodes", type=_count(0), default=0, help="use only the first N nodes (tests)")
     p.add_argument("--max-pods", type=_count(0), default=0, help="use only the first N pods of the file (tests)")

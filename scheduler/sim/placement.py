@@ -30,6 +30,7 @@ from ..cluster import ClusterArrays
 from ..model import MILLI, Node
 from ..placement import Choice, get_policy
 from .trace import TracePod, by_creation
+from .variants import TraceVariant, reshape
 
 
 @dataclass
@@ -143,9 +144,19 @@ def run_seed(
 
 
 def run(
-    nodes: list[Node], pods: list[TracePod], policy: str, seeds: list[int], order: str = "shuffled"
+    nodes: list[Node],
+    pods: list[TracePod],
+    policy: str,
+    seeds: list[int],
+    order: str = "shuffled",
+    variant: TraceVariant | None = None,
 ) -> PlacementResult:
-    per = [run_seed(nodes, pods, policy, s, order=order) for s in seeds]
+    """``run_seed`` per seed; with ``variant``, each seed on the pods of that variant drawn
+    with the variant's seed, else with the run's (``variants.reshape``)."""
+    per = [
+        run_seed(nodes, pods if variant is None else reshape(pods, nodes, variant, s), policy, s, order=order)
+        for s in seeds
+    ]
     alloc = [r.allocation_pct for r in per]
     cap = per[0].capacity_milli if per else 0
     return PlacementResult(
