@@ -39,7 +39,7 @@ from ..attachments import attach
 from ..cluster.mirror import Mirror, WatchLoop
 from ..db.events import add_event
 from ..db.tables import WorkloadRow
-from ..images import WORKLOAD_IMAGE
+from ..images import WORKLOAD_IMAGE, WORKLOAD_POD_SPEC
 from ..requests.rules import FieldError, WorkloadRequest
 from ..training.db import TrainingRow
 
@@ -73,7 +73,8 @@ def command_pod(name: str, owner: str, req: WorkloadRequest, namespace: str, ima
         container["env"] += parts.env
         mounts += parts.mounts
         volumes += parts.volumes
-    spec: dict = {"schedulerName": SCHEDULER_NAME, "restartPolicy": "Never", "containers": [container]}
+    spec: dict = {**WORKLOAD_POD_SPEC, "schedulerName": SCHEDULER_NAME, "restartPolicy": "Never",
+                  "containers": [container]}
     if mounts:
         container["volumeMounts"], spec["volumes"] = mounts, volumes
     return {"apiVersion": "v1", "kind": "Pod",

@@ -17,7 +17,7 @@ import contextlib
 import logging
 
 from hub_ext.attachments.attach import Attachments, pod_parts, secret_manifest, secret_name
-from hub_ext.images import WORKLOAD_IMAGE
+from hub_ext.images import WORKLOAD_IMAGE, WORKLOAD_POD_SPEC
 from inference.service import Replica, RState, Service
 from scheduler import contract
 from scheduler.kubernetes.client import ApiError, KubeClient
@@ -53,7 +53,8 @@ def replica_pod(spec: ServiceSpec, name: str, namespace: str,
         container["resources"] = {"limits": dict(gpu.limits)}
     if gpu.shared:
         container["envFrom"] = gpu.env_from
-    pod_spec: dict = {"schedulerName": contract.SCHEDULER_NAME, "containers": [container],
+    pod_spec: dict = {**WORKLOAD_POD_SPEC, "schedulerName": contract.SCHEDULER_NAME,
+                      "containers": [container],
                       "restartPolicy": "Always", "terminationGracePeriodSeconds": 30}
     mounts, volumes = list(gpu.mounts), list(gpu.volumes)
     if attachments:

@@ -25,7 +25,7 @@ from scheduler.contract import (
 )
 
 from ..attachments.attach import Attachments, pod_parts, secret_manifest, secret_name
-from ..images import WORKLOAD_IMAGE
+from ..images import WORKLOAD_IMAGE, WORKLOAD_POD_SPEC
 from .gang import distributed_env
 from .spec import TrainingSpec
 
@@ -103,6 +103,7 @@ def worker_pod(spec: TrainingSpec, rank: int, opts: KubernetesOptions = Kubernet
     if gpu.shared:
         container["envFrom"] = gpu.env_from
     pod_spec: dict = {
+        **WORKLOAD_POD_SPEC,
         "schedulerName": opts.scheduler_name,
         "restartPolicy": "Never",  # the job controller restarts the whole gang, not a pod
         "terminationGracePeriodSeconds": int(spec.grace_period_s),

@@ -163,3 +163,17 @@ def test_trainings_and_services_without_an_image_run_the_workload_image():
     svc = parse_spec({"name": "llm", "project": "p", "command": ["serve"], "gpu": 1, "image": "mine:2"})
     assert image(worker_pod(spec, 0, KubernetesOptions(namespace="ns", default_image="own:1"))) == "mine:2"
     assert image(replica_pod(svc, "llm-1", "ns", default_image="own:1")) == "mine:2"
+
+
+def test_trainings_services_and_commands_mount_no_service_account_token():
+    """Their containers call no API: the namespace's default account is not theirs to use."""
+    from hub_ext.backends.kubernetes_commands import command_pod
+    from hub_ext.requests.rules import WorkloadRequest
+
+    spec = TrainingSpec(name="t", project="p", command=["x"], gpu=1)
+    svc = parse_spec({"name": "llm", "project": "p", "command": ["serve"], "gpu": 0.25})
+    req = WorkloadRequest(project="p", kind="training", gpu_mode="whole", gpus=1, cpu=1,
+                          memory_gib=1, command=["x"])
+    pods = [worker_pod(spec, 0, KubernetesOptions(namespace="ns")), replica_pod(svc, "llm-1", "ns"),
+            command_pod("c", "alice", req, "ns", "img:1")]
+    assert [p["spec"].get("automountServiceAccountToken") for p in pods] == [False, False, False]

@@ -229,6 +229,7 @@ def test_without_reservations_a_whole_gpu_pod_can_be_given_the_fractions_gpu(gpu
 
 
 # ------------------------------------------------------------- a workload's log lines
+TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 LOGGING = ("/bin/busybox mkdir -p /tmp; echo started; echo GPU=$NVIDIA_VISIBLE_DEVICES;"
            " while [ ! -e /tmp/go ]; do /bin/busybox sleep 0.2; done; echo after;"
            " while [ ! -e /tmp/end ]; do /bin/busybox sleep 0.2; done")
@@ -282,6 +283,8 @@ def test_a_command_workloads_log_lines_come_from_its_container_through_the_api_s
 
                 first, end = await wait_until(two_lines, "the command's first lines", timeout=180)
                 pod = (await kc.get(f"/api/v1/namespaces/{ns}/pods/{name}"))
+                token = kubectl(info, "-n", ns, "exec", name, "--", "/bin/busybox", "sh", "-c",
+                                f"test -e {TOKEN} && echo token || echo none").strip()
                 kubectl(info, "-n", ns, "exec", name, "--", "/bin/busybox", "touch", "/tmp/go")
 
                 async def followed():
@@ -291,20 +294,21 @@ def test_a_command_workloads_log_lines_come_from_its_container_through_the_api_s
                 after = await wait_until(followed, "the line written after the first read", timeout=60)
                 kubectl(info, "-n", ns, "exec", name, "--", "/bin/busybox", "touch", "/tmp/end")
                 await wait_until(_async(lambda: state() == "succeeded"), "the command ended", timeout=120)
-                return pod, first, after
+                return pod, first, after, token
             finally:
                 await runner.stop()
                 sched.stop()
                 await delete_org(kc, "d-log", ["p-log"])
 
     try:
-        pod, first, after = run(go())
+        pod, first, after, token = run(go())
     finally:
         print(f"--- gpupool-scheduler logs ---\n{sched.logs()}")
     assert pod["spec"]["nodeName"] == info.real_node
     assert first[0] == "started"
     assert first[1] in {f"GPU={info.fake_gpu_uuid_prefix}{i}" for i in range(GPUS)}
     assert after == ["after"]
+    assert token == "none", "a workload's container holds no service-account token"
 
 
 def _async(pred):
