@@ -100,8 +100,9 @@ def test_a_pod_runs_on_the_real_node_with_logs_exec_and_port_forward(real_cluste
                     "/bin/busybox", "cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
     assert int(limit) == 64 * 2**20
 
-    # Without kube-proxy, the node's own DNAT rule takes the pod to the API server (busybox
-    # has no TLS it accepts, so plain HTTP gets the Go TLS server's own refusal).
+    # The `kubernetes` Service: the node's own DNAT rule takes the pod to the API server, which
+    # keeps no endpoints of its own here (busybox has no TLS it accepts, so plain HTTP gets the
+    # Go TLS server's own refusal).
     answer = kubectl(info, "-n", "real-node-basics", "exec", "web", "--", "/bin/busybox", "sh",
                      "-c", r"printf 'GET / HTTP/1.0\r\n\r\n' | /bin/busybox nc -w 5 "
                      "$KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT")
@@ -112,6 +113,58 @@ def test_a_pod_runs_on_the_real_node_with_logs_exec_and_port_forward(real_cluste
     with port_forward(info, "real-node-basics", "pod/web", 8080) as base, \
             urllib.request.urlopen(f"{base}/", timeout=30) as r:
         assert r.read().decode().strip() == token
+
+
+def test_a_service_s_name_reaches_its_pod_through_cluster_dns_and_kube_proxy(real_cluster):
+    """A pod finds a Service by its name (CoreDNS behind the kubelet's clusterDNS) and
+    reaches the Service's pod at its cluster IP (kube-proxy's rules, inside the node's
+    namespace), from another pod and from the Service's own pod; the host's iptables
+    hold none of those rules."""
+    info, ns, token = real_cluster, "real-node-services", secrets.token_hex(8)
+    assert info.cluster_dns == "10.0.0.10"
+    web = pinned_pod("web", info.real_node, SERVE.format(token=token))
+    web["metadata"]["labels"] = {"app": "web"}
+    run(_start_pod(info, ns, web))
+    run(_start_pod(info, ns, pinned_pod("client", info.real_node,
+                                        "exec /bin/busybox sleep 3600")))
+
+    async def service():
+        async with kube(info) as kc:
+            return await kc.post(f"/api/v1/namespaces/{ns}/services", {
+                "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                "spec": {"selector": {"app": "web"},
+                         "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}})
+
+    cluster_ip = run(service())["spec"]["clusterIP"]
+    assert ipaddress.ip_address(cluster_ip) in ipaddress.ip_network("10.0.0.0/24")
+
+    resolv = kubectl(info, "-n", ns, "exec", "client", "--", "/bin/busybox", "cat",
+                     "/etc/resolv.conf")
+    assert "nameserver 10.0.0.10" in resolv, resolv
+    assert f"search {ns}.svc.cluster.local svc.cluster.local cluster.local" in resolv, resolv
+
+    def fetch(pod: str, url: str) -> str:
+        try:
+            return kubectl(info, "-n", ns, "exec", pod, "--", "/bin/busybox", "wget", "-q",
+                           "-T", "5", "-O", "-", url).strip()
+        except AssertionError as e:  # the Service's endpoints may not be written yet
+            return str(e)
+
+    # by its short name (the search path), from another pod; by its name in the namespace,
+    # from the Service's own pod (back to itself through the cluster IP)
+    for pod, url in (("client", "http://web/"), ("web", f"http://web.{ns}.svc/")):
+        run(wait_until(_async(lambda pod=pod, url=url: fetch(pod, url) == token),
+                       f"{url} from {pod}", timeout=60, interval=1))
+    looked_up = kubectl(info, "-n", ns, "exec", "client", "--", "/bin/busybox", "nslookup",
+                        f"web.{ns}.svc.cluster.local")
+    assert cluster_ip in looked_up, looked_up
+
+    inside = subprocess.run(["nsenter", "-t", str(info.holder_pid), "-m", "-n", "iptables-save",
+                             "-t", "nat"], capture_output=True, text=True, check=True).stdout
+    assert cluster_ip in inside and "KUBE-SERVICES" in inside
+    host = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True,
+                          check=True).stdout
+    assert "KUBE-SERVICES" not in host and cluster_ip not in host
 
 
 def test_a_memory_hog_is_killed_at_its_limit(real_cluster):
