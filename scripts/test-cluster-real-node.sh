@@ -292,6 +292,7 @@ apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: $state_dir/kubeconfig}
 hostnameOverride: $REAL_NODE_NAME
+bindAddress: $REAL_NODE_IP  # the node IP (kube-proxy finds no other)
 mode: iptables
 clusterCIDR: $REAL_POD_SUBNET
 detectLocalMode: ClusterCIDR

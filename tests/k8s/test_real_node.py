@@ -143,18 +143,21 @@ def test_a_service_s_name_reaches_its_pod_through_cluster_dns_and_kube_proxy(rea
     assert "nameserver 10.0.0.10" in resolv, resolv
     assert f"search {ns}.svc.cluster.local svc.cluster.local cluster.local" in resolv, resolv
 
-    def fetch(pod: str, url: str) -> str:
+    def fetch(pod: str, host: str) -> str:
+        """The page at http://HOST/ (busybox nc: its static wget cannot look up "http")."""
         try:
-            return kubectl(info, "-n", ns, "exec", pod, "--", "/bin/busybox", "wget", "-q",
-                           "-T", "5", "-O", "-", url).strip()
+            return kubectl(info, "-n", ns, "exec", pod, "--", "/bin/busybox", "sh", "-c",
+                           r"printf 'GET / HTTP/1.0\r\n\r\n' | /bin/busybox nc -w 5 "
+                           f"{host} 80")
         except AssertionError as e:  # the Service's endpoints may not be written yet
             return str(e)
 
     # by its short name (the search path), from another pod; by its name in the namespace,
     # from the Service's own pod (back to itself through the cluster IP)
-    for pod, url in (("client", "http://web/"), ("web", f"http://web.{ns}.svc/")):
-        run(wait_until(_async(lambda pod=pod, url=url: fetch(pod, url) == token),
-                       f"{url} from {pod}", timeout=60, interval=1))
+    for pod, host in (("client", "web"), ("web", f"web.{ns}.svc")):
+        run(wait_until(_async(lambda pod=pod, host=host: fetch(pod, host).rstrip()
+                              .endswith(token)), f"http://{host}/ from {pod}", timeout=60,
+                       interval=1))
     looked_up = kubectl(info, "-n", ns, "exec", "client", "--", "/bin/busybox", "nslookup",
                         f"web.{ns}.svc.cluster.local")
     assert cluster_ip in looked_up, looked_up
@@ -196,13 +199,14 @@ def test_a_memory_hog_is_killed_at_its_limit(real_cluster):
 
 def test_a_second_run_beside_the_first_and_its_teardown_leaves_nothing(real_cluster,
                                                                        tmp_path):
-    """A second real-node run on the same host, with a pod running, while the session's
-    run is up; after it stops: no process in its namespaces, no cgroup, no mount, no link,
-    no host sysctl or /var/lib or /run state changed, and the first run still serves."""
+    """A second real-node run on the same host (with kube-proxy and CoreDNS), with a pod
+    running, while the session's run is up; after it stops: no process in its namespaces,
+    no cgroup, no mount, no link, no host sysctl, iptables rule or /var/lib or /run state
+    changed, and the first run still serves."""
     before = HostSnapshot.take()
     image = build_test_image(tmp_path / "busybox.tar")
     (tmp_path / "second").mkdir()
-    cluster = TestCluster(nodes=0, real_node=True, image_archives=(image,),
+    cluster = TestCluster(nodes=0, real_node=True, cluster_dns=True, image_archives=(image,),
                           state_dir=tmp_path / "second")
     info = cluster.start()
     try:
@@ -214,7 +218,8 @@ def test_a_second_run_beside_the_first_and_its_teardown_leaves_nothing(real_clus
                                                       SERVE.format(token="second")),
                        with_kcm=False))
         assert cgroup_dirs(info.node_cgroup), "the pod's cgroups exist while it runs"
-        assert len(pids_in(mntns, "mnt")) >= 4  # holder, containerd, kubelet, a shim...
+        # holder, containerd, kubelet, kube-proxy, CoreDNS, a shim...
+        assert len(pids_in(mntns, "mnt")) >= 6
     finally:
         cluster.stop()
 
@@ -229,6 +234,7 @@ def test_a_second_run_beside_the_first_and_its_teardown_leaves_nothing(real_clus
     assert after.sysctls == before.sysctls
     assert after.paths == before.paths
     assert after.links == before.links
+    assert after.iptables == before.iptables
     assert {m for m in after.mounts if str(tmp_path) in m} == set()
     assert Path(f"/proc/{real_cluster.holder_pid}").exists()
     assert real_cluster.real_node in kubectl(real_cluster, "get", "nodes", "-o", "name")
