@@ -10,6 +10,8 @@
 #   and kubelet write outside their configured dirs (/run/containerd/s, /run/netns,
 #   /var/lib/cni, /var/lib/kubelet/device-plugins, /var/log/pods): they vanish with the
 #   namespace and never meet another run's.
+# - The kubelet's root is in the state dir (--root-dir); its pods dir is bind-mounted at the
+#   usual /var/lib/kubelet/pods on that tmpfs, where the node agent's DaemonSet reads it.
 # - Files holding kubelet's wanted values are bind-mounted over the three /proc/sys entries
 #   it would otherwise set on the host.
 # - A veth pair carries the node IP (there is no `dummy` device; kubelet refuses loopback).
@@ -99,6 +101,11 @@ set -e
 mount -t tmpfs -o mode=755 gpupool-run /run
 mount -t tmpfs -o mode=755 gpupool-varlib /var/lib
 mount -t tmpfs -o mode=755 gpupool-varlog /var/log
+# the kubelet's pods at their usual path too, for pods that mount it (the node agent's
+# kubeletPodsDir, with HostToContainer propagation: a shared mount, peers only in here)
+mkdir -p "$s/kubelet/pods" /var/lib/kubelet/pods
+mount --bind "$s/kubelet/pods" /var/lib/kubelet/pods
+mount --make-shared /var/lib/kubelet/pods
 mount --bind "$s/sysctl/vm.overcommit_memory" /proc/sys/vm/overcommit_memory
 mount --bind "$s/sysctl/kernel.panic" /proc/sys/kernel/panic
 mount --bind "$s/sysctl/kernel.panic_on_oops" /proc/sys/kernel/panic_on_oops
