@@ -10,6 +10,8 @@ and the fraction's memory on the (fake) driver."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import os
 import re
@@ -26,7 +28,7 @@ from scheduler.contract import A
 from scheduler.kubernetes.testcluster import ClusterInfo, TestCluster, script_path
 from tests.chart.imagelib import build_images
 
-from .helpers import kube, run, wait_until
+from .helpers import kube, wait_until
 from .realnode import port_forward
 from .test_real_node import FAKE_CUDA
 
@@ -115,6 +117,13 @@ def release(chart_node: ClusterInfo, images, tmp_path_factory):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     return chart_node
+
+
+def run(coro):
+    """``coro`` run to its end in a thread of its own: Playwright's sync API (the browser
+    tests) keeps an event loop running in this one."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 async def _pods(info: ClusterInfo) -> list[dict]:
@@ -252,7 +261,8 @@ def _spawn(page, base: str, path: str, kind: str) -> None:
     page.fill("input[name=cpu]", "0.5")  # the node has 2 CPUs, the chart's pods ask some
     page.fill("input[name=memory_gib]", "2")
     page.wait_for_selector("#gp-status[aria-busy=false]")
-    assert "Starts now" in page.inner_text("#gp-verdict")
+    verdict = page.inner_text("#gp-verdict")
+    assert "Starts now" in verdict, verdict
     page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
 
 
@@ -292,7 +302,8 @@ def _check_share(info: ClusterInfo, images, probe: dict, pod: dict, share_env: d
 
 
 def _stop(base: str, token: str, server: str = "") -> None:
-    req = urllib.request.Request(f"{base}/hub/api/users/alice/servers/{server}",
+    path = f"servers/{server}" if server else "server"
+    req = urllib.request.Request(f"{base}/hub/api/users/alice/{path}",
                                  method="DELETE", headers={"Authorization": f"token {token}"})
     urllib.request.urlopen(req, timeout=60).close()
 
