@@ -200,9 +200,9 @@ def test_a_memory_hog_is_killed_at_its_limit(real_cluster):
 def test_a_second_run_beside_the_first_and_its_teardown_leaves_nothing(real_cluster,
                                                                        tmp_path):
     """A second real-node run on the same host (with kube-proxy and CoreDNS), with a pod
-    running, while the session's run is up; after it stops: no process in its namespaces,
-    no cgroup, no mount, no link, no host sysctl, iptables rule or /var/lib or /run state
-    changed, and the first run still serves."""
+    running, while the first (the ``real_cluster`` fixture's) is up; after it stops: no
+    process in its namespaces, no cgroup, no mount, no link, no host sysctl, iptables rule
+    or /var/lib or /run state changed, and the first run still serves."""
     before = HostSnapshot.take()
     image = build_test_image(tmp_path / "busybox.tar")
     (tmp_path / "second").mkdir()
