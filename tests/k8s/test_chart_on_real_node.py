@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scheduler.contract import A
+from scheduler.contract import A, L
 from scheduler.kubernetes.testcluster import ClusterInfo, TestCluster, script_path
 from tests.chart.imagelib import build_images
 
@@ -369,6 +369,59 @@ def test_alice_opens_vs_code_with_a_quarter_gpu_in_chromium(homes: ClusterInfo, 
         _stop(base, token, "code")
         page.context.close()
     _check_share(info, images, probe, pod, share_env)
+
+
+def test_an_inference_service_answers_http_through_the_activator_from_zero(homes: ClusterInfo,
+                                                                           images):
+    """A service alice submits through the hub, with no image (the workspace image), is
+    served by the chart's activator at zero replicas; an HTTP request through the
+    activator's Service brings a replica, bound by gpupool-scheduler on the real node with
+    0.25 GPU, holds until it is ready, and gets the replica's own answer."""
+    from tests.hub.hubclient import HubClient, call
+
+    info = homes
+    run(wait_until(lambda: _hub_ready(info), "the hub pod Ready", timeout=300))
+    with port_forward(info, NS, f"svc/{RELEASE}-hub", 80) as hub, \
+            port_forward(info, NS, f"svc/{RELEASE}-activator", 80) as act:
+        run(wait_until(_async(lambda: _answers(f"{hub}/hub/login")), "the hub's login page",
+                       timeout=120, interval=1))
+        token = HubClient(hub).login("alice", USER_PASSWORD).token("alice")
+        status, body = call(hub, token, "POST", "/inferences", {
+            "name": "echo", "project": "nlp", "gpu": 0.25, "port": 8000,
+            "command": ["python3", "-m", "http.server", "8000"],
+            "min_replicas": 0, "max_replicas": 1, "scale_to_zero_after_s": 600})
+        assert status in (200, 201, 202), body
+
+        def served() -> dict:
+            try:
+                with urllib.request.urlopen(f"{act}/_status", timeout=10) as r:
+                    return json.loads(r.read())
+            except OSError:
+                return {}
+
+        status_ = run(wait_until(_async(lambda: served().get("echo")),
+                                 "the activator serves echo", timeout=120, interval=1))
+        assert status_["replicas"] == 0 and _replicas(info, "echo") == []
+
+        with urllib.request.urlopen(f"{act}/echo/", timeout=300) as r:  # held until ready
+            page = r.read().decode()
+        assert "Directory listing for /" in page, page[:300]
+        (replica,) = _replicas(info, "echo")
+        with urllib.request.urlopen(f"{act}/echo/", timeout=60) as r:  # the replica answers
+            assert "Directory listing for /" in r.read().decode()
+        assert call(hub, token, "DELETE", "/inferences/echo")[0] in (200, 202, 204)
+
+    assert replica["spec"]["nodeName"] == info.real_node
+    assert replica["spec"]["schedulerName"] == "gpupool"
+    assert replica["spec"]["containers"][0]["image"] == images["workspace"].image
+    assert replica["metadata"]["annotations"]["gpupool.io/gpu-milli"] == "250"
+    assert replica["metadata"]["annotations"][A.PROJECT] == "nlp"
+
+
+def _replicas(info: ClusterInfo, service: str) -> list[dict]:
+    return [p for p in run(_pods(info))
+            if p["metadata"].get("labels", {}).get(L.INFERENCE) == service
+            and p["spec"].get("nodeName")]
 
 
 def _answers(url: str) -> bool:
