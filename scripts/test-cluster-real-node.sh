@@ -10,6 +10,8 @@
 #   and kubelet write outside their configured dirs (/run/containerd/s, /run/netns,
 #   /var/lib/cni, /var/lib/kubelet/device-plugins, /var/log/pods): they vanish with the
 #   namespace and never meet another run's.
+# - The kubelet's root is in the state dir (--root-dir); its pods dir is bind-mounted at the
+#   usual /var/lib/kubelet/pods on that tmpfs, where the node agent's DaemonSet reads it.
 # - Files holding kubelet's wanted values are bind-mounted over the three /proc/sys entries
 #   it would otherwise set on the host.
 # - A veth pair carries the node IP (there is no `dummy` device; kubelet refuses loopback).
@@ -23,15 +25,25 @@
 #   /var/lib/kubelet/device-plugins/kubelet.sock, where the kubelet's device manager listens
 #   whatever its --root-dir; that folder is on the namespace's own /var/lib, so two runs'
 #   plugins and kubelets never meet. Its UUIDs carry the run's id.
+# - With --cluster-dns (docs/decisions/0065): kube-proxy (iptables mode) and CoreDNS run as
+#   daemons in the same namespaces, so their rules and sockets exist only there. CoreDNS
+#   listens on the node IP behind the kube-dns Service (10.0.0.10, an EndpointSlice naming
+#   the node IP), which is the kubelet's clusterDNS. kube-proxy masquerades all Service
+#   traffic: a pod reaching a pod on the same bridge through a Service address then gets the
+#   answer back through the namespace's conntrack (hairpin included). It leaves every
+#   conntrack sysctl as it is (nf_conntrack_max is the host's) and binds node ports to the
+#   node IP only, so it sets no route_localnet.
 
 REAL_NODE_NAME="${REAL_NODE_NAME:-real-node}"
 REAL_NODE_IP=10.200.0.1     # on the veth inside the namespace; nothing outside sees it
 REAL_POD_SUBNET=10.88.0.0/16
 REAL_SERVICE_IP=10.0.0.1    # the `kubernetes` Service (first of --service-cluster-ip-range)
+REAL_DNS_IP=10.0.0.10       # --cluster-dns: the kube-dns Service, the kubelet's clusterDNS
 # On the namespace's own /run: short (a unix socket path has 108 bytes), and private.
 REAL_CONTAINERD_SOCK=/run/containerd/containerd.sock
 
 real_node=0
+cluster_dns=0
 holder_pid=""
 holder_mntns=""
 run_id=""
@@ -51,6 +63,8 @@ real_node_check() {
         || missing+=(containernetworking-plugins)
     ((${#missing[@]} == 0)) || die "--real-node needs ${missing[*]} (scripts/setup-system installs them)"
     [[ -x "$k8s_bin/kubelet" ]] || die "no kubelet in $k8s_bin (scripts/test-cluster build)"
+    ((!cluster_dns)) || cluster_dns_cached \
+        || die "no kube-proxy or CoreDNS (scripts/test-cluster build --cluster-dns)"
     [[ -f "$pause_archive" ]] || die "no pause image at $pause_archive (scripts/test-cluster build)"
 }
 
@@ -94,6 +108,11 @@ set -e
 mount -t tmpfs -o mode=755 gpupool-run /run
 mount -t tmpfs -o mode=755 gpupool-varlib /var/lib
 mount -t tmpfs -o mode=755 gpupool-varlog /var/log
+# the kubelet's pods at their usual path too, for pods that mount it (the node agent's
+# kubeletPodsDir, with HostToContainer propagation: a shared mount, peers only in here)
+mkdir -p "$s/kubelet/pods" /var/lib/kubelet/pods
+mount --bind "$s/kubelet/pods" /var/lib/kubelet/pods
+mount --make-shared /var/lib/kubelet/pods
 mount --bind "$s/sysctl/vm.overcommit_memory" /proc/sys/vm/overcommit_memory
 mount --bind "$s/sysctl/kernel.panic" /proc/sys/kernel/panic
 mount --bind "$s/sysctl/kernel.panic_on_oops" /proc/sys/kernel/panic_on_oops
@@ -226,6 +245,9 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 KUBELET
+    if ((cluster_dns)); then
+        printf '%s\n' "clusterDNS: [$REAL_DNS_IP]" "clusterDomain: cluster.local" >>"$s/kubelet.yaml"
+    fi
     start kubelet "${ns_exec[@]}" "$k8s_bin/kubelet" --config="$s/kubelet.yaml" \
         --kubeconfig="$state_dir/kubeconfig" --root-dir="$s/kubelet" \
         --cert-dir="$s/kubelet/pki" --hostname-override="$REAL_NODE_NAME" \
@@ -257,21 +279,93 @@ FAKE_GPUS=$fake_gpus
 FAKE_GPU_UUID_PREFIX=$prefix
 FAKE_GPU_IMAGE=$fakegpu_tag
 ENV
+# --cluster-dns: the kube-dns Service (no selector) and its EndpointSlice, the node IP.
+real_node_dns_service() {
+    wait_for "the kube-system namespace" 60 api GET /api/v1/namespaces/kube-system
+    api POST /api/v1/namespaces/kube-system/services '{"apiVersion": "v1", "kind": "Service",
+ "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+ "spec": {"clusterIP": "'"$REAL_DNS_IP"'", "ports": [
+   {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
+   {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 53}]}}' >/dev/null
+    api POST /apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices '{
+ "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+ "metadata": {"name": "kube-dns-node", "namespace": "kube-system",
+   "labels": {"kubernetes.io/service-name": "kube-dns",
+     "endpointslice.kubernetes.io/managed-by": "test-cluster.gpupool.io"}},
+ "addressType": "IPv4",
+ "endpoints": [{"addresses": ["'"$REAL_NODE_IP"'"], "conditions": {"ready": true}}],
+ "ports": [{"name": "dns", "port": 53, "protocol": "UDP"},
+   {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]}' >/dev/null
+}
+
+real_node_coredns() {
+    local s="$state_dir/node" ready_port
+    ready_port="$(free_port)"
+    cat >"$s/Corefile" <<COREFILE
+cluster.local:53 in-addr.arpa:53 ip6.arpa:53 {
+    bind $REAL_NODE_IP
+    errors
+    ready 127.0.0.1:$ready_port
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        kubeconfig $state_dir/kubeconfig gpupool-test
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }
+}
+COREFILE
+    start coredns "${ns_exec[@]}" "$coredns_bin/coredns" -conf "$s/Corefile"
+    coredns_ready_url="http://127.0.0.1:$ready_port/ready"
+}
+
+real_node_kube_proxy() {
+    local s="$state_dir/node"
+    cat >"$s/kube-proxy.yaml" <<PROXY
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $state_dir/kubeconfig}
+hostnameOverride: $REAL_NODE_NAME
+bindAddress: $REAL_NODE_IP  # the node IP (kube-proxy finds no other)
+mode: iptables
+clusterCIDR: $REAL_POD_SUBNET
+detectLocalMode: ClusterCIDR
+iptables: {masqueradeAll: true, localhostNodePorts: false, minSyncPeriod: 0s, syncPeriod: 30s}
+# nf_conntrack_max is the host's: leave every conntrack setting as it is
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+nodePortAddresses: [$REAL_NODE_IP/32]
+# No CAP_SYS_RESOURCE: no lower oom_score_adj
+oomScoreAdj: 0
+healthzBindAddress: 127.0.0.1:$(free_port)
+metricsBindAddress: 127.0.0.1:$(free_port)
+PROXY
+    start kube-proxy "${ns_exec[@]}" "$kube_proxy_bin/kube-proxy" --config="$s/kube-proxy.yaml" -v=1
+}
+
+# kube-proxy has written the kube-dns Service's rules, and CoreDNS has read the API server.
+real_node_services_ready() {
+    "${ns_exec[@]}" iptables -w -t nat -S KUBE-SERVICES 2>/dev/null | grep -q -- "-d $REAL_DNS_IP/32" \
+        && "${ns_exec[@]}" curl -fsS "$coredns_ready_url" >/dev/null
 }
 
 real_node_up() {  # after the API server is ready
     real_node_cgroups
     real_node_containerd
     real_node_import "$pause_archive" "${image_archives[@]}"
+    if ((cluster_dns)); then
+        real_node_dns_service
+        real_node_coredns
+        real_node_kube_proxy
+    fi
     real_node_kubelet
     wait_for "node $REAL_NODE_NAME to be Ready" 120 real_node_ready
     ((fake_gpus)) && real_node_fake_gpus
+    ((!cluster_dns)) || wait_for "kube-proxy's rules and CoreDNS" 120 real_node_services_ready
     cat >>"$state_dir/env" <<ENV
 REAL_NODE=$REAL_NODE_NAME
 REAL_NODE_HOLDER_PID=$holder_pid
 REAL_NODE_CGROUP=/$cg_name
 CONTAINERD_ADDRESS=$REAL_CONTAINERD_SOCK
 ENV
+    if ((cluster_dns)); then echo "CLUSTER_DNS=$REAL_DNS_IP" >>"$state_dir/env"; fi
 }
 
 # The processes of the run's pods: every pid in its cgroup tree (one hierarchy suffices).

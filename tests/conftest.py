@@ -59,15 +59,16 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-def _build_first() -> None:
+def _build_first(cluster_dns: bool = False) -> None:
     """``make k8s`` builds before pytest starts. When pytest runs alone on a machine that
     has not built yet, build here; the build outlasts a test's timeout on a cold machine, so
-    the per-test alarm of pytest-timeout is switched off for this (first) test only."""
-    if binaries_cached():
+    the per-test alarm of pytest-timeout is switched off for this (first) test only.
+    ``cluster_dns``: kube-proxy and CoreDNS too (the real node's Services and DNS)."""
+    if binaries_cached(cluster_dns):
         return
     if hasattr(signal, "setitimer"):
         signal.setitimer(signal.ITIMER_REAL, 0)
-    build_binaries()
+    build_binaries(cluster_dns)
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,10 @@ for its ``ready`` file, and stops it (SIGTERM; the script tears down every proce
 started). Nothing here fakes the API server: the cluster is etcd + kube-apiserver (+ kwok
 for nodes and, on request, kube-controller-manager and kube-scheduler) built from the
 pinned upstream sources. With ``real_node=True`` it also runs one real node (containerd and
-kubelet in a network namespace of the run's own; docs/decisions/0064), and with
-``fake_gpus=N`` N fake GPUs there through a device plugin of the kubelet's (scripts/fake-gpu).
+kubelet in a network namespace of the run's own; docs/decisions/0064); with
+``fake_gpus=N`` N fake GPUs there through a device plugin of the kubelet's (scripts/fake-gpu),
+and with ``cluster_dns=True`` that node's Services and cluster DNS (kube-proxy and CoreDNS;
+docs/decisions/0065).
 
 Errors: ``TestClusterError`` when the script fails or the cluster does not come up; its
 message carries the tail of the script's output.
@@ -49,10 +51,12 @@ class TestClusterError(GpupoolError, RuntimeError):
     __test__ = False  # not a pytest test class
 
 
-def build_binaries() -> dict[str, Path]:
-    """Build (or reuse from the cache) the pinned binaries; returns their directories."""
+def build_binaries(cluster_dns: bool = False) -> dict[str, Path]:
+    """Build (or reuse from the cache) the pinned binaries; returns their directories.
+    ``cluster_dns``: kube-proxy and CoreDNS too (``TestCluster(cluster_dns=True)``)."""
     proc = subprocess.run(
-        [str(script_path()), "build"], capture_output=True, text=True
+        [str(script_path()), "build", *(["--cluster-dns"] if cluster_dns else [])],
+        capture_output=True, text=True,
     )
     if proc.returncode != 0:
         raise TestClusterError(f"scripts/test-cluster build failed:\n{proc.stderr[-4000:]}")
@@ -60,9 +64,12 @@ def build_binaries() -> dict[str, Path]:
     return {"k8s": Path(k8s), "etcd": Path(etcd), "kwok": Path(kwok)}
 
 
-def binaries_cached() -> bool:
+def binaries_cached(cluster_dns: bool = False) -> bool:
     """Whether ``scripts/test-cluster build`` has nothing left to build (checks quickly)."""
-    proc = subprocess.run([str(script_path()), "cached"], capture_output=True)
+    proc = subprocess.run(
+        [str(script_path()), "cached", *(["--cluster-dns"] if cluster_dns else [])],
+        capture_output=True,
+    )
     return proc.returncode == 0
 
 
@@ -82,6 +89,7 @@ class ClusterInfo:
     fake_gpus: int = 0  # nvidia.com/gpu of the real node's fake device plugin (up --fake-gpus)
     fake_gpu_uuid_prefix: str | None = None  # its devices' UUIDs: PREFIX0, PREFIX1, ...
     fake_gpu_image: str | None = None  # the image whose entrypoint is `fake-gpu report`
+    cluster_dns: str | None = None  # the kube-dns Service's address (cluster_dns=True), else None
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
@@ -103,6 +111,7 @@ class TestCluster:
     real_node: bool = False
     image_archives: tuple[Path, ...] = ()
     fake_gpus: int = 0
+    cluster_dns: bool = False  # with real_node: kube-proxy and CoreDNS (up --cluster-dns)
     state_dir: Path | None = None
     start_timeout_s: float = 600.0
     _proc: subprocess.Popen | None = field(default=None, repr=False)
@@ -125,6 +134,8 @@ class TestCluster:
             cmd.append("--kube-scheduler")
         if self.real_node:
             cmd.append("--real-node")
+        if self.cluster_dns:
+            cmd.append("--cluster-dns")
         for archive in self.image_archives:
             cmd += ["--image-archive", str(archive)]
         if self.fake_gpus:
@@ -160,6 +171,7 @@ class TestCluster:
             fake_gpus=int(env.get("FAKE_GPUS", 0)),
             fake_gpu_uuid_prefix=env.get("FAKE_GPU_UUID_PREFIX"),
             fake_gpu_image=env.get("FAKE_GPU_IMAGE"),
+            cluster_dns=env.get("CLUSTER_DNS"),
         )
         return self.info
 

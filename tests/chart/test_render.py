@@ -29,7 +29,8 @@ VALUE_SETS = {
         "hub": {"image": {"repository": "hub", "tag": "1.2.3"},
                 "workspaces": {"environments": {
                     "default": {"display": "Python"},
-                    "pytorch": {"display": "PyTorch", "image": "nvcr.io/nvidia/pytorch:25.01-py3"}}}},
+                    "pytorch": {"display": "PyTorch", "image": "nvcr.io/nvidia/pytorch:25.01-py3"}},
+                    "vscode": False}},  # an image without code-server
         "scheduler": {"image": {"repository": "sched", "tag": "1.2.3"}, "replicas": 2,
                       "topologyKey": "gpupool.io/rack", "consolidateInQuota": False, "gpuReservations": True},
     },
@@ -260,6 +261,8 @@ def test_rendered_hub_config_loads(helm, tmp_path, monkeypatch, name):
     assert c.KubeSpawner.namespace == "cfg"
     assert cfg.workload_image == c.KubeSpawner.image  # the workspace image
     assert cfg.auth == ("oidc" if name == "oidc" else "shared-password")
+    # VS Code is offered where the workspace images carry code-server (the chart's own does)
+    assert cfg.code_server == ("" if name == "custom-images" else "code-server")
     if name == "oidc":
         assert cfg.oidc_issuer == "https://idp.example.org/realms/gpupool"
         assert cfg.oidc_client_secret == "secret-gpupool_oidc_client_secret-" + "x" * 32

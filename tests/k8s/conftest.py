@@ -14,9 +14,11 @@ from tests.conftest import GPUS_PER_NODE, NODES
 __all__ = ["GPUS_PER_NODE", "NODES"]
 
 # The real node's controllers: service accounts, their tokens and the CA ConfigMap that
-# the kubelet mounts beside each token, and claims bound to volumes.
+# the kubelet mounts beside each token, claims bound to volumes, and the EndpointSlices of
+# Services that kube-proxy and CoreDNS read.
 REAL_NODE_CONTROLLERS = ("serviceaccount,serviceaccount-token,namespace,garbagecollector,"
-                         "root-ca-certificate-publisher-controller,persistentvolume-binder")
+                         "root-ca-certificate-publisher-controller,persistentvolume-binder,"
+                         "endpointslice")
 
 
 @pytest.fixture
@@ -36,16 +38,17 @@ def sched(k8s_cluster: ClusterInfo, tmp_path):
 @pytest.fixture(scope="session")
 def real_cluster(tmp_path_factory) -> ClusterInfo:
     """A cluster of its own with one real node (containerd + kubelet; scripts/test-cluster
-    up --real-node), the busybox test image loaded, kube-controller-manager for service
-    accounts and volume binding, and gpupool's CRDs; no kwok nodes."""
+    up --real-node), its Services and cluster DNS (kube-proxy and CoreDNS, --cluster-dns),
+    the busybox test image loaded, kube-controller-manager for service accounts, volume
+    binding and EndpointSlices, and gpupool's CRDs; no kwok nodes."""
     from scheduler.kubernetes.testcluster import TestCluster
     from tests.conftest import _build_first
 
     from .realnode import build_test_image
 
-    _build_first()
+    _build_first(cluster_dns=True)
     image = build_test_image(tmp_path_factory.mktemp("images") / "busybox.tar")
-    with TestCluster(nodes=0, real_node=True, controller_manager=True,
+    with TestCluster(nodes=0, real_node=True, cluster_dns=True, controller_manager=True,
                      controllers=REAL_NODE_CONTROLLERS, image_archives=(image,)) as info:
         asyncio.run(apply_crds(info))
         yield info

@@ -118,6 +118,7 @@ class HostSnapshot:
     paths: dict[str, bool]
     links: frozenset[str]
     mounts: frozenset[str]
+    iptables: str  # the host's rules (kube-proxy writes only inside the node's namespace)
 
     @classmethod
     def take(cls) -> HostSnapshot:
@@ -129,4 +130,12 @@ class HostSnapshot:
             links=frozenset(re.findall(r"^\d+: ([^:@]+)", links, re.M)),
             mounts=frozenset(line.split()[4] for line in
                              Path("/proc/self/mountinfo").read_text().splitlines()),
+            iptables=_iptables(),
         )
+
+
+def _iptables() -> str:
+    """The host's iptables rules, without comments and packet counters."""
+    out = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True).stdout
+    return "\n".join(re.sub(r" \[\d+:\d+\]$", "", line) for line in out.splitlines()
+                     if not line.startswith("#"))

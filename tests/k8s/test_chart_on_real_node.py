@@ -2,12 +2,20 @@
 docker/*/Dockerfile (imported into its containerd, imagePullPolicy Never): hub, scheduler,
 activator and node agent run as the chart's own pods and become Ready, the node agent's pod
 publishes the node's declared GPUs, and the hub answers through the chart's proxy
-(kubectl port-forward through the API server)."""
+(kubectl port-forward through the API server), which reaches the hub by its Service's name
+(the node's cluster DNS and kube-proxy). In chromium through that proxy, alice logs in and
+starts JupyterLab with 0.25 GPU: GpupoolKubeSpawner's pod runs the workspace image on the
+node, and a kernel there sees the fraction's environment, the interception library loaded
+and the fraction's memory on the (fake) driver."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import os
+import re
+import shutil
 import subprocess
 import urllib.error
 import urllib.request
@@ -16,11 +24,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scheduler.contract import A, L
 from scheduler.kubernetes.testcluster import ClusterInfo, TestCluster, script_path
 from tests.chart.imagelib import build_images
 
-from .helpers import kube, run, wait_until
+from .helpers import kube, wait_until
 from .realnode import port_forward
+from .test_real_node import FAKE_CUDA
 
 pytestmark = [
     pytest.mark.slow,
@@ -31,26 +41,37 @@ pytestmark = [
 NS = "gpupool-system"
 RELEASE = "gpupool"
 # the controllers the chart's Deployments and DaemonSet need (kube-controller-manager); real
-# pods mount the API server's CA from the ConfigMap root-ca-cert-publisher writes
+# pods mount the API server's CA from the ConfigMap root-ca-cert-publisher writes; Services
+# reach pods through the EndpointSlices kube-proxy reads; the workspace's home claim binds
 CONTROLLERS = ("serviceaccount,serviceaccount-token,root-ca-cert-publisher,namespace,"
-               "garbagecollector,deployment,replicaset,daemonset")
+               "garbagecollector,deployment,replicaset,daemonset,endpointslice,"
+               "persistentvolume-binder")
 DECLARED = {"count": 4, "model": "NVIDIA L4", "memoryMib": 23034}
+USER_PASSWORD = "chart-user-password"
+# No GPU here: workspaces get the fake driver (native/build/fake) from the node's disk.
+FAKE_DRIVER = {
+    "volumes": [{"name": "fake-cuda", "hostPath": {"path": str(FAKE_CUDA)}}],
+    "volume_mounts": [{"name": "fake-cuda", "mountPath": "/opt/fake-cuda", "readOnly": True}],
+    "environment": {"LD_LIBRARY_PATH": "/opt/fake-cuda"},
+}
+FAKE_DRIVER_CONFIG = "\n".join(f"c.KubeSpawner.{k} = {v!r}" for k, v in FAKE_DRIVER.items())
 
 
 @pytest.fixture(scope="module")
 def images():
     from tests.conftest import _build_first
 
-    _build_first()
-    return build_images("hub", "scheduler", "node-agent")
+    _build_first(cluster_dns=True)
+    return build_images("hub", "scheduler", "node-agent", "workspace")
 
 
 @pytest.fixture(scope="module")
 def chart_node(images):
-    """A cluster of its own: one real node, kube-controller-manager and kube-scheduler for
-    the chart's Deployments and DaemonSet, the chart's images in the node's containerd."""
-    cluster = TestCluster(nodes=0, real_node=True, controller_manager=True, kube_scheduler=True,
-                          controllers=CONTROLLERS,
+    """A cluster of its own: one real node with its Services and cluster DNS (kube-proxy,
+    CoreDNS), kube-controller-manager and kube-scheduler for the chart's Deployments and
+    DaemonSet, the chart's images in the node's containerd."""
+    cluster = TestCluster(nodes=0, real_node=True, cluster_dns=True, controller_manager=True,
+                          kube_scheduler=True, controllers=CONTROLLERS,
                           image_archives=tuple(b.archive for b in images.values()))
     info = cluster.start()
     try:
@@ -69,12 +90,15 @@ def _values(images) -> dict:
         "imagePullPolicy": "Never",
         "hub": {"image": {"tag": _tag(images["hub"].image)},
                 "db": {"pvc": {"enabled": False}},
-                "auth": {"sharedPassword": {"userPassword": "chart-user-password",
-                                            "adminPassword": "chart-admin-password-" + "x" * 16}}},
+                "auth": {"sharedPassword": {"userPassword": USER_PASSWORD,
+                                            "adminPassword": "chart-admin-password-" + "x" * 16}},
+                "workspaces": {"image": {"tag": _tag(images["workspace"].image)}},
+                "extraConfig": FAKE_DRIVER_CONFIG},
         "scheduler": {"image": {"tag": _tag(images["scheduler"].image)}},
         "activator": {"image": {"tag": _tag(images["hub"].image)}},
         "nodeAgent": {"image": {"tag": _tag(images["node-agent"].image)},
-                      "declaredGpus": DECLARED},
+                      # no device plugin here: the node agent advertises nvidia.com/gpu
+                      "declaredGpus": DECLARED, "advertiseCapacity": True},
         # nothing on the node enforces NetworkPolicies; the objects themselves are checked
         # in tests/chart
         "networkPolicy": {"enabled": False},
@@ -93,6 +117,13 @@ def release(chart_node: ClusterInfo, images, tmp_path_factory):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     return chart_node
+
+
+def run(coro):
+    """``coro`` run to its end in a thread of its own: Playwright's sync API (the browser
+    tests) keeps an event loop running in this one."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 async def _pods(info: ClusterInfo) -> list[dict]:
@@ -149,19 +180,18 @@ def test_the_chart_s_pods_run_its_images_and_become_ready(release: ClusterInfo, 
     assert labels["nvidia.com/gpu.memory"] == str(DECLARED["memoryMib"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the test node has no cluster DNS, and the hub pod's proxy reaches the hub at its "
-    "hub_connect_url, the Service's DNS name (gpupool-hub.NS.svc): EAI_AGAIN, 503"))
+async def _hub_ready(info: ClusterInfo):
+    return next((p for p in await _pods(info) if p["metadata"]["labels"].get(
+        "app.kubernetes.io/component") == "hub" and _ready(p)), None)
+
+
 def test_the_hub_answers_through_the_chart_s_proxy(release: ClusterInfo):
     """Through the hub Service's port (the proxy of the hub's pod), forwarded by the API
-    server and the kubelet: the pod's address exists only inside the node's namespace."""
+    server and the kubelet: the pod's address exists only inside the node's namespace. The
+    proxy reaches the hub at its hub_connect_url, the Service's name (gpupool-hub.NS.svc),
+    through the node's cluster DNS and kube-proxy."""
     info = release
-
-    async def hub_ready():
-        return next((p for p in await _pods(info) if p["metadata"]["labels"].get(
-            "app.kubernetes.io/component") == "hub" and _ready(p)), None)
-
-    run(wait_until(hub_ready, "the hub pod Ready", timeout=300))
+    run(wait_until(lambda: _hub_ready(info), "the hub pod Ready", timeout=300))
     with port_forward(info, NS, f"svc/{RELEASE}-hub", 80) as base:
         seen: list = []
 
@@ -183,3 +213,226 @@ def test_the_hub_answers_through_the_chart_s_proxy(release: ClusterInfo):
         with urllib.request.urlopen(f"{base}/hub/login", timeout=30) as r:
             assert r.status == 200
             assert 'name="password"' in r.read().decode()
+
+
+# In the kernel: the fraction's environment, the libraries the process has loaded, and the
+# GPU memory the (fake) driver reports through the interception library.
+KERNEL_PROBE = r"""
+import ctypes, json, os
+cuda = ctypes.CDLL("libcuda.so.1")
+dev, ctx, free, total = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_size_t()
+assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
+cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+print(json.dumps({"total": total.value, "hostname": os.uname().nodename,
+                  "env": {k: v for k, v in os.environ.items() if k.startswith(("GPUPOOL_", "LD_"))},
+                  "maps": sorted({l.split()[-1] for l in open("/proc/self/maps") if ".so" in l})}))
+"""
+
+
+@pytest.fixture(scope="module")
+def homes(release: ClusterInfo, tmp_path_factory):
+    """Volumes for the home claims of alice's servers (KubeSpawner makes one claim per
+    server; kube-controller-manager binds each to one of these)."""
+    async def make():
+        async with kube(release) as kc:
+            for i in range(2):
+                home = tmp_path_factory.mktemp(f"home{i}")
+                home.chmod(0o777)  # the image's user (1000) writes its home
+                await kc.apply("/api/v1/persistentvolumes", {
+                    "apiVersion": "v1", "kind": "PersistentVolume",
+                    "metadata": {"name": f"real-node-chart-home-{i}"},
+                    "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"],
+                             "persistentVolumeReclaimPolicy": "Retain",
+                             "hostPath": {"path": str(home), "type": "Directory"}}})
+
+    run(make())
+    return release
+
+
+def _spawn(page, base: str, path: str, kind: str) -> None:
+    """The spawn form at ``path``: nlp, ``kind``, 0.25 GPU, a small CPU and memory."""
+    page.goto(base + path)
+    page.select_option("#gp-project", "nlp")
+    page.check(f"input[name=workspace_kind][value={kind}]")
+    page.check("input[name=gpu_mode][value=fraction]")
+    page.fill("#gp-fraction", "0.25")
+    page.dispatch_event("#gp-fraction", "input")
+    page.fill("input[name=cpu]", "0.5")  # the node has 2 CPUs, the chart's pods ask some
+    page.fill("input[name=memory_gib]", "2")
+    page.wait_for_selector("#gp-status[aria-busy=false]")
+    verdict = page.inner_text("#gp-verdict")
+    assert "Starts now" in verdict, verdict
+    page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
+
+
+def _probe(info: ClusterInfo, base: str, token: str, server_path: str, workload: str):
+    """The kernel probe's answer in ``server_path``'s container, that container's pod, and
+    the fraction's ConfigMap."""
+    from tests.hub.hubkernel import run_code
+
+    out = run_code(base, server_path, token, KERNEL_PROBE, timeout=120)
+    probe = json.loads(out.strip().splitlines()[-1])
+    pod = next(p for p in run(_pods(info))
+               if p["metadata"]["name"] == probe["hostname"])
+    assert pod["metadata"]["annotations"][A.WORKLOAD] == workload
+
+    async def share():
+        async with kube(info) as kc:
+            return await kc.get(f"/api/v1/namespaces/{NS}/configmaps/"
+                                f"{pod['metadata']['name']}-gpupool")
+
+    return probe, pod, run(share())["data"]
+
+
+def _check_share(info: ClusterInfo, images, probe: dict, pod: dict, share_env: dict) -> None:
+    assert pod["spec"]["nodeName"] == info.real_node
+    assert pod["spec"]["schedulerName"] == "gpupool"
+    assert pod["spec"]["containers"][0]["image"] == images["workspace"].image
+    assert pod["metadata"]["annotations"]["gpupool.io/gpu-milli"] == "250"
+    env = probe["env"]
+    for key, value in share_env.items():  # the fraction's environment, from its ConfigMap
+        if key.startswith("GPUPOOL_") or key == "LD_PRELOAD":
+            assert env.get(key) == value, key
+    assert env["GPUPOOL_GPU_MILLI"] == "250"
+    assert env["LD_PRELOAD"] in probe["maps"], probe["maps"]  # loaded into the kernel
+    cap = DECLARED["memoryMib"] * 2**20 // 4
+    assert env["GPUPOOL_MEMORY_LIMIT"] == str(cap)
+    assert probe["total"] == cap  # the driver's memory, as the interception library caps it
+
+
+def _stop(base: str, token: str, server: str = "") -> None:
+    path = f"servers/{server}" if server else "server"
+    req = urllib.request.Request(f"{base}/hub/api/users/alice/{path}",
+                                 method="DELETE", headers={"Authorization": f"token {token}"})
+    urllib.request.urlopen(req, timeout=60).close()
+
+
+@pytest.mark.skipif(not shutil.which("chromium"), reason="Debian's chromium is not installed "
+                    "(scripts/setup-system installs it)")
+def test_alice_starts_jupyterlab_with_a_quarter_gpu_in_chromium(homes: ClusterInfo, images,
+                                                                 browser, shots):
+    """Through the chart's proxy in chromium: alice logs in with the chart's shared password,
+    asks the spawn form for 0.25 GPU, and lands in JupyterLab; GpupoolKubeSpawner's pod runs
+    the workspace image on the real node (bound by the chart's gpupool-scheduler), and a
+    kernel there runs code: the fraction's environment is set, the interception library is
+    loaded, and the driver reports the fraction's memory."""
+    from tests import chromium
+    from tests.hub.hubclient import HubClient
+
+    info = homes
+    run(wait_until(lambda: _hub_ready(info), "the hub pod Ready", timeout=300))
+    with port_forward(info, NS, f"svc/{RELEASE}-hub", 80) as base:
+        run(wait_until(_async(lambda: _answers(f"{base}/hub/login")), "the hub's login page",
+                       timeout=120, interval=1))
+        page = chromium.login(browser, base, "alice", USER_PASSWORD)
+        _spawn(page, base, "/hub/spawn", "jupyterlab")
+        try:
+            page.wait_for_url(re.compile(r".*/user/alice/lab.*"), timeout=300_000)
+            page.wait_for_selector("#jp-main-dock-panel, .jp-LabShell", timeout=180_000)
+        except Exception:
+            page.screenshot(path=str(shots / "real-node-spawn-failed.png"), full_page=True)
+            pytest.fail(f"JupyterLab did not open: {page.url}\n{_describe(info)}")
+        page.screenshot(path=str(shots / "real-node-jupyterlab.png"))
+        token = HubClient(base).login("alice", USER_PASSWORD).token("alice")
+        probe, pod, share_env = _probe(info, base, token, "/user/alice/", "ws-alice")
+        _stop(base, token)
+        page.context.close()
+    _check_share(info, images, probe, pod, share_env)
+
+
+@pytest.mark.skipif(not shutil.which("chromium"), reason="Debian's chromium is not installed "
+                    "(scripts/setup-system installs it)")
+def test_alice_opens_vs_code_with_a_quarter_gpu_in_chromium(homes: ClusterInfo, images,
+                                                             browser, shots):
+    """The same through the form's VS Code choice, on a named server: the workbench of the
+    image's code-server opens behind the chart's proxy, and its container holds the share."""
+    from tests import chromium
+    from tests.hub.hubclient import HubClient
+
+    info = homes
+    run(wait_until(lambda: _hub_ready(info), "the hub pod Ready", timeout=300))
+    with port_forward(info, NS, f"svc/{RELEASE}-hub", 80) as base:
+        run(wait_until(_async(lambda: _answers(f"{base}/hub/login")), "the hub's login page",
+                       timeout=120, interval=1))
+        page = chromium.login(browser, base, "alice", USER_PASSWORD)
+        _spawn(page, base, "/hub/spawn/alice/code", "vscode")
+        try:
+            page.wait_for_url(re.compile(r".*/user/alice/code/vscode/.*"), timeout=300_000)
+            page.wait_for_selector(".monaco-workbench .part.sidebar", timeout=240_000)
+        except Exception:
+            page.screenshot(path=str(shots / "real-node-vscode-failed.png"), full_page=True)
+            pytest.fail(f"VS Code did not open: {page.url}\n{_describe(info)}")
+        page.screenshot(path=str(shots / "real-node-vscode.png"))
+        token = HubClient(base).login("alice", USER_PASSWORD).token("alice")
+        probe, pod, share_env = _probe(info, base, token, "/user/alice/code/", "ws-alice-code")
+        _stop(base, token, "code")
+        page.context.close()
+    _check_share(info, images, probe, pod, share_env)
+
+
+def test_an_inference_service_answers_http_through_the_activator_from_zero(homes: ClusterInfo,
+                                                                           images):
+    """A service alice submits through the hub, with no image (the workspace image), is
+    served by the chart's activator at zero replicas; an HTTP request through the
+    activator's Service brings a replica, bound by gpupool-scheduler on the real node with
+    0.25 GPU, holds until it is ready, and gets the replica's own answer."""
+    from tests.hub.hubclient import HubClient, call
+
+    info = homes
+    run(wait_until(lambda: _hub_ready(info), "the hub pod Ready", timeout=300))
+    with port_forward(info, NS, f"svc/{RELEASE}-hub", 80) as hub, \
+            port_forward(info, NS, f"svc/{RELEASE}-activator", 80) as act:
+        run(wait_until(_async(lambda: _answers(f"{hub}/hub/login")), "the hub's login page",
+                       timeout=120, interval=1))
+        token = HubClient(hub).login("alice", USER_PASSWORD).token("alice")
+        status, body = call(hub, token, "POST", "/inferences", {
+            "name": "echo", "project": "nlp", "gpu": 0.25, "port": 8000,
+            "command": ["python3", "-m", "http.server", "8000"],
+            "min_replicas": 0, "max_replicas": 1, "scale_to_zero_after_s": 600})
+        assert status in (200, 201, 202), body
+
+        def served() -> dict:
+            try:
+                with urllib.request.urlopen(f"{act}/_status", timeout=10) as r:
+                    return json.loads(r.read())
+            except OSError:
+                return {}
+
+        status_ = run(wait_until(_async(lambda: served().get("echo")),
+                                 "the activator serves echo", timeout=120, interval=1))
+        assert status_["replicas"] == 0 and _replicas(info, "echo") == []
+
+        with urllib.request.urlopen(f"{act}/echo/", timeout=300) as r:  # held until ready
+            page = r.read().decode()
+        assert "Directory listing for /" in page, page[:300]
+        (replica,) = _replicas(info, "echo")
+        with urllib.request.urlopen(f"{act}/echo/", timeout=60) as r:  # the replica answers
+            assert "Directory listing for /" in r.read().decode()
+        assert call(hub, token, "DELETE", "/inferences/echo")[0] in (200, 202, 204)
+
+    assert replica["spec"]["nodeName"] == info.real_node
+    assert replica["spec"]["schedulerName"] == "gpupool"
+    assert replica["spec"]["containers"][0]["image"] == images["workspace"].image
+    assert replica["metadata"]["annotations"]["gpupool.io/gpu-milli"] == "250"
+    assert replica["metadata"]["annotations"][A.PROJECT] == "nlp"
+
+
+def _replicas(info: ClusterInfo, service: str) -> list[dict]:
+    return [p for p in run(_pods(info))
+            if p["metadata"].get("labels", {}).get(L.INFERENCE) == service
+            and p["spec"].get("nodeName")]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _async(pred):
+    async def call():
+        return pred()
+    return call

@@ -28,6 +28,7 @@ from .helpers import (
     create_namespace,
     create_org,
     delete_org,
+    delete_pods,
     kube,
     run,
     wait_until,
@@ -100,8 +101,9 @@ def test_a_pod_runs_on_the_real_node_with_logs_exec_and_port_forward(real_cluste
                     "/bin/busybox", "cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
     assert int(limit) == 64 * 2**20
 
-    # Without kube-proxy, the node's own DNAT rule takes the pod to the API server (busybox
-    # has no TLS it accepts, so plain HTTP gets the Go TLS server's own refusal).
+    # The `kubernetes` Service: the node's own DNAT rule takes the pod to the API server, which
+    # keeps no endpoints of its own here (busybox has no TLS it accepts, so plain HTTP gets the
+    # Go TLS server's own refusal).
     answer = kubectl(info, "-n", "real-node-basics", "exec", "web", "--", "/bin/busybox", "sh",
                      "-c", r"printf 'GET / HTTP/1.0\r\n\r\n' | /bin/busybox nc -w 5 "
                      "$KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT")
@@ -112,6 +114,73 @@ def test_a_pod_runs_on_the_real_node_with_logs_exec_and_port_forward(real_cluste
     with port_forward(info, "real-node-basics", "pod/web", 8080) as base, \
             urllib.request.urlopen(f"{base}/", timeout=30) as r:
         assert r.read().decode().strip() == token
+
+
+def test_a_service_s_name_reaches_its_pod_through_cluster_dns_and_kube_proxy(real_cluster):
+    """A pod finds a Service by its name (CoreDNS behind the kubelet's clusterDNS) and
+    reaches the Service's pod at its cluster IP (kube-proxy's rules, inside the node's
+    namespace), from another pod and from the Service's own pod; the host's iptables
+    hold none of those rules."""
+    info, ns, token = real_cluster, "real-node-services", secrets.token_hex(8)
+    assert info.cluster_dns == "10.0.0.10"
+    try:
+        _services_by_name(info, ns, token)
+    finally:  # the node's 2 CPUs are for the other tests' pods too
+
+        async def gone():
+            async with kube(info) as kc:
+                await delete_pods(kc, ns)
+
+        run(gone())
+
+
+def _services_by_name(info: ClusterInfo, ns: str, token: str) -> None:
+    web = pinned_pod("web", info.real_node, SERVE.format(token=token))
+    web["metadata"]["labels"] = {"app": "web"}
+    run(_start_pod(info, ns, web))
+    run(_start_pod(info, ns, pinned_pod("client", info.real_node,
+                                        "exec /bin/busybox sleep 3600")))
+
+    async def service():
+        async with kube(info) as kc:
+            return await kc.post(f"/api/v1/namespaces/{ns}/services", {
+                "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                "spec": {"selector": {"app": "web"},
+                         "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}})
+
+    cluster_ip = run(service())["spec"]["clusterIP"]
+    assert ipaddress.ip_address(cluster_ip) in ipaddress.ip_network("10.0.0.0/24")
+
+    resolv = kubectl(info, "-n", ns, "exec", "client", "--", "/bin/busybox", "cat",
+                     "/etc/resolv.conf")
+    assert "nameserver 10.0.0.10" in resolv, resolv
+    assert f"search {ns}.svc.cluster.local svc.cluster.local cluster.local" in resolv, resolv
+
+    def fetch(pod: str, host: str) -> str:
+        """The page at http://HOST/ (busybox nc: its static wget cannot look up "http")."""
+        try:
+            return kubectl(info, "-n", ns, "exec", pod, "--", "/bin/busybox", "sh", "-c",
+                           r"printf 'GET / HTTP/1.0\r\n\r\n' | /bin/busybox nc -w 5 "
+                           f"{host} 80")
+        except AssertionError as e:  # the Service's endpoints may not be written yet
+            return str(e)
+
+    # by its short name (the search path), from another pod; by its name in the namespace,
+    # from the Service's own pod (back to itself through the cluster IP)
+    for pod, host in (("client", "web"), ("web", f"web.{ns}.svc")):
+        run(wait_until(_async(lambda pod=pod, host=host: fetch(pod, host).rstrip()
+                              .endswith(token)), f"http://{host}/ from {pod}", timeout=60,
+                       interval=1))
+    looked_up = kubectl(info, "-n", ns, "exec", "client", "--", "/bin/busybox", "nslookup",
+                        f"web.{ns}.svc.cluster.local")
+    assert cluster_ip in looked_up, looked_up
+
+    inside = subprocess.run(["nsenter", "-t", str(info.holder_pid), "-m", "-n", "iptables-save",
+                             "-t", "nat"], capture_output=True, text=True, check=True).stdout
+    assert cluster_ip in inside and "KUBE-SERVICES" in inside
+    host = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True,
+                          check=True).stdout
+    assert "KUBE-SERVICES" not in host and cluster_ip not in host
 
 
 def test_a_memory_hog_is_killed_at_its_limit(real_cluster):
@@ -143,13 +212,14 @@ def test_a_memory_hog_is_killed_at_its_limit(real_cluster):
 
 def test_a_second_run_beside_the_first_and_its_teardown_leaves_nothing(real_cluster,
                                                                        tmp_path):
-    """A second real-node run on the same host, with a pod running, while the session's
-    run is up; after it stops: no process in its namespaces, no cgroup, no mount, no link,
-    no host sysctl or /var/lib or /run state changed, and the first run still serves."""
+    """A second real-node run on the same host (with kube-proxy and CoreDNS), with a pod
+    running, while the first (the ``real_cluster`` fixture's) is up; after it stops: no
+    process in its namespaces, no cgroup, no mount, no link, no host sysctl, iptables rule
+    or /var/lib or /run state changed, and the first run still serves."""
     before = HostSnapshot.take()
     image = build_test_image(tmp_path / "busybox.tar")
     (tmp_path / "second").mkdir()
-    cluster = TestCluster(nodes=0, real_node=True, image_archives=(image,),
+    cluster = TestCluster(nodes=0, real_node=True, cluster_dns=True, image_archives=(image,),
                           state_dir=tmp_path / "second")
     info = cluster.start()
     try:
@@ -161,7 +231,8 @@ def test_a_second_run_beside_the_first_and_its_teardown_leaves_nothing(real_clus
                                                       SERVE.format(token="second")),
                        with_kcm=False))
         assert cgroup_dirs(info.node_cgroup), "the pod's cgroups exist while it runs"
-        assert len(pids_in(mntns, "mnt")) >= 4  # holder, containerd, kubelet, a shim...
+        # holder, containerd, kubelet, kube-proxy, CoreDNS, a shim...
+        assert len(pids_in(mntns, "mnt")) >= 6
     finally:
         cluster.stop()
 
@@ -176,6 +247,7 @@ def test_a_second_run_beside_the_first_and_its_teardown_leaves_nothing(real_clus
     assert after.sysctls == before.sysctls
     assert after.paths == before.paths
     assert after.links == before.links
+    assert after.iptables == before.iptables
     assert {m for m in after.mounts if str(tmp_path) in m} == set()
     assert Path(f"/proc/{real_cluster.holder_pid}").exists()
     assert real_cluster.real_node in kubectl(real_cluster, "get", "nodes", "-o", "name")
