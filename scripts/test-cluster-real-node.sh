@@ -279,6 +279,8 @@ FAKE_GPUS=$fake_gpus
 FAKE_GPU_UUID_PREFIX=$prefix
 FAKE_GPU_IMAGE=$fakegpu_tag
 ENV
+}
+
 # --cluster-dns: the kube-dns Service (no selector) and its EndpointSlice, the node IP.
 real_node_dns_service() {
     wait_for "the kube-system namespace" 60 api GET /api/v1/namespaces/kube-system
