@@ -46,10 +46,11 @@ class MakeRoom:
             return  # nothing to wait for and no way to make room (every plan: "no victims")
         tried: set[tuple] = set()
         fits_cache: dict[tuple, bool] = {}
+        claims: list[tuple[Workload, list[Choice]]] = []  # room in what is releasing, held in queue order
         for w in c.waiting:
             if w.name in c.placed:
                 continue
-            if releasing and self._fits_after_release(w, releasing, fits_cache):
+            if releasing and self._fits_after_release(w, releasing, fits_cache, claims):
                 n = len(releasing)
                 c.why[w.name] = f"waiting for {n} evicted workload{'s' if n > 1 else ''} to release GPUs"
                 continue
@@ -64,22 +65,50 @@ class MakeRoom:
                 if result == "no victims":
                     tried.add(shape)
 
-    def _fits_after_release(self, w: Workload, releasing: list[Workload], cache: dict) -> bool:
-        """Would ``w`` fit once the evicted work has exited? (Then it waits; nothing more
-        is evicted for it.) Asked once per project and shape in a cycle."""
+    def _fits_after_release(self, w: Workload, releasing: list[Workload], cache: dict,
+                            claims: list[tuple[Workload, list[Choice]]]) -> bool:
+        """Would ``w`` fit once the evicted work has exited? Then it waits; nothing more is
+        evicted for it. Work in its quota (the guarantee) holds the room it would take
+        there, and the next such work asks beside it (``claims``, in queue order): room
+        one eviction frees goes to as many of them as it holds, and the others make room
+        of their own at once, instead of finding it taken when it comes free and starting
+        a second eviction a grace period later (record 0070). Over-quota work asks beside
+        nothing held, as before: it may wait for room that comes free some other way.
+        A "no" is kept per project and shape (more claims leave less room)."""
         c, work = self.cycle, self.work
         key = (w.project, w.demand, w.pods, w.gpu_models, w.node_pool, w.constraints)
         group = (w.project, w.node_pool, w.gpu_models, w.may_go_over_quota, w.constraints)
-        if key not in cache and self.no_fit_after_release.covers(group, pod_size(w)):
+        if cache.get(key) is False:
+            return False
+        if self.no_fit_after_release.covers(group, pod_size(w)):
             cache[key] = False
-        if key not in cache:
-            with work.trial():
-                for r in releasing:
-                    work.give(r, work.choices_of(r))
-                cache[key] = any(c.verdict(w, pool).allowed and c.place(w, pool) for pool in c.pools_for(w))
-            if not cache[key]:
-                self.no_fit_after_release.add(group, pod_size(w))
-        return cache[key]
+            return False
+        pools = c.pools_for(w)
+        in_quota = bool(pools) and not c.verdict(w, pools[0]).over_quota
+        if not in_quota and cache.get(key):
+            return True
+        with work.trial():
+            for r in releasing:
+                work.give(r, work.choices_of(r))
+            if in_quota:
+                for cw, choices in claims:
+                    work.take(cw, choices)
+            placed = None
+            for pool in pools:
+                if c.verdict(w, pool).allowed:
+                    placed = c.place(w, pool)
+                    if placed:
+                        break
+        if placed:
+            if in_quota:
+                claims.append((w, placed))
+            else:
+                cache[key] = True
+            return True
+        cache[key] = False
+        if not claims:  # beside claims a "no" says nothing of a later pod without them
+            self.no_fit_after_release.add(group, pod_size(w))
+        return False
 
     def _plan_for(self, w: Workload) -> bool | str:
         c = self.cycle
@@ -132,8 +161,8 @@ class MakeRoom:
                 return False if victims_.any_victim(w, pool, candidates) else "no victims"
             victims: list[tuple[Workload, list[Choice]]] = []
             placed = None
-            if w.pods == 1 and not victims_.room_with_all_gone(w, pool, candidates, static, key):
-                candidates = []  # the trials below cannot make room: go to the per-node plan
+            if w.pods == 1 and (strategy.node_plan_first or not victims_.room_with_all_gone(w, pool, candidates, static, key)):
+                candidates = []  # the trials below cannot make room (or are not asked): the per-node plan
             smallest: dict[str, int] = {}  # the smallest piece taken so far, per project
             for v, floor, choices, milli, gpus in candidates:
                 if gpu_work and not gpus:
@@ -187,7 +216,7 @@ class MakeRoom:
         self.no_fit_after_release.clear()
         victims_.evicted_for([v for v, _ in needed])
         for v, _ in needed:
-            c.decisions.evictions.append(Evict(v.name, strategy.reason(v, w), v.grace_period_s, strategy.cause))
+            c.decisions.evictions.append(Evict(v.name, strategy.reason(v, w), v.grace_period_s, strategy.cause_of(v, w)))
         c.placed.add(w.name)
         c.reserved.add(w.name)
         projects = sorted({v.project for v, _ in needed})
