@@ -95,3 +95,30 @@ def test_a_workspace_in_its_quota_stays():
                     [ws.running(("n1", (0, 1), 1000)).obj(), make_workload("c-t").project("c").gpus(2).submitted(10).obj()])
     assert not decide(snap).evictions
     assert snap.workloads["b-ws"].state == State.RUNNING
+
+
+def test_room_coming_free_goes_to_as_many_pods_as_it_holds_and_the_next_makes_its_own():
+    # b (quota 0) borrowed both GPUs of n1; one of them is being reclaimed (releasing).
+    # c (quota 2) has two 1-GPU pods waiting: the first waits for the GPU coming free, the
+    # second does not wait for the same GPU (it would find it taken and evict a grace
+    # period later): b's other GPU is reclaimed for it now.
+    ds, ps = org(("b", 0), ("c", 2))
+    going = dataclasses.replace(_gpu("b0", "b", 0, over_quota=True), state=State.RELEASING)
+    running = [going, _gpu("b1", "b", 1, over_quota=True)]
+    waiting = [make_workload(f"c{i}").project("c").gpus(1).submitted(10 + i).obj() for i in (1, 2)]
+    d = decide(snapshot([make_node("n1", gpus=2)], ds, ps, [*running, *waiting]))
+    assert [e.workload for e in d.evictions] == ["b1"]
+    why = {p.workload: p.reason for p in d.pending}
+    assert why["c1"].startswith("waiting for 1 evicted workload")
+    assert why["c2"].startswith("reclaiming GPUs from 1 workload of project b")
+
+
+def test_over_quota_work_still_waits_for_room_coming_free():
+    # The same, with c at its quota of 0: its pods are over quota, and both wait for the
+    # GPU coming free rather than reclaim (fair share: b and c are even).
+    ds, ps = org(("b", 0), ("c", 0))
+    going = dataclasses.replace(_gpu("b0", "b", 0, over_quota=True), state=State.RELEASING)
+    waiting = [make_workload(f"c{i}").project("c").gpus(1).submitted(10 + i).obj() for i in (1, 2)]
+    d = decide(snapshot([make_node("n1", gpus=1)], ds, ps, [going, *waiting]))
+    assert not d.evictions
+    assert all(p.reason.startswith("waiting for 1 evicted workload") for p in d.pending)
