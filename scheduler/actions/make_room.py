@@ -276,6 +276,17 @@ class MakeRoom:
                 if chosen is not None:
                     best = chosen
                     break
+            else:
+                # Walking in order can refuse a piece the rule allows alone: below a
+                # project's quota ``may_take`` weighs the smallest piece taken, so a small
+                # piece taken first that made no room shuts out a larger one that would
+                # have. One victim alone is the fewest a node can need: each is asked.
+                if best is None and any(x[1] is not None and x[1].below for x in here):
+                    for x in here:
+                        chosen = self._take_on_node(w, node, pool, [x], best)
+                        if chosen is not None:
+                            best = chosen
+                            break
         return best
 
     def _on_clearable_gpus(self, here: list, node: int, pool: str) -> list:

@@ -122,3 +122,17 @@ def test_over_quota_work_still_waits_for_room_coming_free():
     d = decide(snapshot([make_node("n1", gpus=1)], ds, ps, [going, *waiting]))
     assert not d.evictions
     assert all(p.reason.startswith("waiting for 1 evicted workload") for p in d.pending)
+
+
+def test_a_larger_piece_the_rule_allows_alone_is_found_past_a_smaller_one():
+    # b (quota 1.2) holds 1.3 GPUs on n1: a 0.3 piece (10 CPUs, evicted first) and a whole
+    # GPU (40 CPUs). c's 1-GPU pod needs 50 CPUs; 14 are free. The 0.3 piece alone frees
+    # too few CPUs, and after it the rule refuses the whole GPU (b would keep 0, and the
+    # 0.3 would fit back in its quota); the whole GPU alone the rule allows (b keeps 0.3,
+    # and the GPU would be over its quota if it came back), and it frees enough.
+    ds, ps = org(("b", 1.2), ("c", 2.8))
+    small = make_workload("b-small").project("b").gpus(0.3).cpu(10_000).submitted(2).running(("n1", (1,), 300)).obj()
+    whole = make_workload("b-whole").project("b").gpus(1).cpu(40_000).submitted(1).running(("n1", (2,), 1000)).obj()
+    ask = make_workload("c1").project("c").gpus(1).cpu(50_000).submitted(10).obj()
+    d = decide(snapshot([make_node("n1", gpus=4, cpu_milli=64_000)], ds, ps, [small, whole, ask]))
+    assert [e.workload for e in d.evictions] == ["b-whole"]
