@@ -28,9 +28,8 @@ class MakeRoom:
         self.victims = Victims(cycle)
         self.over_quota_room, self.own_room = OverQuotaRoom(cycle), OwnRoom(cycle)
         # Since the last plan that evicted: sizes no eviction could make room for (per
-        # project, priority, pool, strategy, models), or that would not fit even after the
-        # evicted work exits (per project, pool, models, over-quota permission).
-        self.hopeless, self.no_fit_after_release = TooBig(), TooBig()
+        # project, priority, pool, strategy, models).
+        self.hopeless = TooBig()
         # Each way of making room is timed on its own, summed over the plans it made.
         self.timings = cycle.decisions.timings
         for s in EVICTIONS:
@@ -45,12 +44,11 @@ class MakeRoom:
         if not (releasing or self.strategies):
             return  # nothing to wait for and no way to make room (every plan: "no victims")
         tried: set[tuple] = set()
-        fits_cache: dict[tuple, bool] = {}
-        claims: list[tuple[Workload, list[Choice]]] = []  # room in what is releasing, held in queue order
+        waits = self._waiting_for_release(releasing) if releasing else set()
         for w in c.waiting:
             if w.name in c.placed:
                 continue
-            if releasing and self._fits_after_release(w, releasing, fits_cache, claims):
+            if w.name in waits:
                 n = len(releasing)
                 c.why[w.name] = f"waiting for {n} evicted workload{'s' if n > 1 else ''} to release GPUs"
                 continue
@@ -65,50 +63,52 @@ class MakeRoom:
                 if result == "no victims":
                     tried.add(shape)
 
-    def _fits_after_release(self, w: Workload, releasing: list[Workload], cache: dict,
-                            claims: list[tuple[Workload, list[Choice]]]) -> bool:
-        """Would ``w`` fit once the evicted work has exited? Then it waits; nothing more is
-        evicted for it. Work in its quota (the guarantee) holds the room it would take
-        there, and the next such work asks beside it (``claims``, in queue order): room
-        one eviction frees goes to as many of them as it holds, and the others make room
-        of their own at once, instead of finding it taken when it comes free and starting
-        a second eviction a grace period later (record 0070). Over-quota work asks beside
-        nothing held, as before: it may wait for room that comes free some other way.
-        A "no" is kept per project and shape (more claims leave less room)."""
+    def _waiting_for_release(self, releasing: list[Workload]) -> set[str]:
+        """The waiting work that would fit once the evicted work has exited: it waits,
+        and nothing more is evicted for it. Asked in queue order, in one view of the
+        cluster with that work gone. Work in its quota (the guarantee) holds the room it
+        would take there, and the next asks beside it: room one eviction frees goes to as
+        many of them as it holds, and the others make room of their own at once, instead
+        of finding it taken when it comes free and evicting a grace period later (record
+        0070). Over-quota work asks beside what is held, holding none: it may wait for room
+        that comes free some other way. A "no" is kept per project and shape (and pod size:
+        what is held only grows)."""
         c, work = self.cycle, self.work
-        key = (w.project, w.demand, w.pods, w.gpu_models, w.node_pool, w.constraints)
-        group = (w.project, w.node_pool, w.gpu_models, w.may_go_over_quota, w.constraints)
-        if cache.get(key) is False:
-            return False
-        if self.no_fit_after_release.covers(group, pod_size(w)):
-            cache[key] = False
-            return False
-        pools = c.pools_for(w)
-        in_quota = bool(pools) and not c.verdict(w, pools[0]).over_quota
-        if not in_quota and cache.get(key):
-            return True
+        out: set[str] = set()
+        known: dict[tuple, bool] = {}  # over-quota answers per project and shape
+        no_fit = TooBig()
         with work.trial():
             for r in releasing:
                 work.give(r, work.choices_of(r))
-            if in_quota:
-                for cw, choices in claims:
-                    work.take(cw, choices)
-            placed = None
-            for pool in pools:
-                if c.verdict(w, pool).allowed:
-                    placed = c.place(w, pool)
-                    if placed:
-                        break
-        if placed:
-            if in_quota:
-                claims.append((w, placed))
-            else:
-                cache[key] = True
-            return True
-        cache[key] = False
-        if not claims:  # beside claims a "no" says nothing of a later pod without them
-            self.no_fit_after_release.add(group, pod_size(w))
-        return False
+            for w in c.waiting:
+                if w.name in c.placed:
+                    continue
+                key = (w.project, w.demand, w.pods, w.gpu_models, w.node_pool, w.constraints)
+                group = (w.project, w.node_pool, w.gpu_models, w.may_go_over_quota, w.constraints)
+                if known.get(key) is False or no_fit.covers(group, pod_size(w)):
+                    continue
+                pools = c.pools_for(w)
+                in_quota = bool(pools) and not c.verdict(w, pools[0]).over_quota
+                if not in_quota and known.get(key):
+                    out.add(w.name)
+                    continue
+                with work.trial() as held:
+                    placed = None
+                    for pool in pools:
+                        if c.verdict(w, pool).allowed:
+                            placed = c.place(w, pool)
+                            if placed:
+                                break
+                    if placed and in_quota:
+                        held.keep()  # the room it waits for is its own
+                if placed:
+                    out.add(w.name)
+                    if not in_quota:
+                        known[key] = True
+                else:
+                    known[key] = False
+                    no_fit.add(group, pod_size(w))
+        return out
 
     def _plan_for(self, w: Workload) -> bool | str:
         c = self.cycle
@@ -213,7 +213,6 @@ class MakeRoom:
                 return False
             plan.keep()
         self.hopeless.clear()  # evictions change what room there is and who may be taken
-        self.no_fit_after_release.clear()
         victims_.evicted_for([v for v, _ in needed])
         for v, _ in needed:
             c.decisions.evictions.append(Evict(v.name, strategy.reason(v, w), v.grace_period_s, strategy.cause_of(v, w)))
