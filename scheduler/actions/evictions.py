@@ -304,7 +304,11 @@ class ReclaimWithPreempt(Eviction):
         return cfg.reclaim and cfg.preempt
 
     def applies(self, c: Cycle, w: Workload, pool: str, v) -> bool:
-        return v.allowed and not v.over_quota
+        # Only where its own project runs work it may preempt (the victims' index is in
+        # eviction order, lowest priority first): without it, this is quota reclaim's
+        # second pass, which found no room already.
+        own = c.snap.victims.get(w.project)
+        return v.allowed and not v.over_quota and bool(own) and not outranks(own[0][0], w)
 
     def group(self, c: Cycle, w: Workload, pool: str) -> object:
         return w.effective_priority
