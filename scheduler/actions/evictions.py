@@ -308,7 +308,7 @@ class ReclaimWithPreempt(Eviction):
         # eviction order, lowest priority first): without it, this is quota reclaim's
         # second pass, which found no room already.
         own = c.snap.victims.get(w.project)
-        return v.allowed and not v.over_quota and bool(own) and not outranks(own[0][0], w)
+        return v.allowed and not v.over_quota and own is not None and bool(own) and not outranks(own[0][0], w)
 
     def group(self, c: Cycle, w: Workload, pool: str) -> object:
         return w.effective_priority
