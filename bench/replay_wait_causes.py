@@ -3,9 +3,11 @@ pod is held back by other teams' protected work, and the allocation goal read wi
 without that time.
 
 *Protected* work is what the scheduler's promises forbid taking for the waiting pod
-(``protected``): work that is not preemptible (a workspace, an inference service), its own
-project's work of its priority or higher, and another project's work while that project
-holds no more than its quota (the in-quota promise, property (c) of the guarantee tests). A
+(``protected``, the rules' own ``scheduler.guarantee.protection``): work restarted after an
+eviction within the resume protection, work that is not preemptible inside its team's quota
+(a workspace, an inference service), its own project's work of its priority or higher, and
+another project's work while that project holds no more than its quota (the in-quota
+promise, property (c) of the guarantee tests). A
 waiting pod is *held back* when no node could hold it (the node's GPUs, CPUs and memory)
 even with every unprotected workload gone; time is held back while every pod the scheduler
 sees waiting is. In that time nothing the rules allow would start anything, so allocation
@@ -32,7 +34,9 @@ the team wants over-quota GPUs: the time the Jain index counts it as owed a shar
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -42,20 +46,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sweeplib  # noqa: E402
 
+from scheduler import guarantee  # noqa: E402
+from scheduler.actions.evictions import Floor, may_take  # noqa: E402
+from scheduler.guarantee import protection  # noqa: E402
 from scheduler.model import MILLI, State, Workload  # noqa: E402
 from scheduler.sim import replay  # noqa: E402
+from scheduler.snapshot import SchedulerConfig  # noqa: E402
 
 
-def protected(v: Workload, w: Workload, over_quota: bool) -> bool:
-    """May ``v`` stay whatever ``w`` needs? Work that is not preemptible always may; of
-    ``w``'s own project, work of its priority or higher (a project preempts only lower
-    priority work for its own); of another project, work while that project holds no more
-    than its quota."""
-    if not v.is_preemptible:
-        return True
-    if v.project == w.project:
-        return v.effective_priority >= w.effective_priority
-    return not over_quota
+def protected(r, v: Workload, w: Workload) -> bool:
+    """May ``v`` stay whatever ``w`` needs, in replay ``r`` as it is? The rules' own answer
+    (``scheduler.guarantee.protection``): work restarted lately, work that is not
+    preemptible inside its team's quota, of ``w``'s own project work of its priority or
+    higher, of another project work while that project holds no more than its quota."""
+    return _protection(r, v, w) is not None
+
+
+def _protection(r, v: Workload, w: Workload) -> str | None:
+    snap = r.snap
+    cfg = getattr(snap, "config", None) or SchedulerConfig()
+    return protection(v, w, r.meter.held[v.project] > r.quota[v.project], getattr(snap, "now", None),
+                      cfg.resume_protection_s)
 
 
 def fits(r, w: Workload, nodes: dict, keeps) -> bool:
@@ -87,16 +98,85 @@ def holds(node, d, kept_gpu: dict[int, int] | None = None, kept_res: tuple[int, 
 
 
 def held_back(r, w: Workload, nodes: dict) -> bool:
-    """Could no node hold ``w`` even with every workload gone that the guarantee lets go
-    (and every evicted one released)?"""
+    """Could no node hold ``w`` even with the work gone that the guarantee lets go (and every
+    evicted one released)? Work the rules protect stays (``protected``); of another
+    project over its quota, only as much goes as the reclaim rule lets one plan take
+    (``may_take``: down to its quota, or below it only with pieces that would each be
+    over it if they came back), which ``_room_by_the_rules`` asks node by node where
+    the quicker bound (every unprotected workload gone) finds room."""
+    if not fits(r, w, nodes, lambda v: v.state == State.RUNNING and protected(r, v, w)):
+        return True
+    return not _room_by_the_rules(r, w, nodes)
+
+
+# Past this many sets of victims on one node the reading gives up and counts room (the
+# bound above): the meter stays an upper bound on what the rules allow, never below it.
+_MOST_SETS = 4096
+
+
+def _room_by_the_rules(r, w: Workload, nodes: dict) -> bool:
+    """Would some node hold ``w`` with its own project's unprotected work gone and, of
+    each other project over its quota, a set of its unprotected work there that the
+    reclaim rule allows one plan to take (``scheduler.actions.evictions.may_take`` with
+    the quota as a ``below`` floor, counting the whole of each piece)?"""
+    on: dict[str, list[Workload]] = defaultdict(list)
+    for v in r.snap.workloads.values():
+        if v.state in (State.RUNNING, State.RELEASING):
+            for node in {p.node for p in v.placement}:
+                on[node].append(v)
     held, quota = r.meter.held, r.quota
-    return not fits(r, w, nodes, lambda v: v.state == State.RUNNING
-                    and protected(v, w, held[v.project] > quota[v.project]))
+    for name, node in nodes.items():
+        if not holds(node, w.demand):
+            continue
+        stays: list[Workload] = []
+        others: dict[str, list[Workload]] = defaultdict(list)
+        for v in on.get(name, ()):
+            if v.state != State.RUNNING:
+                continue  # releasing: gone
+            if protected(r, v, w):
+                stays.append(v)
+            elif v.project != w.project:
+                others[v.project].append(v)
+        sets_per_project = []
+        if any(len(pieces) > 12 for pieces in others.values()):
+            return True  # too many to weigh: counted as room (the bound)
+        for project, pieces in others.items():
+            floor = Floor(quota[project], below=True)
+            allowed = []
+            for k in range(len(pieces) + 1):
+                for chosen in itertools.combinations(pieces, k):
+                    milli = [_milli(v) for v in chosen]
+                    if not chosen or may_take(floor, held[project] - sum(milli), min(milli)):
+                        allowed.append(chosen)
+                if len(allowed) > _MOST_SETS:
+                    return True
+            sets_per_project.append((pieces, allowed))
+        if math.prod(len(a) for _, a in sets_per_project) > _MOST_SETS:
+            return True
+        for combo in itertools.product(*(a for _, a in sets_per_project)):
+            gone = {v.name for chosen in combo for v in chosen}
+            kept = stays + [v for pieces, _ in sets_per_project for v in pieces if v.name not in gone]
+            gpu: dict[int, int] = defaultdict(int)
+            res = [0, 0]
+            for v in kept:
+                for p in v.placement:
+                    if p.node == name:
+                        for g in p.gpu_indices:
+                            gpu[g] += p.gpu_milli
+                        res[0] += v.demand.cpu_milli
+                        res[1] += v.demand.memory_mib
+            if holds(node, w.demand, gpu, res):
+                return True
+    return False
+
+
+def _milli(v: Workload) -> int:
+    return sum(p.gpu_milli * len(p.gpu_indices) for p in v.placement)
 
 
 # What protects the work that holds a waiting pod back, in the order a holder is read; the
 # last, where no node is big enough for the pod at all.
-PROTECTIONS = ("not preemptible", "own project", "other project in quota", "no node big enough")
+PROTECTIONS = (*guarantee.PROTECTIONS, "no node big enough")
 
 
 def protections(r, w: Workload, nodes: dict) -> set[str]:
@@ -105,14 +185,13 @@ def protections(r, w: Workload, nodes: dict) -> set[str]:
     work of its priority or higher, another project's work while it holds no more than its
     quota."""
     big = {name for name, n in nodes.items() if holds(n, w.demand)}
-    held, quota = r.meter.held, r.quota
     out: set[str] = set()
     for v in r.snap.workloads.values():
         if v.state != State.RUNNING or not any(p.node in big for p in v.placement):
             continue
-        if not protected(v, w, held[v.project] > quota[v.project]):
-            continue
-        out.add(PROTECTIONS[0] if not v.is_preemptible else PROTECTIONS[1] if v.project == w.project else PROTECTIONS[2])
+        why = _protection(r, v, w)
+        if why is not None:
+            out.add(why)
     return out
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .cluster import ClusterArrays
+from .guarantee import evictable
 from .model import (
     Department,
     Node,
@@ -253,7 +254,7 @@ class Snapshot:
             self._filed[name] = (shape_id, w.pods, project, None, False, (), (), 0, 0)
             self.pending[name] = w
             return
-        victim = victim_key(w) if state == State.RUNNING and w.is_preemptible else None
+        victim = victim_key(w) if state == State.RUNNING and evictable(w) else None
         fixed = not w.gives_way
         nodes = self.nodes
         held = tuple((nodes[p.node].pool, p.gpu_milli * len(p.gpu_indices)) for p in w.placement)

@@ -80,12 +80,35 @@ def test_the_pods_follow_their_project_s_hours_and_mix_of_kinds(trace):
         ({"departments": [0, 2]}, "organisation.departments: must be a number >= 1"),
         ({"node_fraction": [0.5, 2]}, "organisation.node_fraction: must be a number >= 0.001 and <= 1"),
         ({"teams": 3}, "organisation.teams: is not a key"),
+        ({"units": []}, "organisation.units: must be a non-empty list"),
+        ({"units": [{"name": "a", "department": "d", "pattern": "weekends", "size": 1, "quota_factor": 1}]},
+         "organisation.units[0].pattern: must be one of"),
+        ({"units": [{"name": "a", "department": "d", "pattern": "office", "size": 1, "quota_factor": 1,
+                     "mix": [0.5, 0.6, 0.0]}]}, "organisation.units[0].mix: must add up to 1"),
+        ({"units": [{"name": "a", "department": "d", "pattern": "office", "size": 1, "quota_factor": 1},
+                    {"name": "a", "department": "e", "pattern": "nights", "size": 1, "quota_factor": 1}]},
+         "organisation.units[1].name: 'a' is given twice"),
     ],
 )
 def test_a_bad_organisation_names_the_field(org, says):
     with pytest.raises(ValidationError, match=None) as e:
         parse(small(1, **org))
     assert says in f"{e.value.field}: {e.value.message}"
+
+
+def test_an_organisation_written_by_hand_keeps_its_projects_as_written():
+    # campus and hospital: the held-out organisations (record 0071). Their projects are the
+    # file's whatever the seed; the cluster and the pods' window are drawn as usual.
+    campus, again = load("campus", seed=1), load("campus", seed=2)
+    units = campus.calendar.units
+    assert [u.name for u in units] == ["course", "lab-a", "lab-b", "lab-c", "shared"]
+    assert [u.name for u in again.calendar.units] == [u.name for u in units]
+    assert units[0].pattern == "classes" and units[0].hours == ((9.0, 11.0), (13.0, 15.0))
+    assert units[1].crunches == ((0, 2, 3.0),) and campus.workspace_over_quota == 1.0
+    hospital = load("hospital")
+    share = {t.name: t.quota_share for t in hospital.teams}
+    assert 0.35 < share["serving"] / sum(share.values()) < 0.45  # about 40% of the GPUs
+    assert hospital.workspace_over_quota == 0.0
 
 
 def test_an_organisation_needs_its_generator():

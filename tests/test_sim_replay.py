@@ -920,6 +920,33 @@ def test_wait_causes_hold_back_a_pod_only_behind_work_the_rules_protect():
     assert not causes.held_back(cpu, Workload("f", "busy", Kind.TRAINING, PodDemand(gpu_fraction=0.5, cpu_milli=4000)), big)
 
 
+def test_wait_causes_take_from_another_project_only_what_the_reclaim_rule_allows():
+    """The reading of "a reclaim the rules allow" is the rules' own (``may_take``): another
+    project over its quota gives up work down to its quota, and below it only pieces that
+    would each be over its quota if they came back."""
+    from types import SimpleNamespace
+
+    from scheduler.model import PodDemand, Workload
+
+    causes = _bench("replay_wait_causes")
+    big = {n.name: n for n in nodes(n=1, gpus=4)}
+    waiting = Workload("w", "busy", Kind.TRAINING, PodDemand(gpus=4, cpu_milli=8000))
+
+    def replay_with(*running, held):
+        snap = SimpleNamespace(workloads={v.name: v for v in running})
+        return SimpleNamespace(snap=snap, meter=SimpleNamespace(held=held), quota={"idle": 2000, "busy": 4000, "mid": 1000})
+
+    # idle (quota 2) holds three 1-GPU pieces, 1 over its quota: room for the 4-GPU pod
+    # needs all three, which would leave idle at 0, and a piece would fit back: not allowed.
+    pieces = [_running(f"t{i}", "idle", "n0", gpus=(i,)) for i in range(3)]
+    three = replay_with(*pieces, held={"idle": 3000, "busy": 0, "mid": 0})
+    assert causes.fits(three, waiting, big, lambda v: causes.protected(three, v, waiting))  # the bound: room
+    assert causes.held_back(three, waiting, big)  # the rule: no room
+    # One 3-GPU piece instead: it would be over idle's quota if it came back: allowed.
+    one = replay_with(_running("t", "idle", "n0", gpus=(0, 1, 2)), held={"idle": 3000, "busy": 0, "mid": 0})
+    assert not causes.held_back(one, waiting, big)
+
+
 def test_wait_causes_split_the_replays_own_allocation_while_work_waits():
     causes = _bench("replay_wait_causes")
     scn = scenario()

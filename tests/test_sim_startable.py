@@ -58,3 +58,29 @@ def test_a_pod_no_node_is_big_enough_for_is_held_back_by_that():
     nodes = [make_node("n1", gpus=4), make_node("n2", gpus=4)]
     h = Holdings(snapshot(nodes, ds, ps, [wait]), {"a": 0, "b": 0}, {"a": 4000, "b": 4000})
     assert not h.could_start(wait) and h.hold_causes(wait) == {CAUSES[3]}
+
+
+def test_work_restarted_lately_holds_the_pod_back_as_the_rules_keep_it():
+    # a's training over a's quota would be taken, but it restarted after an eviction 60 s
+    # ago: the rules keep it (thrash), so the meter must too (scheduler.guarantee).
+    import dataclasses
+
+    resumed = dataclasses.replace(_on_n1("a1").obj(), resumed=True, started_at=940.0)
+    ds, ps = org(("a", 0), ("b", 4))
+    wait = make_workload("b1").project("b").gpus(4).submitted(10).obj()
+    snap = snapshot([make_node("n1", gpus=4)], ds, ps, [resumed, wait])
+    snap.now = 1000.0
+    h = Holdings(snap, {"a": 4000, "b": 0}, {"a": 0, "b": 4000})
+    assert not h.could_start(wait) and h.hold_causes(wait) == {CAUSES[4]}
+    snap.now = 1000.0 + snap.config.resume_protection_s  # the protection has run out
+    assert Holdings(snap, {"a": 4000, "b": 0}, {"a": 0, "b": 4000}).could_start(wait)
+
+
+def test_a_workspace_that_borrowed_over_its_quota_may_be_taken():
+    # Not preemptible, but placed over a's quota: it borrowed the GPUs, and b, below its
+    # quota, may take them back.
+    import dataclasses
+
+    ws = dataclasses.replace(_on_n1("a1").kind(Kind.WORKSPACE).over_quota().obj(), over_quota=True)
+    h, w = _case(ws, a_quota=0)
+    assert h.could_start(w)

@@ -16,6 +16,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..cycle import Cycle
+from ..guarantee import resumed_lately
 from ..model import MILLI, Evict, EvictionCause, Kind, Workload
 from ..placement import Choice
 from .room import give_back
@@ -64,7 +65,7 @@ class Consolidate:
             names = {e.workload for e in c.decisions.evictions} | snap.holding_gangs
             for name in snap.holding_resumed:
                 v = snap.workloads[name]
-                if now is not None and v.started_at is not None and now - v.started_at < protection:
+                if resumed_lately(v, now, protection):
                     names.add(name)
             self.kept = defaultdict(set)
             for name in names:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from ..cycle import Cycle
+from ..guarantee import outranks
 from ..model import NO_QUOTA, EvictionCause, Workload
 from ..quota import may_catch_up
 from ..snapshot import SchedulerConfig
@@ -78,6 +79,9 @@ class Eviction:
     # Where taking victims in the global eviction order cannot make room, look at each
     # node on its own (``MakeRoom.node_plan``).
     per_node_plan = True
+    # A single pod goes to the per-node plan at once (the node that needs the fewest
+    # evictions), not first through the global eviction order.
+    node_plan_first = False
     # Takes only from projects over their quota, other than the waiting workload's (its
     # floor is their quota and ``may_take`` leaves none below it that was not above it):
     # its plans are bounded by ``victims.OverQuotaRoom``.
@@ -126,6 +130,10 @@ class Eviction:
 
     def reason(self, v: Workload, w: Workload) -> str:
         raise NotImplementedError
+
+    def cause_of(self, v: Workload, w: Workload) -> EvictionCause:
+        """The cause its eviction of ``v`` for ``w`` reads."""
+        return self.cause
 
 
 def _others_furthest_above_fair_share(c: Cycle, w: Workload, pool: str) -> list[str]:
@@ -271,10 +279,64 @@ class Preempt(Eviction):
         return iter((w.project,))
 
     def stops_at(self, priority: int, w: Workload) -> bool:
-        return priority >= w.effective_priority
+        return outranks(priority, w)
 
     def reason(self, v: Workload, w: Workload) -> str:
         return f"preempted by higher-priority workload {w.name} of project {w.project}"
+
+
+class ReclaimWithPreempt(Eviction):
+    """For work in its quota where neither reclaim nor preemption alone made room: both at
+    once, on one node. Other projects' over-quota work (as the reclaim's second pass takes
+    it, ``may_take`` with a ``below`` floor) and its own project's lower-priority work (as
+    preemption takes it) together, the fewest victims on the node that needs the fewest;
+    work that restarted lately is never taken. A team whose own training sits beside
+    another team's borrowed work on the only node that holds its pod gets its quota back
+    (record 0070)."""
+
+    cause = EvictionCause.RECLAIM
+    name, key = "reclaim_with_preempt", "reclaim with preempt"
+    verb = "reclaiming and preempting GPUs from"
+    victims_read_usage = True  # ``below_quota_order``
+    node_plan_first = True  # the fewest victims: it costs two teams at once
+
+    def enabled(self, cfg: SchedulerConfig) -> bool:
+        return cfg.reclaim and cfg.preempt
+
+    def applies(self, c: Cycle, w: Workload, pool: str, v) -> bool:
+        # Only where its own project runs work it may preempt (the victims' index is in
+        # eviction order, lowest priority first): without it, this is quota reclaim's
+        # second pass, which found no room already.
+        own = c.snap.victims.get(w.project)
+        return v.allowed and not v.over_quota and own is not None and bool(own) and not outranks(own[0][0], w)
+
+    def group(self, c: Cycle, w: Workload, pool: str) -> object:
+        return w.effective_priority
+
+    def projects(self, c: Cycle, w: Workload, pool: str) -> Iterator[str]:
+        yield from _others_furthest_above_fair_share(c, w, pool)
+        yield w.project
+
+    def floor(self, c: Cycle, project: str, pool: str) -> Floor | None:
+        return Floor(c.snap.projects[project].quotas.get(pool, NO_QUOTA).quota_milli, below=True)
+
+    def victims_in(self, victims: VictimSource, w: Workload, project: str, pool: str, floor: Floor | None) -> Iterator[Workload]:
+        if project == w.project:
+            for prio, v, protected in victims.pool_victims(project, pool):
+                if outranks(prio, w):
+                    break
+                if not protected:
+                    yield v
+        elif floor is not None and victims.work.usage[(project, pool)] > floor:
+            yield from victims.below_quota_order(project, pool, floor)
+
+    def reason(self, v: Workload, w: Workload) -> str:
+        if v.project == w.project:
+            return f"preempted by higher-priority workload {w.name} of project {w.project}"
+        return f"reclaimed: project {w.project} is below its quota and needs the GPUs for {w.name}"
+
+    def cause_of(self, v: Workload, w: Workload) -> EvictionCause:
+        return EvictionCause.PREEMPT if v.project == w.project else EvictionCause.RECLAIM
 
 
 def catch_up_from(c: Cycle, w: Workload, pool: str) -> list[str]:
@@ -297,7 +359,8 @@ def catch_up_from(c: Cycle, w: Workload, pool: str) -> list[str]:
 # next: it is the one way that costs the waiting workload's own team. Last, reclaim for
 # guaranteed work whose own project's preemptible work held its quota: that work gives way
 # first (preemption), other teams' borrowed GPUs only where that made no room. The two
-# reclaim pairs never both apply to one workload (``QuotaReclaim.applies``).
+# reclaim pairs never both apply to one workload (``QuotaReclaim.applies``). Last, for work
+# in its quota that none of these made room for: reclaim and preemption together.
 EVICTIONS: tuple[Eviction, ...] = (
     QuotaReclaim(),
     QuotaReclaim(below=True),
@@ -306,4 +369,5 @@ EVICTIONS: tuple[Eviction, ...] = (
     Preempt(),
     QuotaReclaim(guaranteed=True),
     QuotaReclaim(below=True, guaranteed=True),
+    ReclaimWithPreempt(),
 )

@@ -28,9 +28,8 @@ class MakeRoom:
         self.victims = Victims(cycle)
         self.over_quota_room, self.own_room = OverQuotaRoom(cycle), OwnRoom(cycle)
         # Since the last plan that evicted: sizes no eviction could make room for (per
-        # project, priority, pool, strategy, models), or that would not fit even after the
-        # evicted work exits (per project, pool, models, over-quota permission).
-        self.hopeless, self.no_fit_after_release = TooBig(), TooBig()
+        # project, priority, pool, strategy, models).
+        self.hopeless = TooBig()
         # Each way of making room is timed on its own, summed over the plans it made.
         self.timings = cycle.decisions.timings
         for s in EVICTIONS:
@@ -45,11 +44,11 @@ class MakeRoom:
         if not (releasing or self.strategies):
             return  # nothing to wait for and no way to make room (every plan: "no victims")
         tried: set[tuple] = set()
-        fits_cache: dict[tuple, bool] = {}
+        waits = self._waiting_for_release(releasing) if releasing else set()
         for w in c.waiting:
             if w.name in c.placed:
                 continue
-            if releasing and self._fits_after_release(w, releasing, fits_cache):
+            if w.name in waits:
                 n = len(releasing)
                 c.why[w.name] = f"waiting for {n} evicted workload{'s' if n > 1 else ''} to release GPUs"
                 continue
@@ -64,22 +63,52 @@ class MakeRoom:
                 if result == "no victims":
                     tried.add(shape)
 
-    def _fits_after_release(self, w: Workload, releasing: list[Workload], cache: dict) -> bool:
-        """Would ``w`` fit once the evicted work has exited? (Then it waits; nothing more
-        is evicted for it.) Asked once per project and shape in a cycle."""
+    def _waiting_for_release(self, releasing: list[Workload]) -> set[str]:
+        """The waiting work that would fit once the evicted work has exited: it waits,
+        and nothing more is evicted for it. Asked in queue order, in one view of the
+        cluster with that work gone. Work in its quota (the guarantee) holds the room it
+        would take there, and the next asks beside it: room one eviction frees goes to as
+        many of them as it holds, and the others make room of their own at once, instead
+        of finding it taken when it comes free and evicting a grace period later (record
+        0070). Over-quota work asks beside what is held, holding none: it may wait for room
+        that comes free some other way. A "no" is kept per project and shape (and pod size:
+        what is held only grows)."""
         c, work = self.cycle, self.work
-        key = (w.project, w.demand, w.pods, w.gpu_models, w.node_pool, w.constraints)
-        group = (w.project, w.node_pool, w.gpu_models, w.may_go_over_quota, w.constraints)
-        if key not in cache and self.no_fit_after_release.covers(group, pod_size(w)):
-            cache[key] = False
-        if key not in cache:
-            with work.trial():
-                for r in releasing:
-                    work.give(r, work.choices_of(r))
-                cache[key] = any(c.verdict(w, pool).allowed and c.place(w, pool) for pool in c.pools_for(w))
-            if not cache[key]:
-                self.no_fit_after_release.add(group, pod_size(w))
-        return cache[key]
+        out: set[str] = set()
+        known: dict[tuple, bool] = {}  # over-quota answers per project and shape
+        no_fit = TooBig()
+        with work.trial():
+            for r in releasing:
+                work.give(r, work.choices_of(r))
+            for w in c.waiting:
+                if w.name in c.placed:
+                    continue
+                key = (w.project, w.demand, w.pods, w.gpu_models, w.node_pool, w.constraints)
+                group = (w.project, w.node_pool, w.gpu_models, w.may_go_over_quota, w.constraints)
+                if known.get(key) is False or no_fit.covers(group, pod_size(w)):
+                    continue
+                pools = c.pools_for(w)
+                in_quota = bool(pools) and not c.verdict(w, pools[0]).over_quota
+                if not in_quota and known.get(key):
+                    out.add(w.name)
+                    continue
+                with work.trial() as held:
+                    placed = None
+                    for pool in pools:
+                        if c.verdict(w, pool).allowed:
+                            placed = c.place(w, pool)
+                            if placed:
+                                break
+                    if placed and in_quota:
+                        held.keep()  # the room it waits for is its own
+                if placed:
+                    out.add(w.name)
+                    if not in_quota:
+                        known[key] = True
+                else:
+                    known[key] = False
+                    no_fit.add(group, pod_size(w))
+        return out
 
     def _plan_for(self, w: Workload) -> bool | str:
         c = self.cycle
@@ -132,8 +161,8 @@ class MakeRoom:
                 return False if victims_.any_victim(w, pool, candidates) else "no victims"
             victims: list[tuple[Workload, list[Choice]]] = []
             placed = None
-            if w.pods == 1 and not victims_.room_with_all_gone(w, pool, candidates, static, key):
-                candidates = []  # the trials below cannot make room: go to the per-node plan
+            if w.pods == 1 and (strategy.node_plan_first or not victims_.room_with_all_gone(w, pool, candidates, static, key)):
+                candidates = []  # the trials below cannot make room (or are not asked): the per-node plan
             smallest: dict[str, int] = {}  # the smallest piece taken so far, per project
             for v, floor, choices, milli, gpus in candidates:
                 if gpu_work and not gpus:
@@ -190,10 +219,9 @@ class MakeRoom:
                 return False
             plan.keep()
         self.hopeless.clear()  # evictions change what room there is and who may be taken
-        self.no_fit_after_release.clear()
         victims_.evicted_for([v for v, _ in needed])
         for v, _ in needed:
-            c.decisions.evictions.append(Evict(v.name, strategy.reason(v, w), v.grace_period_s, strategy.cause))
+            c.decisions.evictions.append(Evict(v.name, strategy.reason(v, w), v.grace_period_s, strategy.cause_of(v, w)))
         c.placed.add(w.name)
         c.reserved.add(w.name)
         projects = sorted({v.project for v, _ in needed})
@@ -253,6 +281,17 @@ class MakeRoom:
                 if chosen is not None:
                     best = chosen
                     break
+            else:
+                # Walking in order can refuse a piece the rule allows alone: below a
+                # project's quota ``may_take`` weighs the smallest piece taken, so a small
+                # piece taken first that made no room shuts out a larger one that would
+                # have. One victim alone is the fewest a node can need: each is asked.
+                if best is None and any(x[1] is not None and x[1].below for x in here):
+                    for x in here:
+                        chosen = self._take_on_node(w, node, pool, [x], best)
+                        if chosen is not None:
+                            best = chosen
+                            break
         return best
 
     def _on_clearable_gpus(self, here: list, node: int, pool: str) -> list:

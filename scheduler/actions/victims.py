@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..cycle import Cycle
+from ..guarantee import resumed_lately
 from ..model import MILLI, State, Workload
 from ..placement import Choice
 from .evictions import Eviction, Floor, may_take
@@ -57,11 +58,12 @@ class Victims:
     def candidates(self, w: Workload, pool: str, strategy: Eviction, n: int) -> list[Candidate]:
         """The first ``n`` possible victims in eviction order (``strategy.projects``, then
         ``strategy.victims_in``), each with the floor its project must keep
-        (``strategy.floor``)."""
+        (``strategy.floor``; none for ``w``'s own project, whose work gives way only to its
+        higher priorities: ``Eviction.stops_at``)."""
         out: list[Candidate] = []
         group = strategy.group(self.cycle, w, pool)
         for p in strategy.projects(self.cycle, w, pool):
-            floor = strategy.floor(self.cycle, p, pool)
+            floor = None if p == w.project else strategy.floor(self.cycle, p, pool)
             out += self.read(w, p, pool, strategy, group, floor, n - len(out))
             if len(out) >= n:
                 break
@@ -137,8 +139,7 @@ class Victims:
 
     def _protected(self, v: Workload) -> bool:
         """Just restarted after a preemption: evicting it again would be thrash."""
-        now, since = self.snap.now, v.started_at
-        return v.resumed and now is not None and since is not None and now - since < self.cfg.resume_protection_s
+        return resumed_lately(v, self.snap.now, self.cfg.resume_protection_s)
 
     def plan_candidates(self, w: Workload, pool: str, strategy: Eviction) -> tuple[tuple, list]:
         """The first ``max_victim_scan`` candidates and the key of their group. They depend

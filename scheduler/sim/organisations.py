@@ -213,7 +213,8 @@ def organisation(c, seed: int) -> Organisation:
     if not isinstance(c, dict):
         raise ValidationError("organisation", "must be a mapping (see scheduler/sim/organisations.py)")
     known = {"days", "departments", "zones", "projects_per_department", "patterns", "team_size", "quota_factor",
-             "weight", "limit_chance", "workspaces_borrow", "node_fraction", "pod_share", "off_hours", "cull_idle_s"}
+             "weight", "limit_chance", "workspaces_borrow", "node_fraction", "pod_share", "off_hours", "cull_idle_s",
+             "units"}
     unknown = sorted(str(k) for k in c if k not in known)
     if unknown:
         raise ValidationError(f"organisation.{unknown[0]}", f"is not a key; the keys are {', '.join(sorted(known))}")
@@ -264,8 +265,63 @@ def organisation(c, seed: int) -> Organisation:
             ))
     share = rnd.uniform(*pod_share)
     lo = rnd.uniform(0.004, 1.0 - share)
+    if "units" in c:  # an organisation written by hand: its projects as given, the rest drawn
+        units = _hand_units(c["units"])
     return Organisation(
         days=days, off_hours=off, cull_idle_s=cull,
         node_fraction=round(rnd.uniform(*nf), 4), pod_window=(round(lo, 4), round(lo + share, 4)),
         workspaces_borrow=rnd.random() < borrow, units=tuple(units), seed=seed,
     )
+
+
+def _hand_units(v) -> list[Unit]:
+    """``organisation.units``: the projects of an organisation written by hand, each a
+    mapping of ``Unit``'s fields (``name``, ``department``, ``pattern``, ``size``,
+    ``quota_factor``; optional ``utc_offset_h`` 0, ``weight`` 1, ``limit_factor`` none,
+    ``mix`` the pattern's centre, ``hours`` the pattern's, ``crunches`` none)."""
+    if not isinstance(v, list) or not v:
+        raise ValidationError("organisation.units", "must be a non-empty list of projects")
+    out: list[Unit] = []
+    for i, u in enumerate(v):
+        where = f"organisation.units[{i}]"
+        if not isinstance(u, dict):
+            raise ValidationError(where, "must be a mapping")
+        fields = {"name", "department", "pattern", "utc_offset_h", "size", "quota_factor", "weight",
+                  "limit_factor", "mix", "hours", "crunches"}
+        unknown = sorted(str(k) for k in u if k not in fields)
+        if unknown:
+            raise ValidationError(f"{where}.{unknown[0]}", f"is not a key; the keys are {', '.join(sorted(fields))}")
+        for key in ("name", "department"):
+            if not isinstance(u.get(key), str) or not u[key]:
+                raise ValidationError(f"{where}.{key}", "must be a non-empty name")
+        if u["name"] in {x.name for x in out}:
+            raise ValidationError(f"{where}.name", f"{u['name']!r} is given twice")
+        pattern = u.get("pattern")
+        if pattern not in PATTERNS:
+            raise ValidationError(f"{where}.pattern", f"must be one of {', '.join(PATTERNS)}, got {pattern!r}")
+        mix = u.get("mix", list(MIX[pattern]))
+        if not isinstance(mix, list) or len(mix) != 3:
+            raise ValidationError(f"{where}.mix", f"must be [workspace, training, inference], got {mix!r}")
+        shares = [_number(x, f"{where}.mix", 0, 1) for x in mix]
+        if abs(sum(shares) - 1.0) > 1e-6:
+            raise ValidationError(f"{where}.mix", f"must add up to 1, got {mix!r}")
+        hours = u.get("hours", [list(h) for h in _hours(random.Random(0), pattern)])
+        if not isinstance(hours, list) or not hours or any(not isinstance(h, list) or len(h) != 2 for h in hours):
+            raise ValidationError(f"{where}.hours", f"must be a list of [from, to] hours, got {hours!r}")
+        crunches = u.get("crunches", [])
+        if not isinstance(crunches, list) or any(not isinstance(x, list) or len(x) != 3 for x in crunches):
+            raise ValidationError(f"{where}.crunches", f"must be a list of [first day, days, factor], got {crunches!r}")
+        limit = u.get("limit_factor")
+        out.append(Unit(
+            name=u["name"], department=u["department"], pattern=pattern,
+            utc_offset_h=_number(u.get("utc_offset_h", 0.0), f"{where}.utc_offset_h", -12, 14),
+            size=_number(u.get("size"), f"{where}.size", 0.1),
+            quota_factor=_number(u.get("quota_factor"), f"{where}.quota_factor", 0.0),
+            weight=_number(u.get("weight", 1.0), f"{where}.weight", 0.1),
+            limit_factor=None if limit is None else _number(limit, f"{where}.limit_factor", 1.0),
+            mix=(shares[0], shares[1], shares[2]),
+            hours=tuple((_number(a, f"{where}.hours", 0, 24), _number(b, f"{where}.hours", 0, 24)) for a, b in hours),
+            crunches=tuple((int(_number(a, f"{where}.crunches", 0)), int(_number(n, f"{where}.crunches", 1)),
+                            _number(f, f"{where}.crunches", 0.1)) for a, n, f in crunches),
+        ))
+    return out

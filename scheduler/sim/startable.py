@@ -2,12 +2,14 @@
 (record 0051) that counts only the moments in which some waiting pod could start.
 
 A pod *could start* when some node would hold it (its GPUs, CPUs and memory) with every
-workload gone that the rules let go for it. What stays is *protected* work:
-  not preemptible      a workspace or an inference service that does not borrow;
+workload gone that the rules let go for it. What stays is *protected* work, by the rules'
+own definition (``scheduler.guarantee.protection``):
+  not preemptible      a workspace or an inference service inside its team's quota;
   own project          the pod's own project's work of its priority or higher (a project
                        preempts only its lower-priority work for its own);
   other project in quota  another project's work while that project holds no more than
                        its quota (the in-quota promise);
+  resumed lately       work restarted after an eviction within the resume protection;
 and work that is releasing is already gone. A pod that could not start is *held back*;
 ``hold_causes`` names what protects the work on the nodes big enough for it (or that no
 node is).
@@ -23,12 +25,13 @@ from typing import cast
 
 import numpy as np
 
+from ..guarantee import evictable, outranks, resumed_lately
 from ..model import MILLI, State, Workload
 from ..snapshot import Snapshot
 
 __all__ = ["CAUSES", "Holdings"]
 
-CAUSES = ("not preemptible", "own project", "other project in quota", "no node big enough")
+CAUSES = ("not preemptible", "own project", "other project in quota", "no node big enough", "resumed lately")
 
 
 class Holdings:
@@ -49,7 +52,8 @@ class Holdings:
         self.over = {p: held.get(p, 0) > q for p, q in quota.items()}
         shape = (len(nodes), width)
         # Per key: (GPU milli per node and GPU, CPU per node, memory per node). Keys:
-        # "fixed" (not preemptible), and (project, priority) for preemptible work.
+        # "fixed" (not evictable), "resumed" (resumed lately), and (project, priority) for
+        # the rest.
         self.parts: dict[object, tuple[np.ndarray, np.ndarray, np.ndarray]] = defaultdict(
             lambda: (np.zeros(shape, dtype=np.int64), np.zeros(len(nodes), dtype=np.int64),
                      np.zeros(len(nodes), dtype=np.int64)))
@@ -57,7 +61,11 @@ class Holdings:
             for v in ws.values():
                 if v.state != State.RUNNING:
                     continue
-                key = "fixed" if not v.is_preemptible else (v.project, v.effective_priority)
+                key: object = (v.project, v.effective_priority)
+                if resumed_lately(v, snap.now, snap.config.resume_protection_s):
+                    key = "resumed"
+                elif not evictable(v):
+                    key = "fixed"
                 gpu, cpu, mem = self.parts[key]
                 for p in v.placement:
                     i = self.index[p.node]
@@ -82,15 +90,15 @@ class Holdings:
         """The parts that stay for ``w``, by protection."""
         own, other = [], []
         for k in self.parts:
-            if k == "fixed":
+            if k in ("fixed", "resumed"):
                 continue
             project, prio = cast(tuple[str, int], k)
             if project == w.project:
-                if prio >= w.effective_priority:
+                if outranks(prio, w):
                     own.append(k)
             elif not self.over.get(project, False):
                 other.append(k)
-        return {CAUSES[0]: ["fixed"], CAUSES[1]: own, CAUSES[2]: other}
+        return {CAUSES[0]: ["fixed"], CAUSES[1]: own, CAUSES[2]: other, CAUSES[4]: ["resumed"]}
 
     def _room(self, w: Workload, kept: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
         """Per node: would it hold ``w`` beside ``kept``?"""
