@@ -147,6 +147,20 @@ async def create_namespace(kc: KubeClient, ns: str) -> None:
             raise
 
 
+async def default_service_account(kc: KubeClient, ns: str) -> None:
+    """Wait for ``ns``'s default service account: kube-controller-manager makes it just
+    after the namespace, and pods need it."""
+    async def made():
+        try:
+            return await kc.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default")
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            return None
+
+    await wait_until(made, f"the default service account of {ns}", timeout=60)
+
+
 async def delete_pods(kc: KubeClient, ns: str) -> None:
     """Delete every pod of the namespace now and wait until they are gone."""
     await kc.request("DELETE", f"/api/v1/namespaces/{ns}/pods",

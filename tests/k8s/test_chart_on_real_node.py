@@ -308,6 +308,37 @@ def _stop(base: str, token: str, server: str = "") -> None:
     urllib.request.urlopen(req, timeout=60).close()
 
 
+def _open_in_chromium(info: ClusterInfo, images, browser, shots, *, spawn_path: str, choice: str,
+                      url: str, ready: str, ready_s: int, what: str, shot: str, server: str = ""):
+    """Through the chart's proxy in chromium: alice logs in with the chart's password, asks
+    the form at ``spawn_path`` for ``choice`` with 0.25 GPU, waits for ``url`` and the
+    ``ready`` element; then the kernel probe in that server's container, which holds the
+    share (``_check_share``), and the server stopped."""
+    from tests import chromium
+    from tests.hub.hubclient import HubClient
+
+    run(wait_until(lambda: _hub_ready(info), "the hub pod Ready", timeout=300))
+    with port_forward(info, NS, f"svc/{RELEASE}-hub", 80) as base:
+        run(wait_until(_async(lambda: _answers(f"{base}/hub/login")), "the hub's login page",
+                       timeout=120, interval=1))
+        page = chromium.login(browser, base, "alice", USER_PASSWORD)
+        _spawn(page, base, spawn_path, choice)
+        try:
+            page.wait_for_url(re.compile(url), timeout=300_000)
+            page.wait_for_selector(ready, timeout=ready_s * 1000)
+        except Exception:
+            page.screenshot(path=str(shots / f"{shot}-failed.png"), full_page=True)
+            pytest.fail(f"{what} did not open: {page.url}\n{_describe(info)}")
+        page.screenshot(path=str(shots / f"{shot}.png"))
+        token = HubClient(base).login("alice", USER_PASSWORD).token("alice")
+        server_path = f"/user/alice/{server}/" if server else "/user/alice/"
+        probe, pod, share_env = _probe(info, base, token, server_path,
+                                       f"ws-alice-{server}" if server else "ws-alice")
+        _stop(base, token, server)
+        page.context.close()
+    _check_share(info, images, probe, pod, share_env)
+
+
 @pytest.mark.skipif(not shutil.which("chromium"), reason="Debian's chromium is not installed "
                     "(scripts/setup-system installs it)")
 def test_alice_starts_jupyterlab_with_a_quarter_gpu_in_chromium(homes: ClusterInfo, images,
@@ -317,28 +348,9 @@ def test_alice_starts_jupyterlab_with_a_quarter_gpu_in_chromium(homes: ClusterIn
     the workspace image on the real node (bound by the chart's gpupool-scheduler), and a
     kernel there runs code: the fraction's environment is set, the interception library is
     loaded, and the driver reports the fraction's memory."""
-    from tests import chromium
-    from tests.hub.hubclient import HubClient
-
-    info = homes
-    run(wait_until(lambda: _hub_ready(info), "the hub pod Ready", timeout=300))
-    with port_forward(info, NS, f"svc/{RELEASE}-hub", 80) as base:
-        run(wait_until(_async(lambda: _answers(f"{base}/hub/login")), "the hub's login page",
-                       timeout=120, interval=1))
-        page = chromium.login(browser, base, "alice", USER_PASSWORD)
-        _spawn(page, base, "/hub/spawn", "jupyterlab")
-        try:
-            page.wait_for_url(re.compile(r".*/user/alice/lab.*"), timeout=300_000)
-            page.wait_for_selector("#jp-main-dock-panel, .jp-LabShell", timeout=180_000)
-        except Exception:
-            page.screenshot(path=str(shots / "real-node-spawn-failed.png"), full_page=True)
-            pytest.fail(f"JupyterLab did not open: {page.url}\n{_describe(info)}")
-        page.screenshot(path=str(shots / "real-node-jupyterlab.png"))
-        token = HubClient(base).login("alice", USER_PASSWORD).token("alice")
-        probe, pod, share_env = _probe(info, base, token, "/user/alice/", "ws-alice")
-        _stop(base, token)
-        page.context.close()
-    _check_share(info, images, probe, pod, share_env)
+    _open_in_chromium(homes, images, browser, shots, spawn_path="/hub/spawn", choice="jupyterlab",
+                      url=r".*/user/alice/lab.*", ready="#jp-main-dock-panel, .jp-LabShell",
+                      ready_s=180, what="JupyterLab", shot="real-node-jupyterlab")
 
 
 @pytest.mark.skipif(not shutil.which("chromium"), reason="Debian's chromium is not installed "
@@ -347,28 +359,10 @@ def test_alice_opens_vs_code_with_a_quarter_gpu_in_chromium(homes: ClusterInfo, 
                                                              browser, shots):
     """The same through the form's VS Code choice, on a named server: the workbench of the
     image's code-server opens behind the chart's proxy, and its container holds the share."""
-    from tests import chromium
-    from tests.hub.hubclient import HubClient
-
-    info = homes
-    run(wait_until(lambda: _hub_ready(info), "the hub pod Ready", timeout=300))
-    with port_forward(info, NS, f"svc/{RELEASE}-hub", 80) as base:
-        run(wait_until(_async(lambda: _answers(f"{base}/hub/login")), "the hub's login page",
-                       timeout=120, interval=1))
-        page = chromium.login(browser, base, "alice", USER_PASSWORD)
-        _spawn(page, base, "/hub/spawn/alice/code", "vscode")
-        try:
-            page.wait_for_url(re.compile(r".*/user/alice/code/vscode/.*"), timeout=300_000)
-            page.wait_for_selector(".monaco-workbench .part.sidebar", timeout=240_000)
-        except Exception:
-            page.screenshot(path=str(shots / "real-node-vscode-failed.png"), full_page=True)
-            pytest.fail(f"VS Code did not open: {page.url}\n{_describe(info)}")
-        page.screenshot(path=str(shots / "real-node-vscode.png"))
-        token = HubClient(base).login("alice", USER_PASSWORD).token("alice")
-        probe, pod, share_env = _probe(info, base, token, "/user/alice/code/", "ws-alice-code")
-        _stop(base, token, "code")
-        page.context.close()
-    _check_share(info, images, probe, pod, share_env)
+    _open_in_chromium(homes, images, browser, shots, spawn_path="/hub/spawn/alice/code",
+                      choice="vscode", url=r".*/user/alice/code/vscode/.*",
+                      ready=".monaco-workbench .part.sidebar", ready_s=240, what="VS Code",
+                      shot="real-node-vscode", server="code")
 
 
 def test_an_inference_service_answers_http_through_the_activator_from_zero(homes: ClusterInfo,

@@ -15,7 +15,6 @@ import sys
 
 import pytest
 
-from scheduler.kubernetes.client import ApiError
 from scheduler.kubernetes.testcluster import REPO, ClusterInfo, TestCluster, apply_crds
 from tests.native.conftest import native  # noqa: F401  (fixture)
 
@@ -24,6 +23,7 @@ from .helpers import (
     SchedulerProcess,
     create_namespace,
     create_org,
+    default_service_account,
     delete_org,
     kube,
     run,
@@ -118,16 +118,7 @@ def _reservation_rbac(ns: str) -> list[tuple[str, dict]]:
 async def _namespace(kc, ns: str) -> None:
     """``ns``, with the default service account pods need (kube-controller-manager's)."""
     await create_namespace(kc, ns)
-
-    async def account():
-        try:
-            return await kc.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default")
-        except ApiError as e:
-            if e.status != 404:
-                raise
-            return None
-
-    await wait_until(account, f"the default service account of {ns}", timeout=60)
+    await default_service_account(kc, ns)
 
 
 def _gpus_seen(info: ClusterInfo, ns: str, pod: str) -> str:

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.kubernetes.client import ApiError
 from scheduler.kubernetes.testcluster import REPO, ClusterInfo, TestCluster, script_path
 
 from .helpers import (
     SchedulerProcess,
     create_namespace,
     create_org,
+    default_service_account,
     delete_org,
     delete_pods,
     kube,
@@ -51,25 +51,12 @@ SERVE = ("/bin/busybox mkdir -p /www && echo {token} > /www/index.html && echo s
          " && exec /bin/busybox httpd -f -p 8080 -h /www")
 
 
-async def _default_service_account(kc, ns: str) -> None:
-    """kube-controller-manager makes it just after the namespace; pods need it."""
-    async def made():
-        try:
-            return await kc.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default")
-        except ApiError as e:
-            if e.status != 404:
-                raise
-            return None
-
-    await wait_until(made, f"the default service account of {ns}", timeout=60)
-
-
 async def _start_pod(info: ClusterInfo, ns: str, pod: dict, with_kcm: bool = True) -> dict:
     """Create ``pod`` in a new namespace ``ns`` and wait until it runs."""
     async with kube(info) as kc:
         await create_namespace(kc, ns)
         if with_kcm:
-            await _default_service_account(kc, ns)
+            await default_service_account(kc, ns)
         await kc.post(f"/api/v1/namespaces/{ns}/pods", pod)
         name = pod["metadata"]["name"]
 
@@ -193,7 +180,7 @@ def test_a_memory_hog_is_killed_at_its_limit(real_cluster):
     async def terminated():
         async with kube(info) as kc:
             await create_namespace(kc, "real-node-oom")
-            await _default_service_account(kc, "real-node-oom")
+            await default_service_account(kc, "real-node-oom")
             await kc.post("/api/v1/namespaces/real-node-oom/pods", hog)
 
             async def reason():
@@ -340,7 +327,7 @@ def test_a_quarter_gpu_workspace_runs_with_the_interception_library_holding_its_
     async def go():
         async with kube(info) as kc:
             await create_namespace(kc, ns)
-            await _default_service_account(kc, ns)
+            await default_service_account(kc, ns)
             await kc.apply("/api/v1/persistentvolumes",
                            _home_volume("real-node-home", tmp_path / "home"))
             await create_org(kc, "d-real", 1, {"p-real": {"gpus": 1}})
