@@ -446,7 +446,9 @@ def test_the_over_quota_lag_survives_a_scheduler_restart(k8s_cluster: ClusterInf
                                 .pool(nodes.pool).annotate("gpupool.io/preemptible", "false")
                                 .annotate("gpupool.io/allow-over-quota", "true").obj())
                 await wait_until(lambda: _placed(kc, ns, ["a-0", "a-1"]), "project a holds both GPUs")
-                await _post(kc, ns, make_pod("b-0").ns(ns).project("p-relag-b").kind("training").gpus(1)
+                # b waits for two GPUs: over-quota work of any kind is reclaimable (decision
+                # 0070), but fair-share reclaim keeps a at its share of one, so a stays ahead
+                await _post(kc, ns, make_pod("b-0").ns(ns).project("p-relag-b").kind("training").gpus(2)
                             .pool(nodes.pool).obj())
 
                 async def lag_a(since: float = 0.0):
