@@ -50,6 +50,7 @@ class Binder:
         self.reported: dict[str, tuple[str, float]] = {}  # workload -> (reason, when)
         self._bind_sem = asyncio.Semaphore(self.cfg.bind_concurrency)
         self._status_sem = asyncio.Semaphore(self.cfg.status_concurrency)
+        self._reports: dict[str, list[tuple[str, str, str, bool]]] = {}  # pod key -> reports due
         self.tasks: set[asyncio.Task] = set()
         # Pending reasons and Events wait while binds are in flight: binds go first.
         self._binding = 0
@@ -183,23 +184,41 @@ class Binder:
 
     def report(self, ns: str, name: str, uid: str, reason: str, message: str,
                condition: bool = True) -> None:
-        async def go() -> None:
+        """PodScheduled=False (unless not ``condition``) and an Event, in the background.
+        One writer per pod, in the order reported: two patches of one pod in flight at once
+        may land in either order, and an older reason would stay on the pod."""
+        key = f"{ns}/{name}"
+        queue = self._reports.get(key)
+        if queue is not None:
+            queue.append((uid, reason, message, condition))
+            return
+        self._reports[key] = [(uid, reason, message, condition)]
+        self._spawn(self._write_reports(ns, name))
+
+    async def _write_reports(self, ns: str, name: str) -> None:
+        key = f"{ns}/{name}"
+        queue = self._reports[key]
+        try:
             await self._binds_idle.wait()
             async with self._status_sem:
-                try:
-                    if condition:
-                        await self.kc.patch(pod_path(ns, name, "status"),
-                                            scheduled_condition(reason, message), kind="strategic")
-                    await self.kc.post(f"/api/v1/namespaces/{ns}/events",
-                                       event(ns, name, uid, "FailedScheduling"
-                                             if reason == "Unschedulable" else reason, message))
-                except ApiError as e:
-                    if e.status != 404:
+                while queue:
+                    uid, reason, message, condition = queue.pop(0)
+                    # a later condition replaces this one: only its Event is written
+                    newer = any(c for *_, c in queue)
+                    try:
+                        if condition and not newer:
+                            await self.kc.patch(pod_path(ns, name, "status"),
+                                                scheduled_condition(reason, message), kind="strategic")
+                        await self.kc.post(f"/api/v1/namespaces/{ns}/events",
+                                           event(ns, name, uid, "FailedScheduling"
+                                                 if reason == "Unschedulable" else reason, message))
+                    except ApiError as e:
+                        if e.status != 404:
+                            log.warning("reporting on %s/%s: %s", ns, name, e)
+                    except NET_ERRORS as e:
                         log.warning("reporting on %s/%s: %s", ns, name, e)
-                except NET_ERRORS as e:
-                    log.warning("reporting on %s/%s: %s", ns, name, e)
-
-        self._spawn(go())
+        finally:
+            del self._reports[key]
 
     # ------------------------------------------------------------- GPU reservations
     async def reservation_loop(self) -> None:

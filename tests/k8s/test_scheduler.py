@@ -256,6 +256,25 @@ def test_incomplete_gang_waits_for_its_pods(k8s_cluster: ClusterInfo, ns, sched)
     assert len(bound(placed)) == 3
 
 
+def test_the_last_reason_reported_is_the_one_a_pod_keeps(k8s_cluster: ClusterInfo, ns):
+    """Reasons reported in quick succession (a gang's "1 of 3", then "2 of 3") are written to
+    the pod in that order: the pod never keeps an older one."""
+    from scheduler.kubernetes.binder import Binder
+    from scheduler.kubernetes.config import AdapterConfig
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            pod = await kc.post(f"/api/v1/namespaces/{ns}/pods", make_pod("waiting").ns(ns).obj())
+            binder = Binder(kc, AdapterConfig(), None, defaultdict(int))
+            for i in range(40):
+                binder.report(ns, "waiting", pod["metadata"]["uid"], "Unschedulable", f"reason {i}")
+            while binder.tasks:
+                await asyncio.gather(*binder.tasks)
+            return await kc.get(f"/api/v1/namespaces/{ns}/pods/waiting")
+
+    assert scheduled_false(run(go()))["message"] == "reason 39"
+
+
 @pytest.mark.parametrize(
     "case,annotations,names",
     [
