@@ -9,6 +9,7 @@
     gpupool inference describe NAME [--json]
     gpupool inference delete NAME
     gpupool inference exec|logs NAME --replica NAME-HEX [-- COMMAND...]  (exec: through the SSH gateway)
+    gpupool inference port-forward NAME --replica NAME-HEX LOCAL:REMOTE  (through the SSH gateway)
 
 Embedded replicas listen where COMMAND says: ``{socket}`` is replaced with a unix socket
 that only the owner's account and the activator reach (also ``$GPUPOOL_SOCKET``); without
@@ -114,6 +115,11 @@ def add_parser(sub, api: ApiCall) -> None:
     ex.add_argument("--replica", required=True, type=name_arg(), help="the replica (see describe)")
     ex.usage = f"gpupool {ex.prog.split()[1]} exec NAME [options] -- COMMAND..."
     ex.set_defaults(fn=lambda a: remote_action(a, api, "inference", _replica(a)))
+    pf = acts.add_parser("port-forward", help="a local port to a port of a running replica (through the SSH gateway)")
+    pf.add_argument("name", type=name_arg(), help="the service")
+    pf.add_argument("--replica", required=True, type=name_arg(), help="the replica (see describe)")
+    pf.add_argument("rest", nargs=1, metavar="LOCAL:REMOTE", help="the local and the replica's port (LOCAL 0: any free port)")
+    pf.set_defaults(fn=lambda a: remote_action(a, api, "inference", _replica(a)))
     lg = acts.add_parser("logs", help="a replica's output")
     lg.add_argument("name", type=name_arg(), help="the service")
     lg.add_argument("--replica", required=True, type=name_arg(), help="the replica (see describe)")

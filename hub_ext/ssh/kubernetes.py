@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 
 import asyncssh
 from aiohttp import WSMsgType, WSServerHandshakeError
@@ -21,8 +22,10 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.stream import WsApiClient
 
 from gpupool.errors import GpupoolError
+from scheduler.contract import A
 
 log = logging.getLogger("gpupool.ssh")
+_WORKER = re.compile(r"(.+)-w(\d+)$")  # a training worker: JOB-wRANK
 STDIN, STDOUT, STDERR, ERROR, RESIZE = 0, 1, 2, 3, 4
 SHELL = "command -v bash >/dev/null && exec bash -i || exec sh -i"
 SFTP = ("for s in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server /usr/lib/sftp-server; "
@@ -41,6 +44,7 @@ class KubernetesBackend:
     def __init__(self, namespace: str, configuration: client.Configuration | None = None,
                  headers: dict[str, str] | None = None):
         self.namespace, self.configuration, self.headers = namespace, configuration, dict(headers or {})
+        self._containers: dict[str, str] = {}  # pod -> the container sessions enter
 
     @classmethod
     async def from_environment(cls, namespace: str, kubeconfig: str = "") -> KubernetesBackend:
@@ -64,16 +68,34 @@ class KubernetesBackend:
         return api
 
     async def workload(self, user: str, name: str) -> str | None:
-        """The running pod of USER's server NAME (KubeSpawner's annotations name both)."""
+        """The running pod USER may reach as NAME: their server NAME (KubeSpawner's
+        annotations; '' is the default one), or a pod of a workload USER owns (the
+        ``gpupool.io/owner`` annotation): a workspace by its workload name (``ws-USER``),
+        an inference replica or a command workload by its name, a training worker as
+        ``JOB-wRANK`` (pod ``JOB-RANK``)."""
         async with self._api() as api:
-            pods = await client.CoreV1Api(api).list_namespaced_pod(
-                self.namespace, label_selector="component=singleuser-server")
+            pods = await client.CoreV1Api(api).list_namespaced_pod(self.namespace)
+        worker = _WORKER.match(name)
+        found: list = []
         for p in pods.items:
             ann = p.metadata.annotations or {}
-            if (ann.get("hub.jupyter.org/username"), ann.get("hub.jupyter.org/servername", "")) == (user, name) \
-                    and p.status.phase == "Running" and not p.metadata.deletion_timestamp:
-                return p.metadata.name
-        return None
+            if p.status.phase != "Running" or p.metadata.deletion_timestamp:
+                continue
+            if (ann.get("hub.jupyter.org/username"), ann.get("hub.jupyter.org/servername", "")) == (user, name):
+                found.append((2, p))
+            elif name and ann.get(A.OWNER) == user and (
+                    ann.get(A.WORKLOAD) == name
+                    or (worker and ann.get(A.WORKLOAD) == worker[1] and p.metadata.name == f"{worker[1]}-{worker[2]}")):
+                found.append((1, p))
+        if not found:
+            return None
+        _, pod = max(found, key=lambda f: (f[0], f[1].metadata.creation_timestamp))
+        self._containers[pod.metadata.name] = pod.spec.containers[0].name  # the workload's own
+        return pod.metadata.name
+
+    def _container(self, pod: str) -> dict[str, str]:
+        """The container of ``pod`` to enter (a pod may carry sidecars beside it)."""
+        return {"container": self._containers[pod]} if pod in self._containers else {}
 
     @contextlib.asynccontextmanager
     async def _exec(self, pod: str, argv: list[str], tty: bool):
@@ -81,7 +103,7 @@ class KubernetesBackend:
             try:
                 ctx = await client.CoreV1Api(api).connect_get_namespaced_pod_exec(
                     pod, self.namespace, command=argv, stdin=True, stdout=True, stderr=not tty, tty=tty,
-                    _preload_content=False)
+                    _preload_content=False, **self._container(pod))
                 async with ctx as ws:
                     yield ws
             except WSServerHandshakeError as e:

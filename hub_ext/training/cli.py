@@ -10,6 +10,7 @@
     gpupool training describe NAME
     gpupool training logs NAME [--rank R] [--tail N] [--follow]
     gpupool training exec NAME [--rank R] -- COMMAND...   (through the SSH gateway)
+    gpupool training port-forward NAME [--rank R] LOCAL:REMOTE   (through the SSH gateway)
     gpupool training delete|suspend|resume NAME
 """
 
@@ -149,6 +150,11 @@ def add_parser(sub, api: ApiCall) -> None:
     ex.add_argument("--rank", type=int, default=0, help="the worker")
     ex.usage = f"gpupool {ex.prog.split()[1]} exec NAME [options] -- COMMAND..."
     ex.set_defaults(fn=lambda a: remote_action(a, api, "training", f"{a.name}-w{a.rank}"))
+    pf = acts.add_parser("port-forward", help="a local port to a port of a running worker (through the SSH gateway)")
+    pf.add_argument("name", type=name_arg(), help="the job")
+    pf.add_argument("--rank", type=int, default=0, help="the worker")
+    pf.add_argument("rest", nargs=1, metavar="LOCAL:REMOTE", help="the local and the worker's port (LOCAL 0: any free port)")
+    pf.set_defaults(fn=lambda a: remote_action(a, api, "training", f"{a.name}-w{a.rank}"))
     for action, what in (("suspend", "stop a job and free its GPUs"), ("resume", "queue a suspended job again")):
         c = acts.add_parser(action, help=what)
         c.add_argument("name", type=name_arg(), help="the job")

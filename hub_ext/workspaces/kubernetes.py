@@ -19,6 +19,8 @@ The pod:
   binds: ``NVIDIA_VISIBLE_DEVICES``, ``GPUPOOL_MEMORY_LIMIT``, ...), the interception
   library's host directory (copied there by gpupool-node-agent) mounted read-only at
   ``preload_mount_dir``, and ``LD_PRELOAD`` pointing into it;
+- code-server's configuration and machine settings (``vscode_pod_settings``: the home
+  opens trusted, as in embedded mode) from a ``postStart`` hook;
 - CPU and memory as guarantee and limit; home on a PVC (KubeSpawner's storage options,
   ``storage_pvc_ensure`` on by default); ``/lab`` or ``/vscode/`` (jupyter-vscode-proxy
   in the image) as the default URL; the image from ``environment_images``.
@@ -62,7 +64,7 @@ from .. import humanize
 from ..attachments import attach
 from ..requests.rules import WORKSPACE_KINDS, FieldError, WorkloadRequest
 from .metrics import SPAWN_SECONDS
-from .spawner import GpupoolSpawnerMixin, Refused
+from .spawner import GpupoolSpawnerMixin, Refused, vscode_pod_settings
 
 __all__ = ["GpupoolKubeSpawner", "PodFailed", "pod_failure"]
 
@@ -152,7 +154,8 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
         return f"{self.pod_name}-gpupool"
 
     _BASE = ("extra_annotations", "extra_resource_limits", "extra_resource_guarantees",
-             "extra_container_config", "environment", "image", "volumes", "volume_mounts")
+             "extra_container_config", "environment", "image", "volumes", "volume_mounts",
+             "lifecycle_hooks")
 
     @property
     def credentials_secret_name(self) -> str:
@@ -192,6 +195,11 @@ class GpupoolKubeSpawner(GpupoolSpawnerMixin, KubeSpawner):
         self.extra_container_config = {**base["extra_container_config"], **container}
         self.volumes = _merged(base["volumes"], volumes)
         self.volume_mounts = _merged(base["volume_mounts"], mounts)
+        # VS Code (the form's choice, or opened from JupyterLab's launcher) opens the home
+        # trusted, as in embedded mode: the same settings, written by a postStart hook
+        code_env, hook = vscode_pod_settings(self.workload, req.gpu_label(), self.home_mount_path)
+        env.update(code_env)
+        self.lifecycle_hooks = {**base["lifecycle_hooks"], "postStart": {"exec": {"command": hook}}}
         self.environment = {**base["environment"], **env}
         self.cpu_limit = self.cpu_guarantee = float(req.cpu)
         self.mem_limit = self.mem_guarantee = int(req.memory_gib * 1024**3)

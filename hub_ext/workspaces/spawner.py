@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -246,13 +247,32 @@ def vscode_config(workload: str, share: str) -> str:
             f"app-name: {json.dumps(f'gpupool {workload} ({share})')}\n")
 
 
+VSCODE_SETTINGS_PATH = (".local", "share", "code-server", "Machine")  # in the home
+VSCODE_CONFIG_DIR = "/tmp/gpupool-code-server"  # a container's (Kubernetes)
+
+
+def vscode_pod_settings(workload: str, share: str, home: str) -> tuple[dict[str, str], list[str]]:
+    """The same for a workspace container (Kubernetes): the environment that points
+    code-server at its configuration, and the command of the container's ``postStart``
+    hook that writes that configuration and seeds the machine settings in ``home`` (the
+    home claim keeps the user's own version). The kubelet runs the hook before it reports
+    the container running, so before code-server can start."""
+    config = f"{VSCODE_CONFIG_DIR}/config.yaml"
+    machine = "/".join((home.rstrip("/"), *VSCODE_SETTINGS_PATH))
+    script = (f"umask 077; mkdir -p {VSCODE_CONFIG_DIR} "
+              f"&& printf '%s' {shlex.quote(vscode_config(workload, share))} > {config}; "
+              f'[ -e "{machine}/settings.json" ] || {{ mkdir -p "{machine}" && printf \'%s\\n\' '
+              f'{shlex.quote(json.dumps(VSCODE_MACHINE_SETTINGS, indent=2))} > "{machine}/settings.json"; }}; exit 0')
+    return {"CODE_SERVER_CONFIG": config}, ["/bin/sh", "-c", script]
+
+
 def vscode_settings(account, workload: str, share: str) -> dict[str, str]:
     """code-server's configuration for one start, and its machine settings seeded once in
     the account's home (the user may change them there); the environment that points
     code-server at the configuration."""
     launch.remove_private(account, "code-server")
     folder = launch.write_private(account, ("code-server",), {"config.yaml": vscode_config(workload, share)})
-    launch.seed_file(account, (".local", "share", "code-server", "Machine"), "settings.json",
+    launch.seed_file(account, VSCODE_SETTINGS_PATH, "settings.json",
                      json.dumps(VSCODE_MACHINE_SETTINGS, indent=2) + "\n")
     return {"CODE_SERVER_CONFIG": str(folder / "config.yaml")}
 
