@@ -103,6 +103,84 @@ def test_a_pod_runs_on_the_real_node_with_logs_exec_and_port_forward(real_cluste
         assert r.read().decode().strip() == token
 
 
+class _Process:
+    """The SSH side of a gateway session (what asyncssh hands the backend): no input, and
+    what the container writes to its stdout and stderr."""
+
+    def __init__(self):
+        self.out, self.err = bytearray(), bytearray()
+        self.stdin = self
+        self.stdout = type("W", (), {"write": lambda _, d: self.out.extend(d)})()
+        self.stderr = type("W", (), {"write": lambda _, d: self.err.extend(d)})()
+
+    async def read(self, n: int) -> bytes:
+        return b""
+
+
+class _Channel:
+    """The SSH side of a forwarded connection: what comes back from the pod's port."""
+
+    def __init__(self):
+        self.data, self.closed = bytearray(), asyncio.Event()
+
+    def write(self, data: bytes) -> None:
+        self.data.extend(data)
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_the_ssh_gateway_reaches_the_workload_container_of_a_real_pod(real_cluster):
+    """The SSH gateway's Kubernetes backend (hub_ext/ssh/kubernetes.py) against the real
+    kubelet: it finds a pod by the workload its user owns (not another user's), and its
+    exec (websocket, v4.channel.k8s.io) and port-forward reach the workload's container,
+    the first of the pod's two: the sidecar beside it would make an exec without a
+    container name fail."""
+    from kubernetes_asyncio import client
+
+    from hub_ext.ssh.kubernetes import KubernetesBackend, _bridge
+    from scheduler.contract import A
+
+    info, ns, token = real_cluster, "real-node-gateway", secrets.token_hex(8)
+    pod = pinned_pod("echo-0a1b2c", info.real_node, SERVE.format(token=token))
+    pod["metadata"]["annotations"] = {A.OWNER: "alice", A.WORKLOAD: "echo-0a1b2c"}
+    sidecar = {**pod["spec"]["containers"][0], "name": "sidecar",
+               "command": ["/bin/busybox", "sleep", "3600"]}
+    pod["spec"]["containers"].append(sidecar)
+    run(_start_pod(info, ns, pod))
+    cfg = client.Configuration(host=info.host, api_key={"BearerToken": info.token},
+                               api_key_prefix={"BearerToken": "Bearer"})
+    cfg.ssl_ca_cert = str(info.ca_file)
+
+    async def go():
+        b = KubernetesBackend(ns, cfg)
+        assert await b.workload("bob", "echo-0a1b2c") is None
+        assert await b.workload("alice", "other") is None
+        target = await b.workload("alice", "echo-0a1b2c")
+        assert target == "echo-0a1b2c"
+        proc = _Process()
+        async with b._exec(target, ["/bin/busybox", "sh", "-c", "/bin/busybox cat /www/index.html; "
+                                    "echo to-stderr >&2; exit 7"], tty=False) as ws:
+            code = await _bridge(proc, ws)
+        session = await b.tcp_session(target, "127.0.0.1", 8080)
+        chan = _Channel()
+        session.connection_made(chan)
+        session.data_received(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n", None)
+        await asyncio.wait_for(chan.closed.wait(), 60)
+        return code, bytes(proc.out), bytes(proc.err), bytes(chan.data)
+
+    try:
+        code, out, err, page = run(go())
+    finally:
+        async def gone():
+            async with kube(info) as kc:
+                await delete_pods(kc, ns)
+
+        run(gone())
+    assert (code, out.decode().strip(), err.decode().strip()) == (7, token, "to-stderr")
+    assert page.startswith(b"HTTP/1.1 200 OK") and page.rstrip().endswith(token.encode()), page
+
+
 def test_a_service_s_name_reaches_its_pod_through_cluster_dns_and_kube_proxy(real_cluster):
     """A pod finds a Service by its name (CoreDNS behind the kubelet's clusterDNS) and
     reaches the Service's pod at its cluster IP (kube-proxy's rules, inside the node's
