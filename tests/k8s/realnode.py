@@ -70,11 +70,13 @@ def kubectl(info: ClusterInfo, *args: str, timeout: float = 60) -> str:
 
 
 @contextlib.contextmanager
-def port_forward(info: ClusterInfo, ns: str, target: str, port: int) -> Iterator[str]:
+def port_forward(info: ClusterInfo, ns: str, target: str, port: int,
+                 local: int = 0) -> Iterator[str]:
     """``kubectl port-forward`` to ``target`` (``pod/NAME``, ``svc/NAME``) ``port`` through
-    the API server, on a free local port; yields ``http://127.0.0.1:LOCAL``."""
+    the API server, on local port ``local`` (0: a free one); yields
+    ``http://127.0.0.1:LOCAL``."""
     pf = subprocess.Popen([str(info.kubernetes_bin / "kubectl"), "-n", ns, "port-forward",
-                           target, f":{port}"], env=info.env(),
+                           target, f"{local or ''}:{port}"], env=info.env(),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert pf.stdout is not None

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -24,12 +27,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hub_ext.workspaces.spawner import VSCODE_MACHINE_SETTINGS
 from scheduler.contract import A, L
 from scheduler.kubernetes.testcluster import ClusterInfo, TestCluster, script_path
 from tests.chart.imagelib import build_images
 
 from .helpers import kube, wait_until
-from .realnode import port_forward
+from .realnode import kubectl, port_forward
 from .test_real_node import FAKE_CUDA
 
 pytestmark = [
@@ -37,6 +41,12 @@ pytestmark = [
     pytest.mark.images,
     pytest.mark.skipif(os.geteuid() != 0, reason="the real node and image builds need root"),
 ]
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
 
 NS = "gpupool-system"
 RELEASE = "gpupool"
@@ -46,6 +56,8 @@ RELEASE = "gpupool"
 CONTROLLERS = ("serviceaccount,serviceaccount-token,root-ca-cert-publisher,namespace,"
                "garbagecollector,deployment,replicaset,daemonset,endpointslice,"
                "persistentvolume-binder")
+HUB_STATE = "real-node-chart-hub-state"  # the volume of the hub's claim (gpupool-hub-db)
+SSH_PORT = _free_port()
 DECLARED = {"count": 4, "model": "NVIDIA L4", "memoryMib": 23034}
 USER_PASSWORD = "chart-user-password"
 # No GPU here: workspaces get the fake driver (native/build/fake) from the node's disk.
@@ -89,7 +101,10 @@ def _values(images) -> dict:
         "imageRegistry": "localhost",
         "imagePullPolicy": "Never",
         "hub": {"image": {"tag": _tag(images["hub"].image)},
-                "db": {"pvc": {"enabled": False}},
+                # the hub's state (database, SSH host key) outlives its pod (HUB_STATE)
+                "db": {"pvc": {"enabled": True}},
+                # the SSH gateway, reached through kubectl port-forward on the same port
+                "ssh": {"port": SSH_PORT, "host": "127.0.0.1"},
                 "auth": {"sharedPassword": {"userPassword": USER_PASSWORD,
                                             "adminPassword": "chart-admin-password-" + "x" * 16}},
                 "workspaces": {"image": {"tag": _tag(images["workspace"].image)}},
@@ -107,6 +122,9 @@ def _values(images) -> dict:
 
 @pytest.fixture(scope="module")
 def release(chart_node: ClusterInfo, images, tmp_path_factory):
+    state = tmp_path_factory.mktemp("hub-state")
+    state.chmod(0o777)  # the hub's user (1000) writes its database there
+    run(_volume(chart_node, HUB_STATE, state))
     helm = subprocess.run([str(script_path()), "helm-path"], capture_output=True, text=True,
                           check=True).stdout.strip()
     values = tmp_path_factory.mktemp("chart") / "values.yaml"
@@ -224,8 +242,10 @@ dev, ctx, free, total = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_size_t(), ct
 assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
 assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
 cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+code = os.path.expanduser("~/.local/share/code-server/Machine/settings.json")
 print(json.dumps({"total": total.value, "hostname": os.uname().nodename,
-                  "env": {k: v for k, v in os.environ.items() if k.startswith(("GPUPOOL_", "LD_"))},
+                  "code_settings": json.load(open(code)) if os.path.exists(code) else None,
+                  "env": {k: v for k, v in os.environ.items() if k.startswith(("GPUPOOL_", "LD_", "CODE_"))},
                   "maps": sorted({l.split()[-1] for l in open("/proc/self/maps") if ".so" in l})}))
 """
 
@@ -234,20 +254,21 @@ print(json.dumps({"total": total.value, "hostname": os.uname().nodename,
 def homes(release: ClusterInfo, tmp_path_factory):
     """Volumes for the home claims of alice's servers (KubeSpawner makes one claim per
     server; kube-controller-manager binds each to one of these)."""
-    async def make():
-        async with kube(release) as kc:
-            for i in range(2):
-                home = tmp_path_factory.mktemp(f"home{i}")
-                home.chmod(0o777)  # the image's user (1000) writes its home
-                await kc.apply("/api/v1/persistentvolumes", {
-                    "apiVersion": "v1", "kind": "PersistentVolume",
-                    "metadata": {"name": f"real-node-chart-home-{i}"},
-                    "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"],
-                             "persistentVolumeReclaimPolicy": "Retain",
-                             "hostPath": {"path": str(home), "type": "Directory"}}})
-
-    run(make())
+    for i in range(2):
+        home = tmp_path_factory.mktemp(f"home{i}")
+        home.chmod(0o777)  # the image's user (1000) writes its home
+        run(_volume(release, f"real-node-chart-home-{i}", home))
     return release
+
+
+async def _volume(info: ClusterInfo, name: str, path: Path) -> None:
+    """A hostPath PersistentVolume at ``path`` for a claim kube-controller-manager binds."""
+    async with kube(info) as kc:
+        await kc.apply("/api/v1/persistentvolumes", {
+            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+            "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "persistentVolumeReclaimPolicy": "Retain",
+                     "hostPath": {"path": str(path), "type": "Directory"}}})
 
 
 def _spawn(page, base: str, path: str, kind: str) -> None:
@@ -299,6 +320,9 @@ def _check_share(info: ClusterInfo, images, probe: dict, pod: dict, share_env: d
     cap = DECLARED["memoryMib"] * 2**20 // 4
     assert env["GPUPOOL_MEMORY_LIMIT"] == str(cap)
     assert probe["total"] == cap  # the driver's memory, as the interception library caps it
+    # VS Code (chosen, or opened from JupyterLab) opens the home trusted, as in embedded mode
+    assert probe["code_settings"] == VSCODE_MACHINE_SETTINGS
+    assert env["CODE_SERVER_CONFIG"] == "/tmp/gpupool-code-server/config.yaml"
 
 
 def _stop(base: str, token: str, server: str = "") -> None:
@@ -309,7 +333,8 @@ def _stop(base: str, token: str, server: str = "") -> None:
 
 
 def _open_in_chromium(info: ClusterInfo, images, browser, shots, *, spawn_path: str, choice: str,
-                      url: str, ready: str, ready_s: int, what: str, shot: str, server: str = ""):
+                      url: str, ready: str, ready_s: int, what: str, shot: str, server: str = "",
+                      check=None):
     """Through the chart's proxy in chromium: alice logs in with the chart's password, asks
     the form at ``spawn_path`` for ``choice`` with 0.25 GPU, waits for ``url`` and the
     ``ready`` element; then the kernel probe in that server's container, which holds the
@@ -330,6 +355,8 @@ def _open_in_chromium(info: ClusterInfo, images, browser, shots, *, spawn_path: 
             page.screenshot(path=str(shots / f"{shot}-failed.png"), full_page=True)
             pytest.fail(f"{what} did not open: {page.url}\n{_describe(info)}")
         page.screenshot(path=str(shots / f"{shot}.png"))
+        if check is not None:
+            check(page)
         token = HubClient(base).login("alice", USER_PASSWORD).token("alice")
         server_path = f"/user/alice/{server}/" if server else "/user/alice/"
         probe, pod, share_env = _probe(info, base, token, server_path,
@@ -362,7 +389,16 @@ def test_alice_opens_vs_code_with_a_quarter_gpu_in_chromium(homes: ClusterInfo, 
     _open_in_chromium(homes, images, browser, shots, spawn_path="/hub/spawn/alice/code",
                       choice="vscode", url=r".*/user/alice/code/vscode/.*",
                       ready=".monaco-workbench .part.sidebar", ready_s=240, what="VS Code",
-                      shot="real-node-vscode", server="code")
+                      shot="real-node-vscode", server="code", check=_trusted)
+
+
+def _trusted(page) -> None:
+    """The workbench opens the home trusted (no Restricted Mode), with the configuration
+    GpupoolKubeSpawner's postStart hook wrote: its app name in the window title."""
+    html = page.content().replace("&quot;", '"')
+    assert '"enableWorkspaceTrust":false' in html, html[:2000]
+    page.wait_for_function("document.title.includes('gpupool ws-alice-code (0.25 GPU')",
+                           timeout=60_000)
 
 
 def test_an_inference_service_answers_http_through_the_activator_from_zero(homes: ClusterInfo,
@@ -430,3 +466,248 @@ def _async(pred):
     async def call():
         return pred()
     return call
+
+
+# -- the CLI's remote commands and a hub restart, as a user drives them ------------------------
+GPUPOOL = str(Path(sys.executable).parent / "gpupool")
+
+
+def _cli(base: str, token: str, config: Path, *args: str, stdin: str | None = None,
+         timeout: float = 180) -> subprocess.CompletedProcess:
+    """The ``gpupool`` command as a user runs it: the hub's URL (the chart's proxy, through
+    loopback) and the user's token; its known_hosts under ``config``."""
+    env = {**os.environ, "GPUPOOL_URL": base, "GPUPOOL_TOKEN": token,
+           "XDG_CONFIG_HOME": str(config)}
+    return subprocess.run([GPUPOOL, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, input=stdin if stdin is not None else "")
+
+
+def _cli_forward(base: str, token: str, config: Path, *args: str):
+    """``gpupool ... port-forward ...`` running; (the process, its local port)."""
+    env = {**os.environ, "GPUPOOL_URL": base, "GPUPOOL_TOKEN": token,
+           "XDG_CONFIG_HOME": str(config)}
+    p = subprocess.Popen([GPUPOOL, *args], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    first = p.stdout.readline()
+    m = re.match(r"Forwarding 127\.0\.0\.1:(\d+) -> ", first)
+    if not m:
+        p.kill()
+        pytest.fail(f"no forwarding line: {first!r} {p.communicate(timeout=10)[1][-2000:]}")
+    return p, int(m.group(1))
+
+
+def _get(url: str, token: str = "") -> str:
+    headers = {"Authorization": f"token {token}"} if token else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60) as r:
+        return r.read().decode(errors="replace")
+
+
+def _workload_pod(info: ClusterInfo, workload: str) -> dict | None:
+    return next((p for p in run(_pods(info))
+                 if (p["metadata"].get("annotations") or {}).get(A.WORKLOAD) == workload
+                 and not p["metadata"].get("deletionTimestamp")), None)
+
+
+def _hub_proxy(info: ClusterInfo):
+    """The chart's proxy and the SSH gateway (on the port /me names), both forwarded to
+    loopback through the API server once the hub's pod is Ready."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def both():
+        run(wait_until(lambda: _hub_ready(info), "the hub pod Ready", timeout=300))
+        with port_forward(info, NS, f"svc/{RELEASE}-hub", 80) as base, \
+                port_forward(info, NS, f"svc/{RELEASE}-hub", SSH_PORT, local=SSH_PORT):
+            run(wait_until(_async(lambda: _answers(f"{base}/hub/login")), "the hub's login page",
+                           timeout=120, interval=1))
+            yield base
+
+    return both()
+
+
+def _tokens(base: str, *users: str) -> dict[str, str]:
+    from tests.hub.hubclient import HubClient
+
+    return {u: HubClient(base).login(u, USER_PASSWORD).token(u) for u in users}
+
+
+def test_alice_reaches_her_workspace_with_the_cli_and_bob_does_not(homes: ClusterInfo,
+                                                                  tmp_path):
+    """alice starts a workspace with ``gpupool workspace start`` (0.25 GPU); ``exec``,
+    ``ssh`` (OpenSSH with her token), ``logs`` and ``port-forward`` reach its container on
+    the real node through the hub's SSH gateway (the API server's pods/exec and
+    pods/portforward with the chart's Role) and the hub's API (pods/log). bob, in the same
+    project, is refused each: his exec and ssh are told the workspace is not running or not
+    his, his logs get the API's 403."""
+    from tests.hub.hubclient import call
+
+    info = homes
+    with _hub_proxy(info) as base:
+        tok = _tokens(base, "alice", "bob")
+        alice = functools.partial(_cli, base, tok["alice"], tmp_path / "alice")
+        bob = functools.partial(_cli, base, tok["bob"], tmp_path / "bob")
+        r = alice("workspace", "start", "--project", "nlp", "--fraction", "0.25", "--cpu", "0.5",
+                  "--memory", "2")
+        assert r.returncode == 0, r.stderr
+
+        async def ready():
+            status, user = call(base, tok["alice"], "GET", "/hub/api/users/alice", api=False)
+            return status == 200 and (user["servers"].get("") or {}).get("ready")
+
+        try:
+            run(wait_until(ready, "alice's workspace ready", timeout=400, interval=2))
+        except Exception:
+            pytest.fail(f"alice's workspace did not start:\n{_describe(info)}")
+        pod = _workload_pod(info, "ws-alice")
+        assert pod is not None and pod["spec"]["nodeName"] == info.real_node
+        name = pod["metadata"]["name"]
+
+        r = alice("workspace", "exec", "ws-alice", "--", "sh", "-c",
+                  "hostname; echo $GPUPOOL_GPU_MILLI; echo to-stderr >&2; exit 7")
+        assert r.returncode == 7, r.stderr
+        assert r.stdout.split() == [name, "250"] and "to-stderr" in r.stderr
+        known = (tmp_path / "alice" / "gpupool" / "known_hosts").read_text()
+        assert known.startswith(f"[127.0.0.1]:{SSH_PORT} ssh-ed25519 ")
+
+        r = alice("workspace", "ssh", "ws-alice", stdin="hostname; id -u; exit\n")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split()[-2:] == [name, "1000"], r.stdout
+        assert tok["alice"] not in r.stdout + r.stderr
+
+        r = alice("workspace", "logs", "ws-alice", "--tail", "500")
+        assert r.returncode == 0, r.stderr
+        assert "Jupyter Server" in r.stdout and "/user/alice/" in r.stdout, r.stdout[-2000:]
+
+        p, port = _cli_forward(base, tok["alice"], tmp_path / "alice", "workspace",
+                               "port-forward", "ws-alice", "0:8888")
+        try:  # the Jupyter server in the container, on its own port
+            assert "version" in json.loads(_get(f"http://127.0.0.1:{port}/user/alice/api"))
+        finally:
+            p.terminate()
+            p.wait(10)
+
+        r = bob("workspace", "exec", "ws-alice", "--", "hostname")
+        assert r.returncode == 1 and name not in r.stdout
+        assert "workspace 'ws-alice' is not running (or is not yours)" in r.stderr, r.stderr
+        r = bob("workspace", "ssh", "ws-alice", stdin="hostname; exit\n")
+        assert r.returncode != 0 and name not in r.stdout
+        assert "is not running (or is not yours)" in r.stderr, r.stderr
+        r = bob("workspace", "logs", "ws-alice")
+        assert r.returncode != 0 and r.stdout == ""
+        assert "403" in r.stderr, r.stderr
+
+
+def test_the_workspace_outlives_the_hub_s_pod(homes: ClusterInfo, tmp_path):
+    """The hub's pod deleted while alice's workspace runs: the Deployment's new pod (the
+    same database, on the hub's claim) shows the workspace again (JupyterHub's API, the
+    CLI's list), the workspace's pod is the same one and never restarted, and alice's
+    server answers through the new pod's proxy."""
+    from tests.hub.hubclient import call
+
+    info = homes
+    before = _workload_pod(info, "ws-alice")
+    if before is None:  # this test alone: a workspace of its own
+        with _hub_proxy(info) as base:
+            tok = _tokens(base, "alice")
+            r = _cli(base, tok["alice"], tmp_path, "workspace", "start", "--project", "nlp",
+                     "--fraction", "0.25", "--cpu", "0.5", "--memory", "2")
+            assert r.returncode == 0, r.stderr
+
+            async def ready():
+                status, user = call(base, tok["alice"], "GET", "/hub/api/users/alice",
+                                    api=False)
+                return status == 200 and (user["servers"].get("") or {}).get("ready")
+
+            run(wait_until(ready, "alice's workspace ready", timeout=400, interval=2))
+        before = _workload_pod(info, "ws-alice")
+    assert before is not None
+    hub = run(_hub_ready(info))
+    kubectl(info, "-n", NS, "delete", "pod", hub["metadata"]["name"], "--wait=false")
+
+    async def new_hub():
+        p = await _hub_ready(info)
+        return p if p and p["metadata"]["uid"] != hub["metadata"]["uid"] else None
+
+    run(wait_until(new_hub, "the hub's new pod Ready", timeout=300, interval=2))
+    with _hub_proxy(info) as base:
+        tok = _tokens(base, "alice")  # the users' and their tokens' database is the same
+
+        async def shown():
+            status, user = call(base, tok["alice"], "GET", "/hub/api/users/alice", api=False)
+            return status == 200 and (user["servers"].get("") or {}).get("ready")
+
+        run(wait_until(shown, "alice's workspace shown by the new hub", timeout=120, interval=2))
+        r = _cli(base, tok["alice"], tmp_path, "workspace", "list")
+        assert r.returncode == 0, r.stderr
+        line = next((x for x in r.stdout.splitlines() if "ws-alice " in x + " "), "")
+        assert "running" in line, r.stdout
+
+        async def answers():  # the new proxy's route to the server, added by the new hub
+            try:
+                return json.loads(_get(f"{base}/user/alice/api/status", tok["alice"]))
+            except OSError:
+                return None
+
+        assert "started" in run(wait_until(answers, "alice's server through the proxy",
+                                           timeout=120, interval=2))
+        after = _workload_pod(info, "ws-alice")
+        assert after["metadata"]["uid"] == before["metadata"]["uid"]
+        assert after["status"]["containerStatuses"][0]["restartCount"] == 0
+        _stop(base, tok["alice"])
+
+
+def test_alice_reaches_an_inference_replica_with_the_cli(homes: ClusterInfo, tmp_path):
+    """A service alice submits with ``gpupool inference submit`` (one replica kept, 0.25
+    GPU): ``exec``, ``logs`` and ``port-forward`` with ``--replica`` reach the replica's
+    container on the real node. bob (her project) cannot exec there; dave (another
+    project) cannot read its log."""
+    info = homes
+    with _hub_proxy(info) as base:
+        tok = _tokens(base, "alice", "bob", "dave")
+        alice = functools.partial(_cli, base, tok["alice"], tmp_path / "alice")
+        r = alice("inference", "submit", "remote", "--project", "nlp", "--fraction", "0.25",
+                  "--min-replicas", "1", "--max-replicas", "1", "--port", "8000",
+                  "--", "python3", "-m", "http.server", "8000")
+        assert r.returncode == 0, r.stderr
+
+        async def replica():
+            pods = [p for p in await _pods(info)
+                    if p["metadata"].get("labels", {}).get(L.INFERENCE) == "remote"
+                    and _ready(p)]
+            return pods[0] if pods else None
+
+        try:
+            pod = run(wait_until(replica, "the replica Ready", timeout=300, interval=2))
+        except Exception:
+            pytest.fail(f"no replica:\n{_describe(info)}")
+        name = pod["metadata"]["name"]
+        assert pod["spec"]["nodeName"] == info.real_node
+        try:
+            r = alice("inference", "exec", "remote", "--replica", name, "--", "sh", "-c",
+                      "hostname; echo $GPUPOOL_GPU_MILLI; exit 3")
+            assert r.returncode == 3, r.stderr
+            assert r.stdout.split() == [name, "250"]
+
+            r = alice("inference", "logs", "remote", "--replica", name)
+            assert r.returncode == 0, r.stderr
+            assert '"GET / HTTP/1.1" 200' in r.stdout, r.stdout[-2000:]  # its readiness probes
+
+            p, port = _cli_forward(base, tok["alice"], tmp_path / "alice", "inference",
+                                   "port-forward", "remote", "--replica", name, "0:8000")
+            try:
+                assert "Directory listing for /" in _get(f"http://127.0.0.1:{port}/")
+            finally:
+                p.terminate()
+                p.wait(10)
+
+            r = _cli(base, tok["bob"], tmp_path / "bob", "inference", "exec", "remote",
+                     "--replica", name, "--", "hostname")
+            assert r.returncode == 1 and name not in r.stdout
+            assert "is not running (or is not yours)" in r.stderr, r.stderr
+            r = _cli(base, tok["dave"], tmp_path / "dave", "inference", "logs", "remote",
+                     "--replica", name)
+            assert r.returncode != 0 and "403" in r.stderr, r.stderr
+        finally:
+            r = alice("inference", "delete", "remote")
+            assert r.returncode == 0, r.stderr

@@ -159,8 +159,8 @@ def test_the_ssh_gateway_reaches_the_workload_container_of_a_real_pod(real_clust
         target = await b.workload("alice", "echo-0a1b2c")
         assert target == "echo-0a1b2c"
         proc = _Process()
-        async with b._exec(target, ["/bin/busybox", "sh", "-c", "/bin/busybox cat /www/index.html; "
-                                    "echo to-stderr >&2; exit 7"], tty=False) as ws:
+        script = "/bin/busybox cat /www/index.html; echo to-stderr >&2; exit 7"
+        async with b._exec(target, ["/bin/busybox", "sh", "-c", script], tty=False) as ws:
             code = await _bridge(proc, ws)
         session = await b.tcp_session(target, "127.0.0.1", 8080)
         chan = _Channel()
