@@ -5,6 +5,7 @@ manifest created on the local cluster and bound by gpupool-scheduler with its Co
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -122,6 +123,36 @@ def test_manifest_whole_gpus_vscode_over_quota(manifest):
     assert _env(c)["JUPYTERHUB_DEFAULT_URL"] == "/vscode/"
     assert [v["name"] for v in m["spec"]["volumes"]] == ["home"]
     assert parse_pod(m).demand.gpus == 2
+
+
+def test_vs_code_opens_the_home_trusted_as_in_embedded_mode(manifest, tmp_path):
+    """The container's postStart hook writes code-server's configuration where
+    CODE_SERVER_CONFIG points and seeds the embedded mode's machine settings in the home,
+    keeping a version the user changed. The hook's own command, run by a shell here with
+    the home mount path pointed at a folder."""
+    import json
+    import shutil
+    import subprocess
+
+    from hub_ext.workspaces.spawner import VSCODE_MACHINE_SETTINGS
+
+    home = tmp_path / "home"
+    sp, m = manifest(WorkloadRequest(project="nlp", gpu_fraction=0.25, workspace_kind="vscode"),
+                     home_mount_path=str(home))
+    (c,) = m["spec"]["containers"]
+    config = _env(c)["CODE_SERVER_CONFIG"]
+    hook = c["lifecycle"]["postStart"]["exec"]["command"]
+    try:
+        assert subprocess.run(hook, timeout=30).returncode == 0
+        assert Path(config).read_text() == (f"disable-workspace-trust: true\n"
+                                            f'app-name: "gpupool {sp.workload} (0.25 GPU)"\n')
+    finally:
+        shutil.rmtree(Path(config).parent, ignore_errors=True)
+    settings = home / ".local/share/code-server/Machine/settings.json"
+    assert json.loads(settings.read_text()) == VSCODE_MACHINE_SETTINGS
+    settings.write_text("{}")  # the user's own
+    assert subprocess.run(hook, timeout=30).returncode == 0
+    assert settings.read_text() == "{}"
 
 
 def test_manifest_gpu_memory(manifest):
