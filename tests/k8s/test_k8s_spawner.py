@@ -142,17 +142,17 @@ def test_vs_code_opens_the_home_trusted_as_in_embedded_mode(manifest, tmp_path):
     (c,) = m["spec"]["containers"]
     config = _env(c)["CODE_SERVER_CONFIG"]
     hook = c["lifecycle"]["postStart"]["exec"]["command"]
+    settings = home / ".local/share/code-server/Machine/settings.json"
     try:
         assert subprocess.run(hook, timeout=30).returncode == 0
         assert Path(config).read_text() == (f"disable-workspace-trust: true\n"
                                             f'app-name: "gpupool {sp.workload} (0.25 GPU)"\n')
+        assert json.loads(settings.read_text()) == VSCODE_MACHINE_SETTINGS
+        settings.write_text("{}")  # the user's own
+        assert subprocess.run(hook, timeout=30).returncode == 0
+        assert settings.read_text() == "{}"
     finally:
         shutil.rmtree(Path(config).parent, ignore_errors=True)
-    settings = home / ".local/share/code-server/Machine/settings.json"
-    assert json.loads(settings.read_text()) == VSCODE_MACHINE_SETTINGS
-    settings.write_text("{}")  # the user's own
-    assert subprocess.run(hook, timeout=30).returncode == 0
-    assert settings.read_text() == "{}"
 
 
 def test_manifest_gpu_memory(manifest):
