@@ -188,6 +188,19 @@ def test_inference_exec_and_logs_by_replica(chub, tmp_path):
         assert r.stdout.split() == [account("alice"), replica]
         wait_for(lambda: "Serving HTTP" in gp(chub, tmp_path, "inference", "logs", "echo", "--replica", replica).stdout,
                  "the replica's output in its logs", timeout=60)
+        # port-forward to the replica's own port ($PORT)
+        port = gp(chub, tmp_path, "inference", "exec", "echo", "--replica", replica, "--", "sh", "-c",
+                  "echo $PORT").stdout.strip()
+        p = subprocess.Popen([GPUPOOL, "inference", "port-forward", "echo", "--replica", replica, f"0:{port}"],
+                             env=cli_env(chub, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            m = re.match(r"Forwarding 127\.0\.0\.1:(\d+) -> ", p.stdout.readline())
+            assert m, p.stderr.read() if p.poll() is not None else "no forwarding line"
+            with urllib.request.urlopen(f"http://127.0.0.1:{m.group(1)}/", timeout=20) as r_:
+                assert "Directory listing for /" in r_.read().decode()
+        finally:
+            p.terminate()
+            p.wait(10)
         r = gp(chub, tmp_path, "inference", "exec", "echo", "--replica", "other-abcdef", "--", "true")
         assert r.returncode != 0 and "not a replica of 'echo'" in r.stderr
     finally:

@@ -711,3 +711,76 @@ def test_alice_reaches_an_inference_replica_with_the_cli(homes: ClusterInfo, tmp
         finally:
             r = alice("inference", "delete", "remote")
             assert r.returncode == 0, r.stderr
+
+
+def test_alice_reaches_a_training_worker_with_the_cli(homes: ClusterInfo, tmp_path):
+    """A one-worker training alice submits (0.25 GPU; its checkpoint claim bound to a
+    ReadWriteMany volume): ``training exec``, ``logs`` and ``port-forward`` with ``--rank``
+    reach the worker's container on the real node; bob (her project) cannot exec there,
+    dave (another project) cannot read its log."""
+    from tests.hub.hubclient import call
+
+    info = homes
+    ckpt = tmp_path / "checkpoints"
+    ckpt.mkdir()
+    ckpt.chmod(0o777)
+
+    async def volume():
+        async with kube(info) as kc:
+            await kc.apply("/api/v1/persistentvolumes", {
+                "apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": "real-node-chart-checkpoints"},
+                "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteMany"],
+                         "persistentVolumeReclaimPolicy": "Retain",
+                         "hostPath": {"path": str(ckpt), "type": "Directory"}}})
+
+    run(volume())
+    with _hub_proxy(info) as base:
+        tok = _tokens(base, "alice", "bob", "dave")
+        alice = functools.partial(_cli, base, tok["alice"], tmp_path / "alice")
+        status, body = call(base, tok["alice"], "POST", "/trainings", {
+            "name": "remote-tr", "project": "nlp", "gpu_mode": "fraction", "gpu_fraction": 0.25,
+            "cpu": 0.25, "memory_gib": 1, "workers": 1,
+            "command": ["sh", "-c", "echo worker-up; exec python3 -m http.server 8000"]})
+        assert status in (200, 201, 202), body
+
+        async def worker():
+            pods = [p for p in await _pods(info)
+                    if (p["metadata"].get("annotations") or {}).get(A.WORKLOAD) == "remote-tr"
+                    and (p.get("status") or {}).get("phase") == "Running"]
+            return pods[0] if pods else None
+
+        try:
+            try:
+                pod = run(wait_until(worker, "the worker running", timeout=300, interval=2))
+            except Exception:
+                pytest.fail(f"no worker: {call(base, tok['alice'], 'GET', '/trainings/remote-tr')}"
+                            f"\n{_describe(info)}")
+            name = pod["metadata"]["name"]
+            assert pod["spec"]["nodeName"] == info.real_node
+            r = alice("training", "exec", "remote-tr", "--rank", "0", "--", "sh", "-c",
+                      "hostname; echo $GPUPOOL_GPU_MILLI; exit 4")
+            assert r.returncode == 4, r.stderr
+            assert r.stdout.split() == [name, "250"]
+
+            r = alice("training", "logs", "remote-tr", "--rank", "0")
+            assert r.returncode == 0 and "worker-up" in r.stdout, r.stdout + r.stderr
+
+            p, port = _cli_forward(base, tok["alice"], tmp_path / "alice", "training",
+                                   "port-forward", "remote-tr", "--rank", "0", "0:8000")
+            try:
+                assert "Directory listing for /" in _get(f"http://127.0.0.1:{port}/")
+            finally:
+                p.terminate()
+                p.wait(10)
+
+            r = _cli(base, tok["bob"], tmp_path / "bob", "training", "exec", "remote-tr",
+                     "--rank", "0", "--", "hostname")
+            assert r.returncode == 1 and name not in r.stdout
+            assert "is not running (or is not yours)" in r.stderr, r.stderr
+            r = _cli(base, tok["dave"], tmp_path / "dave", "training", "logs", "remote-tr")
+            assert r.returncode != 0 and "worker-up" not in r.stdout
+            assert "403" in r.stderr or "404" in r.stderr, r.stderr
+        finally:
+            r = alice("training", "delete", "remote-tr")
+            assert r.returncode == 0, r.stderr
