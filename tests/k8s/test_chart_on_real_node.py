@@ -630,6 +630,11 @@ def test_the_workspace_outlives_the_hub_s_pod(homes: ClusterInfo, tmp_path):
         return p if p and p["metadata"]["uid"] != hub["metadata"]["uid"] else None
 
     run(wait_until(new_hub, "the hub's new pod Ready", timeout=300, interval=2))
+
+    async def old_gone():  # the Service's port-forward then reaches the new pod only
+        return hub["metadata"]["uid"] not in {p["metadata"]["uid"] for p in await _pods(info)}
+
+    run(wait_until(old_gone, "the hub's old pod gone", timeout=120, interval=1))
     with _hub_proxy(info) as base:
         tok = _tokens(base, "alice")  # the users' and their tokens' database is the same
 
