@@ -307,6 +307,8 @@ def test_a_training_gang_checkpoints_on_its_claim_is_reclaimed_and_resumes_from_
         print(f"--- gpupool-scheduler logs ---\n{sched.logs()}")
     claim, pv = saw["claim"], saw["pv"]
     assert claim["spec"]["storageClassName"] == info.storage_class
+    assert pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] \
+        == [info.real_node]
     assert claim["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] == info.real_node
     assert saw["folder"].parent == _volumes_dir(info)
     for lines in saw["first_logs"]:
