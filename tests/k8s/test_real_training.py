@@ -305,6 +305,7 @@ def test_a_training_gang_checkpoints_on_its_claim_is_reclaimed_and_resumes_from_
         run(asyncio.wait_for(go(), 840))
     finally:
         print(f"--- gpupool-scheduler logs ---\n{sched.logs()}")
+    print(f"saved at the preemption: {saw['saved']}; after the resume: {saw['logs']}")
     claim, pv = saw["claim"], saw["pv"]
     assert claim["spec"]["storageClassName"] == info.storage_class
     assert pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] \
