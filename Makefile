@@ -29,9 +29,9 @@ run: setup system native
 	$(VENV)/bin/gpupool up
 
 # The local Kubernetes test cluster's binaries, helm and dockerfile-lint, and the real node's
-# kube-proxy and CoreDNS (built once from Go modules, cached in ~/.cache/gpupool).
+# kube-proxy, CoreDNS and host-path provisioner (built once from Go modules, cached in ~/.cache/gpupool).
 k8s:
-	scripts/test-cluster build --cluster-dns >/dev/null
+	scripts/test-cluster build --cluster-dns --provisioner >/dev/null
 
 # Dex, the OIDC provider of the single sign-on tests (built once, cached in ~/.cache/gpupool).
 dex:

@@ -33,6 +33,10 @@
 #   answer back through the namespace's conntrack (hairpin included). It leaves every
 #   conntrack sysctl as it is (nf_conntrack_max is the host's) and binds node ports to the
 #   node IP only, so it sets no route_localnet.
+# - With --provisioner (docs/decisions/0066): scripts/hostpath-provisioner runs as a daemon in
+#   the same namespaces and makes each claimed volume a folder of DIR/node/volumes, a hostPath
+#   PersistentVolume pinned to the node; the StorageClass gpupool-hostpath binds on the first
+#   consumer. The folders go with DIR/node on teardown.
 
 REAL_NODE_NAME="${REAL_NODE_NAME:-real-node}"
 REAL_NODE_IP=10.200.0.1     # on the veth inside the namespace; nothing outside sees it
@@ -44,6 +48,9 @@ REAL_CONTAINERD_SOCK=/run/containerd/containerd.sock
 
 real_node=0
 cluster_dns=0
+provisioner=0
+REAL_STORAGE_CLASS=gpupool-hostpath  # --provisioner: its StorageClass
+REAL_PROVISIONER_NAME=gpupool.local/hostpath
 holder_pid=""
 holder_mntns=""
 run_id=""
@@ -65,6 +72,8 @@ real_node_check() {
     [[ -x "$k8s_bin/kubelet" ]] || die "no kubelet in $k8s_bin (scripts/test-cluster build)"
     ((!cluster_dns)) || cluster_dns_cached \
         || die "no kube-proxy or CoreDNS (scripts/test-cluster build --cluster-dns)"
+    ((!provisioner)) || provisioner_cached \
+        || die "no host-path provisioner (scripts/test-cluster build --provisioner)"
     [[ -f "$pause_archive" ]] || die "no pause image at $pause_archive (scripts/test-cluster build)"
 }
 
@@ -342,6 +351,18 @@ PROXY
     start kube-proxy "${ns_exec[@]}" "$kube_proxy_bin/kube-proxy" --config="$s/kube-proxy.yaml" -v=1
 }
 
+# --provisioner: the host-path provisioner for this node, and its WaitForFirstConsumer class.
+real_node_provisioner() {
+    start hostpath-provisioner "${ns_exec[@]}" "$provisioner_bin/hostpath-provisioner" \
+        --kubeconfig "$state_dir/kubeconfig" --node "$REAL_NODE_NAME" \
+        --dir "$state_dir/node/volumes" --name "$REAL_PROVISIONER_NAME"
+    api POST /apis/storage.k8s.io/v1/storageclasses '{"apiVersion": "storage.k8s.io/v1",
+ "kind": "StorageClass", "metadata": {"name": "'"$REAL_STORAGE_CLASS"'"},
+ "provisioner": "'"$REAL_PROVISIONER_NAME"'", "reclaimPolicy": "Delete",
+ "volumeBindingMode": "WaitForFirstConsumer"}' >/dev/null
+    echo "STORAGE_CLASS=$REAL_STORAGE_CLASS" >>"$state_dir/env"
+}
+
 # kube-proxy has written the kube-dns Service's rules, and CoreDNS has read the API server.
 real_node_services_ready() {
     "${ns_exec[@]}" iptables -w -t nat -S KUBE-SERVICES 2>/dev/null | grep -q -- "-d $REAL_DNS_IP/32" \
@@ -360,6 +381,7 @@ real_node_up() {  # after the API server is ready
     real_node_kubelet
     wait_for "node $REAL_NODE_NAME to be Ready" 120 real_node_ready
     ((fake_gpus)) && real_node_fake_gpus
+    ((provisioner)) && real_node_provisioner
     ((!cluster_dns)) || wait_for "kube-proxy's rules and CoreDNS" 120 real_node_services_ready
     cat >>"$state_dir/env" <<ENV
 REAL_NODE=$REAL_NODE_NAME

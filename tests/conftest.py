@@ -59,16 +59,17 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-def _build_first(cluster_dns: bool = False) -> None:
+def _build_first(cluster_dns: bool = False, provisioner: bool = False) -> None:
     """``make k8s`` builds before pytest starts. When pytest runs alone on a machine that
     has not built yet, build here; the build outlasts a test's timeout on a cold machine, so
     the per-test alarm of pytest-timeout is switched off for this (first) test only.
-    ``cluster_dns``: kube-proxy and CoreDNS too (the real node's Services and DNS)."""
-    if binaries_cached(cluster_dns):
+    ``cluster_dns``: kube-proxy and CoreDNS too (the real node's Services and DNS);
+    ``provisioner``: the real node's host-path provisioner."""
+    if binaries_cached(cluster_dns, provisioner):
         return
     if hasattr(signal, "setitimer"):
         signal.setitimer(signal.ITIMER_REAL, 0)
-    build_binaries(cluster_dns)
+    build_binaries(cluster_dns, provisioner)
 
 
 @pytest.fixture(scope="session")

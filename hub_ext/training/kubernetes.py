@@ -72,9 +72,12 @@ def _exit(pod: dict) -> tuple[int, str] | None:
 
 def gang_state(pods: list[dict], workers: int) -> GangState:
     """The job's state from its worker pods (API JSON). A bound worker that is being
-    deleted or gone, while the job did not ask for it, is a preemption."""
+    deleted or gone, while the job did not ask for it, is a preemption; so is one that
+    exited while being deleted (a worker that saves on SIGTERM exits with 143 then)."""
     bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
     for p in pods:
+        if p["metadata"].get("deletionTimestamp"):
+            continue
         phase = (p.get("status") or {}).get("phase")
         code = _exit(p)
         if phase == "Failed" or (code is not None and code[0] != 0):

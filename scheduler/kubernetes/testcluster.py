@@ -7,8 +7,9 @@ for nodes and, on request, kube-controller-manager and kube-scheduler) built fro
 pinned upstream sources. With ``real_node=True`` it also runs one real node (containerd and
 kubelet in a network namespace of the run's own; docs/decisions/0064); with
 ``fake_gpus=N`` N fake GPUs there through a device plugin of the kubelet's (scripts/fake-gpu),
-and with ``cluster_dns=True`` that node's Services and cluster DNS (kube-proxy and CoreDNS;
-docs/decisions/0065).
+with ``cluster_dns=True`` that node's Services and cluster DNS (kube-proxy and CoreDNS;
+docs/decisions/0065), and with ``provisioner=True`` a host-path provisioner and its
+``WaitForFirstConsumer`` StorageClass (scripts/hostpath-provisioner; docs/decisions/0066).
 
 Errors: ``TestClusterError`` when the script fails or the cluster does not come up; its
 message carries the tail of the script's output.
@@ -51,11 +52,16 @@ class TestClusterError(GpupoolError, RuntimeError):
     __test__ = False  # not a pytest test class
 
 
-def build_binaries(cluster_dns: bool = False) -> dict[str, Path]:
+def _flags(cluster_dns: bool, provisioner: bool) -> list[str]:
+    return [*(["--cluster-dns"] if cluster_dns else []), *(["--provisioner"] if provisioner else [])]
+
+
+def build_binaries(cluster_dns: bool = False, provisioner: bool = False) -> dict[str, Path]:
     """Build (or reuse from the cache) the pinned binaries; returns their directories.
-    ``cluster_dns``: kube-proxy and CoreDNS too (``TestCluster(cluster_dns=True)``)."""
+    ``cluster_dns``: kube-proxy and CoreDNS too (``TestCluster(cluster_dns=True)``);
+    ``provisioner``: the host-path provisioner (``TestCluster(provisioner=True)``)."""
     proc = subprocess.run(
-        [str(script_path()), "build", *(["--cluster-dns"] if cluster_dns else [])],
+        [str(script_path()), "build", *_flags(cluster_dns, provisioner)],
         capture_output=True, text=True,
     )
     if proc.returncode != 0:
@@ -64,10 +70,10 @@ def build_binaries(cluster_dns: bool = False) -> dict[str, Path]:
     return {"k8s": Path(k8s), "etcd": Path(etcd), "kwok": Path(kwok)}
 
 
-def binaries_cached(cluster_dns: bool = False) -> bool:
+def binaries_cached(cluster_dns: bool = False, provisioner: bool = False) -> bool:
     """Whether ``scripts/test-cluster build`` has nothing left to build (checks quickly)."""
     proc = subprocess.run(
-        [str(script_path()), "cached", *(["--cluster-dns"] if cluster_dns else [])],
+        [str(script_path()), "cached", *_flags(cluster_dns, provisioner)],
         capture_output=True,
     )
     return proc.returncode == 0
@@ -90,6 +96,7 @@ class ClusterInfo:
     fake_gpu_uuid_prefix: str | None = None  # its devices' UUIDs: PREFIX0, PREFIX1, ...
     fake_gpu_image: str | None = None  # the image whose entrypoint is `fake-gpu report`
     cluster_dns: str | None = None  # the kube-dns Service's address (cluster_dns=True), else None
+    storage_class: str | None = None  # the provisioner's StorageClass (provisioner=True), else None
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
@@ -112,6 +119,7 @@ class TestCluster:
     image_archives: tuple[Path, ...] = ()
     fake_gpus: int = 0
     cluster_dns: bool = False  # with real_node: kube-proxy and CoreDNS (up --cluster-dns)
+    provisioner: bool = False  # with real_node: a host-path provisioner (up --provisioner)
     state_dir: Path | None = None
     start_timeout_s: float = 600.0
     _proc: subprocess.Popen | None = field(default=None, repr=False)
@@ -136,6 +144,8 @@ class TestCluster:
             cmd.append("--real-node")
         if self.cluster_dns:
             cmd.append("--cluster-dns")
+        if self.provisioner:
+            cmd.append("--provisioner")
         for archive in self.image_archives:
             cmd += ["--image-archive", str(archive)]
         if self.fake_gpus:
@@ -172,6 +182,7 @@ class TestCluster:
             fake_gpu_uuid_prefix=env.get("FAKE_GPU_UUID_PREFIX"),
             fake_gpu_image=env.get("FAKE_GPU_IMAGE"),
             cluster_dns=env.get("CLUSTER_DNS"),
+            storage_class=env.get("STORAGE_CLASS"),
         )
         return self.info
 

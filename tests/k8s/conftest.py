@@ -14,11 +14,12 @@ from tests.conftest import GPUS_PER_NODE, NODES
 __all__ = ["GPUS_PER_NODE", "NODES"]
 
 # The real node's controllers: service accounts, their tokens and the CA ConfigMap that
-# the kubelet mounts beside each token, claims bound to volumes, and the EndpointSlices of
-# Services that kube-proxy and CoreDNS read.
+# the kubelet mounts beside each token, claims bound to volumes (and let go of once no pod
+# uses them: the protection finalizers' controllers), and the EndpointSlices of Services that
+# kube-proxy and CoreDNS read.
 REAL_NODE_CONTROLLERS = ("serviceaccount,serviceaccount-token,namespace,garbagecollector,"
                          "root-ca-certificate-publisher-controller,persistentvolume-binder,"
-                         "endpointslice")
+                         "pvc-protection,pv-protection,endpointslice")
 
 
 @pytest.fixture

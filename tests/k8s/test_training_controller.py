@@ -41,6 +41,9 @@ def test_gang_state_from_pods():
     assert gang_state([_pod("a", "n1", "Running", deleting=True), _pod("b", "n2", "Running")], 2).status == \
         "Preempted"
     assert gang_state([_pod("a", "n1", "Running")], 2).status == "Preempted"
+    # a worker that saved on SIGTERM exits 143 while its pod is deleted: still a preemption
+    assert gang_state([_pod("a", "n1", "Failed", deleting=True, exit_code=143), _pod("b", "n2", "Running")],
+                      2).status == "Preempted"
     assert gang_state([_pod("a", "n1", "Succeeded", exit_code=0),
                        _pod("b", "n1", "Succeeded", exit_code=0)], 2).status == "Succeeded"
     failed = gang_state([_pod("a", "n1", "Failed", exit_code=3), _pod("b", "n1", "Running")], 2)
