@@ -79,11 +79,11 @@ def replica_pod(spec: ServiceSpec, name: str, namespace: str,
 def runs_spec(pod: dict, spec: ServiceSpec, default_image: str = WORKLOAD_IMAGE) -> bool:
     """Whether a replica pod runs ``spec``'s image, command and GPU (an older spec's pod is
     replaced, not adopted)."""
-    c = pod["spec"]["containers"][0]
-    milli = pod["metadata"].get("annotations", {}).get(contract.A.GPU_MILLI)
+    c, ann = pod["spec"]["containers"][0], pod["metadata"].get("annotations", {})
     want = replica_pod(spec, pod["metadata"]["name"], "", default_image=default_image)
-    return (c.get("image") == (spec.image or default_image) and c.get("command") == list(spec.command)
-            and milli == want["metadata"]["annotations"].get(contract.A.GPU_MILLI))
+    w = want["spec"]["containers"][0]
+    return (all((c.get(k) or None) == (w.get(k) or None) for k in ("image", "command", "resources"))
+            and all(ann.get(k) == v for k, v in want["metadata"]["annotations"].items()))
 
 
 def credentials_secret(spec: ServiceSpec, namespace: str, values: dict[str, dict[str, str]]) -> dict:
