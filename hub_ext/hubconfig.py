@@ -113,7 +113,7 @@ def configure(c) -> Runtime:
             "command": [sys.executable, "-m", "hub_ext.service"],
             "environment": env,
             "oauth_no_confirm": True,
-            "oauth_client_allowed_scopes": list(SCOPES),
+            "oauth_client_allowed_scopes": sorted(roles.USER_SCOPES),
         }
     ]
     from .serving import hub as inference_hub  # scale-to-zero inference services

@@ -32,7 +32,10 @@ class Backend(Protocol):
 
 class Controller:
     def __init__(self, backend: Backend, tick_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, held: bool = False):
+        """``held``: services added before ``start`` wait for it to be reconciled, so that
+        replicas a backend adopts meanwhile are counted first."""
+        self.held = held
         self.backend = backend
         self.tick_s = tick_s
         self.clock = clock
@@ -85,11 +88,30 @@ class Controller:
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.ensure_future(self._loop())
+        if self.held:
+            self.held = False
+            for svc in self.services.values():
+                self.activate(svc)
 
-    async def stop(self) -> None:
+    async def stop(self, keep_replicas: bool = False) -> None:
+        """Stop the loop and every service: their held requests fail. ``keep_replicas``: the
+        replicas keep running, for the next controller to adopt (the backend's ``release``
+        stops following them); else they are stopped."""
+        from .service import Gone
+
         if self._task:
             self._task.cancel()
             self._task = None
+        if keep_replicas:
+            release = getattr(self.backend, "release", None)
+            for name, svc in list(self.services.items()):
+                svc.deleted = True
+                svc.fail_held(Gone(name))
+                for r in svc.live():
+                    if release is not None:
+                        release(svc, r)
+            self.services.clear()
+            return
         for name in list(self.services):
             await self.remove(name)
 
@@ -104,7 +126,8 @@ class Controller:
                     log.exception("autoscaling %s failed", svc.spec.name)
 
     def activate(self, svc: Service) -> None:
-        asyncio.ensure_future(self.reconcile(svc))
+        if not self.held:
+            asyncio.ensure_future(self.reconcile(svc))
 
     async def reconcile(self, svc: Service) -> None:
         name = svc.spec.name

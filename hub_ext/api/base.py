@@ -137,7 +137,7 @@ class ApiHandler(BaseHandler):
     def prepare(self):
         if self.current_user is None:
             raise web.HTTPError(401, "authenticate with a JupyterHub token (Authorization: token ...)")
-        if not (self.scopes & set(roles.SCOPES)):
+        if not (self.scopes & roles.USER_SCOPES):
             raise web.HTTPError(403, f"this needs the {USE} scope")
         self._prepared = True
 

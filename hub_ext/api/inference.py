@@ -13,6 +13,9 @@ import asyncio
 import os
 import time
 
+from tornado import web
+
+from hub_ext import validation
 from hub_ext.api.base import ApiHandler
 from hub_ext.attachments import attach
 from hub_ext.db.events import add_event
@@ -102,6 +105,39 @@ class InferenceHandler(_Base):
         self.finish()
 
 
+class CallersHandler(ApiHandler):
+    """``POST /inference-callers`` ``{"token": "..."}``: who holds a JupyterHub token, for an
+    activator outside the hub (the chart's: ``serving.auth.HubApiAuth``), which applies the
+    rule ``call_inference`` itself. Answers ``{"name", "admin", "projects"}``; ``name`` null
+    for a token nobody holds. Only a caller with ``roles.INFERENCE_AUTH_SCOPE`` may ask."""
+
+    def prepare(self):
+        if self.current_user is None:
+            raise web.HTTPError(401, "authenticate with the activator's service token "
+                                "(Authorization: token ...)")
+        if roles.INFERENCE_AUTH_SCOPE not in self.scopes:
+            raise web.HTTPError(403, f"this needs the {roles.INFERENCE_AUTH_SCOPE} scope "
+                                "(the role gpupool-activator)")
+        self._prepared = True
+
+    async def post(self):
+        data = self.body()
+        validation.check_fields(data, {"token"})
+        token = data.get("token")
+        if not isinstance(token, str) or not token.strip():
+            raise FieldError("token", "must be a non-empty string: the caller's JupyterHub token")
+        if len(token) > 512 or any(ch.isspace() or not ch.isprintable() for ch in token.strip()):
+            raise FieldError("token", "is not a JupyterHub token (printable, no spaces, at most "
+                             "512 characters)")
+        model = await self.hub_auth.user_for_token(token.strip(), sync=False)
+        if not model or model.get("kind", "user") != "user":
+            return self.send({"name": None, "admin": False, "projects": []})
+        with self.Session() as s:
+            projects = org.projects_of(s, model["name"])
+        self.send({"name": model["name"], "admin": roles.ADMIN_SCOPE in model.get("scopes", []),
+                   "projects": projects})
+
+
 def org_event(s, kind, message, workload, project) -> None:
     add_event(s, kind, message, workload, project)
 
@@ -109,8 +145,9 @@ def org_event(s, kind, message, workload, project) -> None:
 def routes(a: str) -> list:
     from tornado.web import url
 
-    return [url(a + "/inferences", InferencesHandler),
+    return [url(a + "/inference-callers", CallersHandler),
+            url(a + "/inferences", InferencesHandler),
             url(a + r"/inferences/([^/]+)", InferenceHandler)]
 
 
-__all__ = ["routes", "service_dict"]
+__all__ = ["CallersHandler", "routes", "service_dict"]

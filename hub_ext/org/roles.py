@@ -43,6 +43,7 @@ ADMIN_SCOPE = "custom:gpupool:admin"
 DEPT_ADMIN_SCOPE = "custom:gpupool:department-admin"
 USE_SCOPE = "custom:gpupool:use"
 VIEW_SCOPE = "custom:gpupool:view"
+INFERENCE_AUTH_SCOPE = "custom:gpupool:inference-auth"
 
 PLATFORM_ADMIN, DEPARTMENT_ADMIN, MEMBER, VIEWER = "platform-admin", "department-admin", "member", "viewer"
 ROLES = (PLATFORM_ADMIN, DEPARTMENT_ADMIN, MEMBER, VIEWER)
@@ -69,17 +70,27 @@ SCOPES = {
                        "credentials of the departments gpupool assigns to you."},
     USE_SCOPE: {"description": "See your own projects and run workloads in them."},
     VIEW_SCOPE: {"description": "Read-only view of the departments gpupool assigns to you."},
+    INFERENCE_AUTH_SCOPE: {"description": "Ask who holds a token and their projects (the chart's "
+                           "inference activator, deciding who may call a service)."},
 }
+# what a person's token carries (the activator's alone is not one of these)
+USER_SCOPES = frozenset(SCOPES) - {INFERENCE_AUTH_SCOPE}
 USER_ROLE = {"name": "user", "description": "Standard user privileges",  # every user
              "scopes": ["self", "access:services!service=gpupool", USE_SCOPE]}
 HUB_ROLES = {
-    PLATFORM_ADMIN: {"name": "gpupool-admin", "scopes": list(SCOPES),
+    PLATFORM_ADMIN: {"name": "gpupool-admin", "scopes": sorted(USER_SCOPES),
                      "description": "gpupool platform admin"},
     DEPARTMENT_ADMIN: {"name": "gpupool-department-admin", "scopes": [DEPT_ADMIN_SCOPE, USE_SCOPE],
                        "description": "gpupool department admin"},
     VIEWER: {"name": "gpupool-viewer", "scopes": [VIEW_SCOPE, USE_SCOPE],
              "description": "gpupool viewer (read-only)"},
 }
+
+# The chart's activator (hub_ext.serving.auth.HubApiAuth): the gpupool service's API, and there
+# only the callers' look-up (api.inference.CallersHandler).
+ACTIVATOR_ROLE = {"name": "gpupool-activator", "services": ["gpupool-activator"],
+                  "scopes": ["access:services!service=gpupool", INFERENCE_AUTH_SCOPE],
+                  "description": "gpupool's inference activator: who may call a service"}
 
 # action -> what it covers (the REST/page/CLI tables name these). Keep the rule in _RULES.
 ACTIONS = {
@@ -332,7 +343,8 @@ def hub_roles_for(who: Who) -> list[dict]:
 
 
 __all__ = [
-    "ACTIONS", "ADMIN_SCOPE", "ALL_DEPARTMENTS", "ASSIGNABLE", "DEPARTMENT_ADMIN", "DEPT_ADMIN_SCOPE",
+    "ACTIONS", "ACTIVATOR_ROLE", "ADMIN_SCOPE", "ALL_DEPARTMENTS", "ASSIGNABLE", "DEPARTMENT_ADMIN",
+    "DEPT_ADMIN_SCOPE", "INFERENCE_AUTH_SCOPE", "USER_SCOPES",
     "Decision", "Forbidden", "HUB_ROLES", "USER_ROLE", "MEMBER", "PLATFORM_ADMIN", "ROLES", "RoleRow", "SCOPES", "USE_SCOPE",
     "VIEWER", "VIEW_SCOPE", "Who", "allowed", "assignments", "check", "hub_roles_for",
     "set_assignments", "submit_projects", "visible_departments", "visible_projects", "who_for",

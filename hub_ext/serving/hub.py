@@ -7,9 +7,11 @@ activator as the JupyterHub service ``gpupool-serve`` -- the proxy routes
 controller with processes placed by the hub's scheduler, the activator's HTTP server,
 and a loop that follows the ``inference_services`` table the REST API writes.
 
-Authentication: a JupyterHub token (``Authorization: token ...``, ``Bearer``, or
+Authentication (``auth``): a JupyterHub token (``Authorization: token ...``, ``Bearer``, or
 ``?token=``) of a member of the service's project, or of a gpupool admin; a service with
-``public: true`` takes anyone.
+``public: true`` takes anyone. On Kubernetes the chart's activator asks the hub's REST API
+with its own service token (``$GPUPOOL_ACTIVATOR_TOKEN``, registered here as the JupyterHub
+service ``gpupool-activator``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import asyncio
 import logging
 import os
 import secrets
-import time
 from pathlib import Path
 
 from sqlalchemy import select
@@ -26,10 +27,10 @@ from sqlalchemy import select
 from hub_ext.org import projects as org
 from hub_ext.org import roles
 from inference import activator
-from inference.activator import Exchange
 from inference.controller import Controller
 from inference.service import Service
 
+from .auth import TokenAuth
 from .db import REPLICA, InferenceRow, replica_rows
 from .embedded import free_port
 from .idle import idle_limits, store_status
@@ -37,62 +38,27 @@ from .spec import parse_spec
 
 log = logging.getLogger("gpupool.inference")
 NAME = "gpupool-serve"
+ACTIVATOR = roles.ACTIVATOR_ROLE["services"][0]  # the chart's activator, on Kubernetes
 ADMIN = roles.ADMIN_SCOPE
 
 
-class HubTokenAuth:
-    """``activator.Authorizer`` with JupyterHub tokens (asked of the hub through
-    jupyterhub.services.auth.HubAuth) and project membership, both cached ``cache_s`` so
-    that a known token is checked without a round trip (and without a task)."""
+class HubTokenAuth(TokenAuth):
+    """``auth.TokenAuth`` in the hub: the token's user from JupyterHub (through
+    jupyterhub.services.auth.HubAuth), their projects from the hub's database."""
 
     def __init__(self, hub_auth, Session, cache_s: float = 30.0):
+        super().__init__(self._caller, cache_s)
         self.hub_auth = hub_auth
         self.Session = Session
-        self.cache_s = cache_s
-        self._projects: dict[str, tuple[float, set[str]]] = {}
-        self._users: dict[str, tuple[float, dict | None]] = {}
 
-    @staticmethod
-    def _token(req: Exchange) -> str:
-        scheme, _, value = req.header("Authorization").partition(" ")
-        if scheme.lower() in ("token", "bearer") and value:
-            return value.strip()
-        return req.argument("token")
-
-    def projects_of(self, user: str) -> set[str]:
-        now = time.monotonic()
-        hit = self._projects.get(user)
-        if hit and now - hit[0] < self.cache_s:
-            return hit[1]
-        with self.Session() as s:
-            mine = set(org.projects_of(s, user))
-        self._projects[user] = (now, mine)
-        return mine
-
-    def check(self, req: Exchange, svc: Service):
-        token = self._token(req)
-        if not token:
-            return (401, ("authenticate with a JupyterHub token (Authorization: token ...); "
-                          "make one at /hub/token"), "Authorization")
-        hit = self._users.get(token)
-        if hit and time.monotonic() - hit[0] < self.cache_s:
-            return self._verdict(hit[1], svc)
-        return self._ask(token, svc)
-
-    async def _ask(self, token: str, svc: Service):
+    async def _caller(self, token: str) -> roles.Who | None:
         model = await self.hub_auth.user_for_token(token, sync=False)
-        if len(self._users) > 10_000:
-            self._users.clear()
-        self._users[token] = (time.monotonic(), model)
-        return self._verdict(model, svc)
-
-    def _verdict(self, model: dict | None, svc: Service):
         if not model:
-            return (401, "the JupyterHub token is not valid", "Authorization")
-        who = roles.Who(model["name"], platform_admin=ADMIN in model.get("scopes", []),
-                        projects=frozenset(self.projects_of(model["name"])))
-        verdict = roles.allowed(who, "call_inference", project=svc.spec.project)
-        return None if verdict else (403, verdict.reason, None)
+            return None
+        with self.Session() as s:
+            mine = frozenset(org.projects_of(s, model["name"]))
+        return roles.Who(model["name"], platform_admin=ADMIN in model.get("scopes", []),
+                         projects=mine)
 
 
 class HubInference:
@@ -218,6 +184,11 @@ class PublishedInference:
 def configure(c, cfg, rt) -> HubInference | PublishedInference:
     """Runs the activator in the hub, with the replicas of ``rt.backend`` (embedded), or
     follows the chart's (Kubernetes)."""
+    activator_token = os.environ.get("GPUPOOL_ACTIVATOR_TOKEN", "")
+    if activator_token:  # an activator outside the hub (the chart's) asks who may call
+        c.JupyterHub.services.append({"name": ACTIVATOR, "api_token": activator_token,
+                                      "display": False})
+        c.JupyterHub.load_roles.append(roles.ACTIVATOR_ROLE)
     if not rt.backend.serves_inference:
         published = PublishedInference(rt)
         try:

@@ -8,6 +8,11 @@ follows the replica pods by one list and watch (``cluster.mirror.Mirror``, liste
 410) and looks at a replica's pod at each change of one: ``PodScheduled=False`` gives the
 replica its pending reason (the core's), a binding makes it starting, ``Ready`` makes it
 routable at ``podIP:port``. Stop = delete.
+
+Replica pods outlive the activator: ``release`` stops following one and leaves its pod
+running, and at the next start ``adopt_all`` follows again every replica pod of a service
+it serves whose pod still runs that service's spec; the others are deleted. ``owner``: the
+pods' owner reference (the chart's activator ConfigMap), so that they go with the release.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ LABEL = contract.L.INFERENCE
 
 def replica_pod(spec: ServiceSpec, name: str, namespace: str,
                 attachments: Attachments | None = None, preload: contract.Preload = contract.PRELOAD,
-                default_image: str = WORKLOAD_IMAGE) -> dict:
+                default_image: str = WORKLOAD_IMAGE, owner: dict | None = None) -> dict:
     """``attachments``: the service's credentials (by reference to the Secret
     ``SERVICE-credentials``, ``credentials_secret``) and data sources; ``default_image``: the
     image when the spec names none."""
@@ -64,10 +69,21 @@ def replica_pod(spec: ServiceSpec, name: str, namespace: str,
         volumes += parts.volumes
     if mounts:
         container["volumeMounts"], pod_spec["volumes"] = mounts, volumes
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "annotations": ann,
-                         "labels": {LABEL: spec.name, contract.L.MANAGED_BY: "gpupool"}},
-            "spec": pod_spec}
+    meta: dict = {"name": name, "namespace": namespace, "annotations": ann,
+                  "labels": {LABEL: spec.name, contract.L.MANAGED_BY: "gpupool"}}
+    if owner:
+        meta["ownerReferences"] = [owner]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def runs_spec(pod: dict, spec: ServiceSpec, default_image: str = WORKLOAD_IMAGE) -> bool:
+    """Whether a replica pod runs ``spec``'s image, command and GPU (an older spec's pod is
+    replaced, not adopted)."""
+    c, ann = pod["spec"]["containers"][0], pod["metadata"].get("annotations", {})
+    want = replica_pod(spec, pod["metadata"]["name"], "", default_image=default_image)
+    w = want["spec"]["containers"][0]
+    return (all((c.get(k) or None) == (w.get(k) or None) for k in ("image", "command", "resources"))
+            and all(ann.get(k) == v for k, v in want["metadata"]["annotations"].items()))
 
 
 def credentials_secret(spec: ServiceSpec, namespace: str, values: dict[str, dict[str, str]]) -> dict:
@@ -77,11 +93,11 @@ def credentials_secret(spec: ServiceSpec, namespace: str, values: dict[str, dict
 
 class KubernetesBackend:
     def __init__(self, kc: KubeClient, namespace: str, poll_s: float = 0.5, attachments=None,
-                 default_image: str = WORKLOAD_IMAGE):
+                 default_image: str = WORKLOAD_IMAGE, owner: dict | None = None):
         # poll_s: the longest a replica waits without a change of any replica pod before it
         # looks again at the watch's copy (no request: the copy is the watch's)
         self.kc, self.namespace, self.poll_s = kc, namespace, poll_s
-        self.default_image = default_image
+        self.default_image, self.owner = default_image, owner
         # attachments(spec) -> (Attachments, values): resolves a service's credentials and
         # data sources (hub_ext.attach.check + values); None: services attach nothing
         self.attachments = attachments
@@ -98,6 +114,42 @@ class KubernetesBackend:
         with contextlib.suppress(ApiError):
             await self.kc.delete(f"{self.path}/{replica.name}")
 
+    def release(self, service: Service, replica: Replica) -> None:
+        """Stop following the replica; its pod keeps running for the next activator."""
+        if replica.handle is not None:
+            replica.handle.cancel()
+
+    def adopt(self, svc: Service, r: Replica, pod: dict) -> bool:
+        """Follow ``pod``, a replica an earlier activator started: False when it has ended,
+        is going, or runs another spec than ``svc``'s."""
+        phase = pod.get("status", {}).get("phase")
+        if (pod["metadata"].get("deletionTimestamp") or phase in ("Failed", "Succeeded")
+                or not runs_spec(pod, svc.spec, self.default_image)):
+            return False
+        self.pods.start()
+        r.reason = "adopted after an activator restart"
+        r.handle = asyncio.ensure_future(self._follow(svc, r, pod["metadata"]["uid"]))
+        return True
+
+    async def adopt_all(self, controller) -> tuple[int, int]:
+        """At the start, before the controller's first reconcile (``Controller(held=True)``):
+        the replica pods of the services ``controller`` has are adopted; the others (of a
+        service gone meanwhile, ended, or of an older spec) are deleted. (adopted, found)."""
+        pods = (await self.kc.get(self.path, labelSelector=LABEL))["items"]
+        drop = []
+        kept = 0
+        for pod in pods:  # no await in between: the services' first reconcile counts them all
+            name, service = pod["metadata"]["name"], pod["metadata"]["labels"].get(LABEL, "")
+            svc = controller.services.get(service)
+            if svc is not None and controller.adopt(svc.spec, name, pod,
+                                                    svc.autoscaler.policy.idle_limit):
+                kept += 1
+            elif not pod["metadata"].get("deletionTimestamp"):
+                drop.append(name)
+        for name in drop:
+            await self._delete(name)
+        return kept, len(pods)
+
     async def close(self) -> None:
         """Stop following the pods (the controller has stopped every replica)."""
         await self.pods.stop()
@@ -111,12 +163,16 @@ class KubernetesBackend:
                     await self.kc.apply(f"/api/v1/namespaces/{self.namespace}/secrets",
                                         credentials_secret(svc.spec, self.namespace, values))
             made = await self.kc.post(self.path, replica_pod(svc.spec, r.name, self.namespace, att,
-                                                             default_image=self.default_image))
+                                                             default_image=self.default_image,
+                                                             owner=self.owner))
         except (ApiError, ValueError) as e:
             svc.replica_gone(r, RState.FAILED, f"pod not created: {e}")
             svc.on_activate(svc)
             return
-        uid, seen_it = made["metadata"]["uid"], False
+        await self._follow(svc, r, made["metadata"]["uid"])
+
+    async def _follow(self, svc: Service, r: Replica, uid: str) -> None:
+        seen_it = False
         while True:
             version = self.pods.version
             pod = self.pods.objects["pods"].get(f"{self.namespace}/{r.name}")
@@ -157,4 +213,4 @@ class KubernetesBackend:
             await self.kc.delete(f"{self.path}/{name}")
 
 
-__all__ = ["KubernetesBackend", "credentials_secret", "replica_pod"]
+__all__ = ["KubernetesBackend", "credentials_secret", "replica_pod", "runs_spec"]

@@ -98,6 +98,13 @@ class _Following:
     async def sync(self) -> None:
         raise NotImplementedError
 
+    async def first_sync(self) -> None:
+        """One ``sync`` once the copy is listed (before ``follow``)."""
+        self.mirror.start()
+        while not self.mirror.ready:
+            await self.mirror.wait_past(self.mirror.version, 0.5)
+        await self.sync()
+
     async def follow(self, every_s: float) -> None:
         self.mirror.start()
         try:

@@ -62,14 +62,18 @@ def scheduler(workdir: Path, kubeconfig: Path, args: list[str]) -> Proc:
                                       "--kubeconfig", str(kubeconfig), "-v"], workdir, {})
 
 
-def activator(workdir: Path, kubeconfig: Path, files: dict[str, str], namespace: str) -> Proc:
+def activator(workdir: Path, kubeconfig: Path, files: dict[str, str], namespace: str,
+              hub_url: str, token: str) -> Proc:
+    """The chart's activator.py; it asks the hub at ``hub_url`` (the gpupool service's URL)
+    who holds a caller's token, with its service ``token``."""
     for k, v in files.items():
         (workdir / k).write_text(v)
     (port,) = free_ports(1)
     p = Proc("activator", [sys.executable, str(workdir / "activator.py"), "--services",
                            str(workdir / "services.json"), "--port", str(port), "--host", "127.0.0.1",
-                           "--namespace", namespace, "--kubeconfig", str(kubeconfig)],
-             workdir, {})
+                           "--namespace", namespace, "--kubeconfig", str(kubeconfig),
+                           "--hub-url", hub_url],
+             workdir, {"GPUPOOL_ACTIVATOR_TOKEN": token})
     p.port = port
     return p
 

@@ -150,17 +150,20 @@ def test_hub_workspace_and_inference_replica_bound_by_gpupool_scheduler(chart_cl
         hub_files = await _configmap_data(kc, "gpupool-hub-config")
         act_files = await _configmap_data(kc, "gpupool-activator")
         secret = (await kc.get(f"/api/v1/namespaces/{NS}/secrets/gpupool-hub"))["data"]
+        act_secret = (await kc.get(f"/api/v1/namespaces/{NS}/secrets/gpupool-activator"))["data"]
         dep = await kc.get(f"/apis/apps/v1/namespaces/{NS}/deployments/gpupool-scheduler")
         args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
-        return kcs, hub_files, act_files, secret, args
+        return kcs, hub_files, act_files, secret, base64.b64decode(act_secret["hub-token"]).decode(), args
 
-    kcs, hub_files, act_files, secret, sched_args = run(setup, chart_cluster)
+    kcs, hub_files, act_files, secret, act_token, sched_args = run(setup, chart_cluster)
     passwords = {k: base64.b64decode(v).decode() for k, v in secret.items()}
     (tmp_path / "hub").mkdir()
     (tmp_path / "activator").mkdir()
     sched = procs.scheduler(tmp_path, kcs["scheduler"], sched_args).start()
-    hub = procs.ChartHub(tmp_path / "hub", hub_files, kcs["hub"], passwords)
-    act = procs.activator(tmp_path / "activator", kcs["activator"], act_files, NS)
+    hub = procs.ChartHub(tmp_path / "hub", hub_files, kcs["hub"], passwords,
+                         {"GPUPOOL_ACTIVATOR_TOKEN": act_token})
+    act = procs.activator(tmp_path / "activator", kcs["activator"], act_files, NS,
+                          f"{hub.url}/services/gpupool/", act_token)
     try:
         hub.start().wait_up()
         act.start()

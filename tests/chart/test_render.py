@@ -5,6 +5,7 @@ validated server-side by the local API server (dry-run apply), and the values sc
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 
@@ -68,7 +69,7 @@ def test_template_validated_by_the_api_server(helm, chart_cluster: ClusterInfo, 
             "Service", "Role"} <= kinds
     for o in objs:  # everything the chart makes carries its labels
         assert o["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE, o["metadata"]
-    check_value_set(name, objs)
+    check_value_set(name, objs, ns)
 
     async def go():
         async with client_for(chart_cluster) as kc:
@@ -90,7 +91,7 @@ def test_template_validated_by_the_api_server(helm, chart_cluster: ClusterInfo, 
     assert asyncio.run(go()) == []
 
 
-def check_value_set(name: str, objs: list[dict]) -> None:
+def check_value_set(name: str, objs: list[dict], ns: str = "default") -> None:
     hub = _container(objs, "Deployment", "gpupool-hub")
     sched = _container(objs, "Deployment", "gpupool-scheduler")
     cfg = by_kind(objs, "ConfigMap")["gpupool-hub-config"]["data"]["gpupool_config.py"]
@@ -112,6 +113,24 @@ def check_value_set(name: str, objs: list[dict]) -> None:
         assert org["departments"][0]["projects"][0]["members"] == ["alice", "bob", "admin"]
         secret = by_kind(objs, "Secret")["gpupool-hub"]["data"]
         assert set(secret) == {"user-password", "admin-password"}
+        # the activator checks callers' tokens with the hub's REST API, with a service token
+        # of its own (generated), which the hub registers (GPUPOOL_ACTIVATOR_TOKEN)
+        act = _container(objs, "Deployment", "gpupool-activator")
+        token_ref = {"secretKeyRef": {"name": "gpupool-activator", "key": "hub-token"}}
+        assert _env(act)["GPUPOOL_ACTIVATOR_TOKEN"] == token_ref
+        assert _env(hub)["GPUPOOL_ACTIVATOR_TOKEN"] == token_ref
+        hub_token = base64.b64decode(by_kind(objs, "Secret")["gpupool-activator"]["data"]["hub-token"])
+        assert len(hub_token) == 48 and hub_token.isalnum()
+        cmd = act["command"]
+        assert cmd[cmd.index("--hub-url") + 1] == \
+            f"http://gpupool-hub.{ns}.svc/services/gpupool/"
+        assert cmd[cmd.index("--auth-cache") + 1] == "30"
+        # its NetworkPolicy lets it reach the hub's proxy port, nothing else of the hub
+        egress = by_kind(objs, "NetworkPolicy")["gpupool-activator"]["spec"]["egress"]
+        to_hub = [e for e in egress if any(
+            t.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component") == "hub"
+            for t in e.get("to", []))]
+        assert [e["ports"] for e in to_hub] == [[{"protocol": "TCP", "port": 8000}]]
     elif name == "oidc":
         env = _env(hub)
         assert env["GPUPOOL_AUTH"] == "oidc"
@@ -191,6 +210,8 @@ BAD = [
     ("nodeAgent.hostLibDir", "relative/dir", "at '/nodeAgent/hostLibDir'"),
     ("nodeAgent.declaredGpus.count", -1, "at '/nodeAgent/declaredGpus/count': minimum"),
     ("imagePullPolicy", "Sometimes", "at '/imagePullPolicy'"),
+    ("activator.hubToken", "short", "at '/activator/hubToken'"),
+    ("activator.authCacheSeconds", -1, "at '/activator/authCacheSeconds': minimum"),
     ("hub.auth.oidc.issuer", "", None),  # with type oidc below: issuer and client id required
 ]
 

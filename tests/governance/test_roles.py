@@ -58,6 +58,8 @@ EXPECT = {
                             "viewer": (D, D), "none": (D, D)},
 }
 EXPECT["manage_credentials"] = EXPECT["manage_roles"] = EXPECT["manage_project"]
+# no person: only the activator's service token (custom:gpupool:inference-auth)
+EXPECT["activator"] = {r: (D, D) for r in EXPECT["any"]}
 
 
 def uid(prefix: str) -> str:
@@ -302,6 +304,8 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/inferences/{name}"): Route("view", lambda w, s, ok: Call(f"/inferences/{w.inferences[s]}")),
     ("DELETE", "/inferences/{name}"): Route("manage_workload", lambda w, s, ok: Call(
         f"/inferences/{w.inference(s) if ok else w.inferences[s]}")),
+    ("POST", "/inference-callers"): Route("activator", lambda w, s, ok: Call(
+        "/inference-callers", {"token": "0" * 32}), scoped=False),
     ("GET", "/usage"): Route("administer_platform", fixed("/usage")),
     ("GET", "/usage.csv"): Route("administer_platform", fixed("/usage.csv")),
 }
@@ -331,7 +335,7 @@ def test_every_endpoint_has_a_matrix_entry():
     assert not missing, f"endpoints in openapi.yaml with no role-matrix entry in {__file__}: {missing}"
     stale = sorted(set(ROUTES) - spec_operations())
     assert not stale, f"matrix entries for endpoints the OpenAPI document no longer has: {stale}"
-    assert {r.action for r in ROUTES.values()} - {"any"} <= set(roles.ACTIONS)
+    assert {r.action for r in ROUTES.values()} - {"any", "activator"} <= set(roles.ACTIONS)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import http.client
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -401,51 +403,218 @@ def _trusted(page) -> None:
                            timeout=60_000)
 
 
-def test_an_inference_service_answers_http_through_the_activator_from_zero(homes: ClusterInfo,
-                                                                           images):
-    """A service alice submits through the hub, with no image (the workspace image), is
-    served by the chart's activator at zero replicas; an HTTP request through the
-    activator's Service brings a replica, bound by gpupool-scheduler on the real node with
-    0.25 GPU, holds until it is ready, and gets the replica's own answer."""
-    from tests.hub.hubclient import HubClient, call
+# The replicas' model server: every answer names the pod that gave it; /slow takes two
+# seconds (50 clients keep about 50 requests in flight).
+MODEL = """
+import http.server, os, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path.startswith("/slow"):
+            time.sleep(2.0)
+        body = os.uname().nodename.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("", 8000), H).serve_forever()
+"""
+
+
+def _service(name: str, **over) -> dict:
+    """A service of nlp with no image (the workspace image's python runs MODEL)."""
+    return {"name": name, "project": "nlp", "gpu": 0.25, "port": 8000, "ready_path": "/",
+            "command": ["python3", "-c", MODEL], "min_replicas": 0, "max_replicas": 1,
+            "scale_to_zero_after_s": 600, **over}
+
+
+@pytest.fixture(scope="module")
+def serving(homes: ClusterInfo):
+    """The hub's and the activator's Services, forwarded; the JupyterHub tokens of alice
+    (nlp) and dave (serving only)."""
+    from tests.hub.hubclient import HubClient
 
     info = homes
     run(wait_until(lambda: _hub_ready(info), "the hub pod Ready", timeout=300))
-    with port_forward(info, NS, f"svc/{RELEASE}-hub", 80) as hub, \
-            port_forward(info, NS, f"svc/{RELEASE}-activator", 80) as act:
+    with port_forward(info, NS, f"svc/{RELEASE}-hub", 80) as hub:
         run(wait_until(_async(lambda: _answers(f"{hub}/hub/login")), "the hub's login page",
                        timeout=120, interval=1))
-        token = HubClient(hub).login("alice", USER_PASSWORD).token("alice")
-        status, body = call(hub, token, "POST", "/inferences", {
-            "name": "echo", "project": "nlp", "gpu": 0.25, "port": 8000,
-            "command": ["python3", "-m", "http.server", "8000"],
-            "min_replicas": 0, "max_replicas": 1, "scale_to_zero_after_s": 600})
-        assert status in (200, 201, 202), body
+        tokens = {u: HubClient(hub).login(u, USER_PASSWORD).token(u) for u in ("alice", "dave")}
+        yield info, hub, tokens
 
-        def served() -> dict:
-            try:
-                with urllib.request.urlopen(f"{act}/_status", timeout=10) as r:
-                    return json.loads(r.read())
-            except OSError:
-                return {}
 
-        status_ = run(wait_until(_async(lambda: served().get("echo")),
-                                 "the activator serves echo", timeout=120, interval=1))
-        assert status_["replicas"] == 0 and _replicas(info, "echo") == []
+def _get(url: str, token: str = "", timeout: float = 300) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers={"Authorization": f"token {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
 
-        with urllib.request.urlopen(f"{act}/echo/", timeout=300) as r:  # held until ready
-            page = r.read().decode()
-        assert "Directory listing for /" in page, page[:300]
+
+def _status(act: str) -> dict:
+    try:
+        with urllib.request.urlopen(f"{act}/_status", timeout=10) as r:
+            return json.loads(r.read())
+    except OSError:
+        return {}
+
+
+def _submit(hub: str, token: str, spec: dict, act: str) -> dict:
+    from tests.hub.hubclient import call
+
+    status, body = call(hub, token, "POST", "/inferences", spec)
+    assert status in (200, 201, 202), body
+    return run(wait_until(_async(lambda: _status(act).get(spec["name"])),
+                          f"the activator serves {spec['name']}", timeout=120, interval=1))
+
+
+def test_an_inference_service_answers_http_through_the_activator_from_zero(serving, images):
+    """A service alice submits through the hub, with no image (the workspace image), is
+    served by the chart's activator at zero replicas. The activator asks the hub who holds
+    a caller's token: none gets 401, dave's (not a member of nlp) 403, and neither starts a
+    replica; alice's brings one, bound by gpupool-scheduler on the real node with 0.25 GPU,
+    held until it is ready, and gets the replica's own answer."""
+    info, hub, tokens = serving
+    with port_forward(info, NS, f"svc/{RELEASE}-activator", 80) as act:
+        first = _submit(hub, tokens["alice"], _service("echo"), act)
+        assert first["replicas"] == 0 and _replicas(info, "echo") == []
+
+        code, body = _get(f"{act}/echo/")
+        assert code == 401 and json.loads(body)["error"]["field"] == "Authorization", body
+        code, body = _get(f"{act}/echo/", "not-a-token")
+        assert code == 401 and "not valid" in json.loads(body)["error"]["message"], body
+        code, body = _get(f"{act}/echo/", tokens["dave"])
+        assert code == 403 and "dave is not a member of project 'nlp'" in body, body
+        assert _status(act)["echo"]["replicas"] == 0 and _replicas(info, "echo") == []
+
+        code, page = _get(f"{act}/echo/", tokens["alice"])  # held until ready
+        assert code == 200, page
         (replica,) = _replicas(info, "echo")
-        with urllib.request.urlopen(f"{act}/echo/", timeout=60) as r:  # the replica answers
-            assert "Directory listing for /" in r.read().decode()
-        assert call(hub, token, "DELETE", "/inferences/echo")[0] in (200, 202, 204)
+        assert page == replica["metadata"]["name"]  # the replica's own answer
+        assert _get(f"{act}/echo/?token={tokens['alice']}", timeout=60) == (200, page)
 
     assert replica["spec"]["nodeName"] == info.real_node
     assert replica["spec"]["schedulerName"] == "gpupool"
     assert replica["spec"]["containers"][0]["image"] == images["workspace"].image
     assert replica["metadata"]["annotations"]["gpupool.io/gpu-milli"] == "250"
     assert replica["metadata"]["annotations"][A.PROJECT] == "nlp"
+    # the replica belongs to the activator's ConfigMap: it goes with the release
+    (owner,) = replica["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("ConfigMap", f"{RELEASE}-activator")
+
+
+def test_deleting_the_activator_pod_adopts_its_replicas(serving):
+    """echo's replica (the previous test's) keeps running when the activator's pod is
+    deleted: the new activator adopts it (the same pod answers) and starts none."""
+    from tests.hub.hubclient import call
+
+    info, hub, tokens = serving
+    (before,) = _replicas(info, "echo")
+    old = [p for p in run(_pods(info)) if p["metadata"]["labels"].get(
+        "app.kubernetes.io/component") == "activator"]
+    assert len(old) == 1
+
+    async def delete_and_wait():
+        async with kube(info) as kc:
+            await kc.delete(f"/api/v1/namespaces/{NS}/pods/{old[0]['metadata']['name']}")
+
+        async def new_ready():
+            return [p for p in await _pods(info) if p["metadata"]["labels"].get(
+                "app.kubernetes.io/component") == "activator" and _ready(p)
+                and p["metadata"]["uid"] != old[0]["metadata"]["uid"]
+                and not p["metadata"].get("deletionTimestamp")]
+
+        return await wait_until(new_ready, "a new activator pod Ready", timeout=180)
+
+    (new,) = run(delete_and_wait())
+    target = f"pod/{new['metadata']['name']}"
+
+    def echo_ready():  # a forward per look: kubectl's ends when the pod refuses one
+        try:
+            with port_forward(info, NS, target, 9000) as act:
+                return (_status(act).get("echo") or {}).get("ready")
+        except (AssertionError, OSError, subprocess.SubprocessError):
+            return None
+
+    adopted = run(wait_until(_async(echo_ready), "echo's replica ready in the new activator",
+                             timeout=120, interval=1))
+    assert adopted == 1
+    with port_forward(info, NS, target, 9000) as act:
+        code, page = _get(f"{act}/echo/", tokens["alice"], timeout=60)
+        assert code == 200 and page == before["metadata"]["name"], page
+        (after,) = _replicas(info, "echo")
+        assert after["metadata"]["uid"] == before["metadata"]["uid"]
+        assert _status(act)["echo"]["replicas"] == 1
+    assert call(hub, tokens["alice"], "DELETE", "/inferences/echo")[0] in (200, 202, 204)
+    run(wait_until(_async(lambda: _replicas(info, "echo") == []),
+                   "echo's replica deleted with the service", timeout=120, interval=1))
+
+
+CLIENTS, TARGET = 50, 10
+
+
+def test_fifty_clients_scale_a_service_out_to_its_target_and_idle_brings_it_to_zero(serving):
+    """50 clients, each with one request in flight at a time (two seconds each), through the
+    activator with alice's token: the service (0.1 GPU a replica, target 10 in flight per
+    replica, up to 8) scales out to ceil(50 / 10) = 5 replicas, all bound on the real node;
+    once the clients stop it goes back to zero replicas after its idle time (8 s), its pods
+    deleted."""
+    from tests.hub.hubclient import call
+
+    info, hub, tokens = serving
+    # 5 x 0.1 GPU: inference runs in quota only, and nlp's quota is 1 GPU
+    spec = _service("load", gpu=0.1, target=TARGET, max_replicas=8, stable_window_s=6,
+                    scale_to_zero_after_s=8)
+    with port_forward(info, NS, f"svc/{RELEASE}-activator", 80) as act:
+        _submit(hub, tokens["alice"], spec, act)
+        stop = threading.Event()
+        answers: list[tuple[int, str]] = []
+        host, port = act.rsplit("/", 1)[1].split(":")
+
+        def client():  # one keep-alive connection each, as a model's client would keep
+            conn = http.client.HTTPConnection(host, int(port), timeout=120)
+            while not stop.is_set():
+                try:
+                    conn.request("GET", "/load/slow", headers={"Authorization": f"token {tokens['alice']}"})
+                    r = conn.getresponse()
+                    answers.append((r.status, r.read().decode()))
+                except (OSError, http.client.HTTPException) as e:
+                    answers.append((0, repr(e)))
+                    conn.close()
+                    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+            conn.close()
+
+        seen: list[dict] = []
+
+        def scaled_out():
+            st = _status(act).get("load") or {}
+            seen.append(st)
+            return st.get("ready", 0) >= -(-CLIENTS // TARGET) or None
+
+        with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+            for _ in range(CLIENTS):
+                pool.submit(client)
+            try:
+                run(wait_until(_async(scaled_out), "5 replicas ready under 50 clients",
+                               timeout=300, interval=1))
+                pods = _replicas(info, "load")
+            finally:
+                stop.set()
+        assert max(st.get("desired", 0) for st in seen) == -(-CLIENTS // TARGET)
+        assert len(pods) == -(-CLIENTS // TARGET)
+        assert {p["spec"]["nodeName"] for p in pods} == {info.real_node}
+        assert not [a for a in answers if a[0] != 200], [a for a in answers if a[0] != 200][:5]
+        # every answer is a replica's own, and the last ones are spread over them
+        ok = [body for _, body in answers]
+        assert set(ok) <= {p["metadata"]["name"] for p in pods}
+        assert len(set(ok[-CLIENTS:])) > 1
+
+        run(wait_until(_async(lambda: (_status(act).get("load") or {}).get("replicas") == 0
+                              and _replicas(info, "load") == []),
+                       "load back at zero replicas after its idle time", timeout=180, interval=1))
+    assert call(hub, tokens["alice"], "DELETE", "/inferences/load")[0] in (200, 202, 204)
 
 
 def _replicas(info: ClusterInfo, service: str) -> list[dict]:

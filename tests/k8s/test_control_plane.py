@@ -63,6 +63,8 @@ def control_plane(helm, chart_cluster, tmp_path_factory):  # noqa: F811
         hub_files = await _configmap_data(kc, "gpupool-hub-config")
         act_files = await _configmap_data(kc, "gpupool-activator")
         secret = (await kc.get(f"/api/v1/namespaces/{NS}/secrets/gpupool-hub"))["data"]
+        act_secret = (await kc.get(f"/api/v1/namespaces/{NS}/secrets/gpupool-activator"))["data"]
+        secret = {**secret, "activator-token": act_secret["hub-token"]}
         dep = await kc.get(f"/apis/apps/v1/namespaces/{NS}/deployments/gpupool-scheduler")
         # the in-cluster scheduler, hub and activator stand down: the local copies are tested
         for d in ("gpupool-scheduler", "gpupool-hub", "gpupool-activator"):
@@ -71,11 +73,14 @@ def control_plane(helm, chart_cluster, tmp_path_factory):  # noqa: F811
 
     kcs, hub_files, act_files, secret, args = run(setup, chart_cluster)
     passwords = {k: base64.b64decode(v).decode() for k, v in secret.items()}
+    act_token = passwords.pop("activator-token")
     (tmp / "hub").mkdir()
     (tmp / "activator").mkdir()
     sched = procs.scheduler(tmp, kcs["scheduler"], args).start()
-    hub = procs.ChartHub(tmp / "hub", hub_files, kcs["hub"], passwords)
-    act = procs.activator(tmp / "activator", kcs["activator"], act_files, NS)
+    hub = procs.ChartHub(tmp / "hub", hub_files, kcs["hub"], passwords,
+                         {"GPUPOOL_ACTIVATOR_TOKEN": act_token})
+    act = procs.activator(tmp / "activator", kcs["activator"], act_files, NS,
+                          f"{hub.url}/services/gpupool/", act_token)
     try:
         hub.start().wait_up()
         act.start()
@@ -257,7 +262,9 @@ def test_the_charts_activator_scales_a_hub_service_to_zero_and_back(control_plan
 
     def call_service() -> None:  # held until a replica is ready: kwok's never answers
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{act.port}/idle/", timeout=3)
+            urllib.request.urlopen(urllib.request.Request(
+                f"http://127.0.0.1:{act.port}/idle/", headers={"Authorization": f"token {alice}"}),
+                timeout=3)
         except OSError:
             pass
 

@@ -100,6 +100,74 @@ def test_replicas_are_placed_scaled_and_explained(k8s_cluster: ClusterInfo, sche
     run(go())
 
 
+def test_a_new_activator_adopts_the_replicas_of_one_that_stopped(k8s_cluster: ClusterInfo, sched):
+    """A controller stopped with keep_replicas leaves its replica pods running; the next one
+    (held until then) adopts those of the services it serves that run their spec, and deletes
+    the others: a service gone meanwhile, one whose command changed (replaced by a new pod).
+    The adopted service starts no pod of its own."""
+    base = {"project": "adopt-proj", "gpu": 0.25, "max_replicas": 2, "scale_to_zero_after_s": 600}
+    keep = parse_spec({**base, "name": "keep", "command": [sys.executable], "min_replicas": 2})
+    gone = parse_spec({**base, "name": "gone", "command": [sys.executable], "min_replicas": 1})
+    moved = parse_spec({**base, "name": "moved", "command": [sys.executable], "min_replicas": 1})
+    moved_now = parse_spec({**base, "name": "moved", "command": [sys.executable, "-u"], "min_replicas": 1})
+
+    async def go():
+        async with kube(k8s_cluster) as kc:
+            await create_namespace(kc, NS)
+            await create_org(kc, "adopt-dept", 2.0, {"adopt-proj": {"gpus": 2.0}})
+
+            async def pods() -> dict[str, tuple[str, str]]:
+                """uid -> (service, name) of the bound replica pods that are not going."""
+                return {p["metadata"]["uid"]: (p["metadata"]["labels"][LABEL], p["metadata"]["name"])
+                        for p in await list_pods(kc, NS)
+                        if LABEL in p["metadata"].get("labels", {}) and p["spec"].get("nodeName")
+                        and not p["metadata"].get("deletionTimestamp")}
+
+            first = Controller(KubernetesBackend(kc, NS), tick_s=0.3)
+            second = None
+            try:
+                first.start()
+                for spec in (keep, gone, moved):
+                    first.put(spec)
+                await wait_until(lambda: _len(pods(), 4), "4 replica pods bound")
+                await first.stop(keep_replicas=True)
+                await first.backend.close()
+                before = await pods()
+                assert len(before) == 4  # still running
+
+                backend = KubernetesBackend(kc, NS)
+                second = Controller(backend, tick_s=0.3, held=True)
+                second.put(keep)
+                second.put(moved_now)
+                assert await backend.adopt_all(second) == (2, 4)
+                second.start()
+                kept = {uid for uid, (svc, _) in before.items() if svc == "keep"}
+
+                async def settled():
+                    now = await pods()
+                    by_svc = sorted(svc for svc, _ in now.values())
+                    return by_svc == ["keep", "keep", "moved"] and kept <= set(now) and now
+
+                now = await wait_until(settled, "gone's pod deleted, moved's replaced, keep's kept")
+                assert {uid for uid, (svc, _) in now.items() if svc == "keep"} == kept
+                (moved_uid,) = [uid for uid, (svc, _) in now.items() if svc == "moved"]
+                assert moved_uid not in before
+                assert sorted(r.name for r in second.services["keep"].live()) == sorted(
+                    name for svc, name in before.values() if svc == "keep")
+            finally:
+                if second is not None:
+                    await second.stop()
+                    await second.backend.close()
+                await delete_pods(kc, NS)
+                await delete_org(kc, "adopt-dept", ["adopt-proj"])
+
+    run(go())
+
+
+async def _len(listing, n: int) -> bool:
+    return len(await listing) == n
+
+
 def test_published_services_reach_the_activator_by_a_watch(k8s_cluster: ClusterInfo, ns, tmp_path):
     """The hub's row becomes a ConfigMap, the activator's side serves it and writes its state,
     the state comes back to the row; the row removed, the activator drops the service. Each

@@ -65,5 +65,5 @@ class PageHandler(BaseHandler):
             super().write_error(status_code, **kwargs)
 
     def prepare(self):
-        if self.current_user is not None and not (self.scopes & set(roles.SCOPES)):
+        if self.current_user is not None and not (self.scopes & roles.USER_SCOPES):
             raise web.HTTPError(403, "you need the custom:gpupool:use scope")
