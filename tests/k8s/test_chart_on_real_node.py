@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -331,7 +332,18 @@ def _stop(base: str, token: str, server: str = "") -> None:
     path = f"servers/{server}" if server else "server"
     req = urllib.request.Request(f"{base}/hub/api/users/alice/{path}",
                                  method="DELETE", headers={"Authorization": f"token {token}"})
-    urllib.request.urlopen(req, timeout=60).close()
+    # The stop is idempotent; the port-forward under it may drop a connection (the hub
+    # answers the repeat as it did the first), an HTTP error is an answer and fails.
+    for attempt in range(3):
+        try:
+            urllib.request.urlopen(req, timeout=60).close()
+            return
+        except urllib.error.HTTPError:
+            raise
+        except OSError:
+            if attempt == 2:
+                raise
+            time.sleep(2)
 
 
 def _open_in_chromium(info: ClusterInfo, images, browser, shots, *, spawn_path: str, choice: str,
@@ -448,9 +460,16 @@ def _get(url: str, token: str = "", timeout: float = 300) -> tuple[int, str]:
     req = urllib.request.Request(url, headers={"Authorization": f"token {token}"} if token else {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
+            return r.status, r.read().decode(errors="replace")
     except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+        return e.code, e.read().decode(errors="replace")
+
+
+def _body(url: str, token: str = "") -> str:
+    """A page that must answer 200: its text."""
+    code, body = _get(url, token, timeout=60)
+    assert code == 200, (url, code, body[-2000:])
+    return body
 
 
 def _status(act: str) -> dict:
@@ -666,12 +685,6 @@ def _cli_forward(base: str, token: str, config: Path, *args: str):
     return p, int(m.group(1))
 
 
-def _get(url: str, token: str = "") -> str:
-    headers = {"Authorization": f"token {token}"} if token else {}
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60) as r:
-        return r.read().decode(errors="replace")
-
-
 def _workload_pod(info: ClusterInfo, workload: str) -> dict | None:
     return next((p for p in run(_pods(info))
                  if (p["metadata"].get("annotations") or {}).get(A.WORKLOAD) == workload
@@ -751,7 +764,7 @@ def test_alice_reaches_her_workspace_with_the_cli_and_bob_does_not(homes: Cluste
         p, port = _cli_forward(base, tok["alice"], tmp_path / "alice", "workspace",
                                "port-forward", "ws-alice", "0:8888")
         try:  # the Jupyter server in the container, on its own port
-            assert "version" in json.loads(_get(f"http://127.0.0.1:{port}/user/alice/api"))
+            assert "version" in json.loads(_body(f"http://127.0.0.1:{port}/user/alice/api"))
         finally:
             p.terminate()
             p.wait(10)
@@ -819,9 +832,10 @@ def test_the_workspace_outlives_the_hub_s_pod(homes: ClusterInfo, tmp_path):
 
         async def answers():  # the new proxy's route to the server, added by the new hub
             try:
-                return json.loads(_get(f"{base}/user/alice/api/status", tok["alice"]))
+                code, body = _get(f"{base}/user/alice/api/status", tok["alice"], timeout=60)
             except OSError:
                 return None
+            return json.loads(body) if code == 200 else None
 
         assert "started" in run(wait_until(answers, "alice's server through the proxy",
                                            timeout=120, interval=2))
@@ -870,7 +884,7 @@ def test_alice_reaches_an_inference_replica_with_the_cli(homes: ClusterInfo, tmp
             p, port = _cli_forward(base, tok["alice"], tmp_path / "alice", "inference",
                                    "port-forward", "remote", "--replica", name, "0:8000")
             try:
-                assert "Directory listing for /" in _get(f"http://127.0.0.1:{port}/")
+                assert "Directory listing for /" in _body(f"http://127.0.0.1:{port}/")
             finally:
                 p.terminate()
                 p.wait(10)
@@ -943,7 +957,7 @@ def test_alice_reaches_a_training_worker_with_the_cli(homes: ClusterInfo, tmp_pa
             p, port = _cli_forward(base, tok["alice"], tmp_path / "alice", "training",
                                    "port-forward", "remote-tr", "--rank", "0", "0:8000")
             try:
-                assert "Directory listing for /" in _get(f"http://127.0.0.1:{port}/")
+                assert "Directory listing for /" in _body(f"http://127.0.0.1:{port}/")
             finally:
                 p.terminate()
                 p.wait(10)
