@@ -972,3 +972,82 @@ def test_alice_reaches_a_training_worker_with_the_cli(homes: ClusterInfo, tmp_pa
         finally:
             r = alice("training", "delete", "remote-tr")
             assert r.returncode == 0, r.stderr
+
+
+# -- the chart's scheduler pod deleted while it binds -----------------------------------------
+def _quarter(name: str, image: str) -> dict:
+    """A quarter-GPU training pod of nlp for the chart's gpupool-scheduler, in the workspace
+    image, that sleeps."""
+    from scheduler.contract import request_annotations, workload_annotations
+
+    ann = {**request_annotations("nlp", "training"), **workload_annotations(name, "alice"),
+           A.FRACTION: "0.25"}
+    c = {"name": "main", "image": image, "imagePullPolicy": "Never",
+         "command": ["sleep", "100000"], "envFrom": [{"configMapRef": {"name": f"{name}-gpupool"}}],
+         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": ann},
+            "spec": {"schedulerName": "gpupool", "terminationGracePeriodSeconds": 0,
+                     "containers": [c]}}
+
+
+def test_deleting_the_scheduler_pod_binds_each_pod_once(release: ClusterInfo, images):
+    """Eight quarter-GPU pods arrive one by one; the chart's scheduler pod is deleted once the
+    first is bound. Its Deployment's next pod binds the rest: every pod is bound once (no
+    restart, its ConfigMap naming the GPU of its binding) and no GPU holds more than four
+    quarters."""
+    info, n = release, 8
+    path = f"/api/v1/namespaces/{NS}/pods"
+    names = [f"burst-{i}" for i in range(n)]
+
+    def scheduler_pods(pods):
+        return [p for p in pods if p["metadata"].get("labels", {}).get(
+            "app.kubernetes.io/component") == "scheduler" and not p["metadata"].get("deletionTimestamp")]
+
+    async def go():
+        async with kube(info) as kc:
+            first = scheduler_pods(await _pods(info))
+            assert len(first) == 1, [p["metadata"]["name"] for p in first]
+            try:
+                async def create_all():
+                    for name in names:
+                        await kc.post(path, _quarter(name, images["workspace"].image))
+                        await asyncio.sleep(0.2)
+
+                async def bound_count(k: int):
+                    pods = [p for p in await _pods(info) if p["metadata"]["name"] in names]
+                    return pods if sum(bool(p["spec"].get("nodeName")) for p in pods) >= k else None
+
+                creating = asyncio.create_task(create_all())
+                await wait_until(lambda: bound_count(1), "the first pod bound", interval=0.05)
+                await kc.delete(f"{path}/{first[0]['metadata']['name']}", {"gracePeriodSeconds": 0})
+                await creating
+
+                async def running():
+                    pods = [p for p in await _pods(info) if p["metadata"]["name"] in names]
+                    return pods if len(pods) == n and all(
+                        (p.get("status") or {}).get("phase") == "Running" for p in pods) else None
+
+                pods = await wait_until(running, "every pod running", timeout=300)
+                later = scheduler_pods(await _pods(info))
+                cms = {p["metadata"]["name"]: (await kc.get(
+                    f"/api/v1/namespaces/{NS}/configmaps/{p['metadata']['name']}-gpupool"))["data"]
+                       for p in pods}
+                return first[0], later, pods, cms
+            finally:
+                for name in names:
+                    try:
+                        await kc.delete(f"{path}/{name}", {"gracePeriodSeconds": 0})
+                    except Exception:
+                        pass
+
+    first, later, pods, cms = run(go())
+    assert later and all(p["metadata"]["uid"] != first["metadata"]["uid"] for p in later)
+    use: dict[str, int] = {}
+    for p in pods:
+        ann, name = p["metadata"]["annotations"], p["metadata"]["name"]
+        assert p["spec"]["nodeName"] == ann[A.PLANNED_NODE] == info.real_node
+        assert p["status"]["containerStatuses"][0]["restartCount"] == 0
+        assert cms[name]["GPUPOOL_GPU_INDEX"] == ann[A.GPU_INDICES]
+        use[ann[A.GPU_INDICES]] = use.get(ann[A.GPU_INDICES], 0) + int(ann[A.GPU_MILLI])
+    assert sum(use.values()) == n * 250
+    assert all(v <= 1000 for v in use.values()), f"a GPU holds more than itself: {use}"
