@@ -328,9 +328,9 @@ def _check_share(info: ClusterInfo, images, probe: dict, pod: dict, share_env: d
     assert env["CODE_SERVER_CONFIG"] == "/tmp/gpupool-code-server/config.yaml"
 
 
-def _stop(base: str, token: str, server: str = "") -> None:
+def _stop(base: str, token: str, server: str = "", user: str = "alice") -> None:
     path = f"servers/{server}" if server else "server"
-    req = urllib.request.Request(f"{base}/hub/api/users/alice/{path}",
+    req = urllib.request.Request(f"{base}/hub/api/users/{user}/{path}",
                                  method="DELETE", headers={"Authorization": f"token {token}"})
     # The stop is idempotent; the port-forward under it may drop a connection (the hub
     # answers the repeat as it did the first), an HTTP error is an answer and fails.
@@ -1051,3 +1051,85 @@ def test_deleting_the_scheduler_pod_binds_each_pod_once(release: ClusterInfo, im
         use[ann[A.GPU_INDICES]] = use.get(ann[A.GPU_INDICES], 0) + int(ann[A.GPU_MILLI])
     assert sum(use.values()) == n * 250
     assert all(v <= 1000 for v in use.values()), f"a GPU holds more than itself: {use}"
+
+
+# -- an attacker inside alice's workspace ------------------------------------------------------
+ATTACK = r"""
+import json, os, ssl, sys, urllib.error, urllib.request
+bob_ip, hub, ns = sys.argv[1:4]
+mine = os.environ.get("JUPYTERHUB_API_TOKEN", "")
+def get(url, token=""):
+    h = {"Authorization": "token " + token} if token else {}
+    ctx = ssl._create_unverified_context() if url.startswith("https") else None
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=h), timeout=15, context=ctx) as r:
+            return [r.status, r.read(4000).decode(errors="replace")]
+    except urllib.error.HTTPError as e:
+        return [e.code, ""]
+    except Exception as e:
+        return [type(e).__name__, ""]
+def cmd(p):
+    try:
+        return open("/proc/%s/cmdline" % p, "rb").read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+print(json.dumps({
+    "own_token": bool(mine),
+    "sa_token": os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+    "hub_db": os.path.exists("/srv/jupyterhub/jupyterhub.sqlite"),
+    "k8s_secrets": get("https://kubernetes.default.svc/api/v1/namespaces/%s/secrets" % ns),
+    "hub_users": get("http://%s/hub/api/users" % hub, mine),
+    "hub_bob": get("http://%s/hub/api/users/bob" % hub, mine),
+    "bob_via_proxy": get("http://%s/user/bob/api/contents" % hub, mine),
+    "bob_direct": get("http://%s:8888/user/bob/api/contents" % bob_ip, mine),
+    "bob_direct_no_token": get("http://%s:8888/user/bob/api/contents" % bob_ip),
+    "procs": [cmd(p) for p in os.listdir("/proc") if p.isdigit()],
+    "uid": os.getuid(),
+}))
+"""
+
+
+def test_from_inside_alice_s_workspace_bob_s_work_the_hub_and_the_api_server_stay_closed(
+        homes: ClusterInfo, tmp_path):
+    """alice and bob each run a workspace of nlp on the real node. From a shell in alice's
+    container (``gpupool workspace exec``), with her own server token: no service-account
+    token and no hub database are there; the API server refuses her; the hub's API shows her
+    neither bob nor the user list beyond herself; bob's server refuses her through the proxy
+    and at its pod's address, with her token or none; her container sees only its own
+    processes, as uid 1000."""
+    from tests.hub.hubclient import call
+
+    info = homes
+    with _hub_proxy(info) as base:
+        tok = _tokens(base, "alice", "bob")
+        for user in ("alice", "bob"):
+            r = _cli(base, tok[user], tmp_path / user, "workspace", "start", "--project", "nlp",
+                     "--fraction", "0.25", "--cpu", "0.5", "--memory", "2")
+            assert r.returncode == 0, r.stderr
+        try:
+            for user in ("alice", "bob"):
+                async def ready(user=user):
+                    status, body = call(base, tok[user], "GET", f"/hub/api/users/{user}", api=False)
+                    return status == 200 and (body["servers"].get("") or {}).get("ready")
+
+                run(wait_until(ready, f"{user}'s workspace ready", timeout=400, interval=2))
+            bob_ip = _workload_pod(info, "ws-bob")["status"]["podIP"]
+            r = _cli(base, tok["alice"], tmp_path / "alice", "workspace", "exec", "ws-alice", "--",
+                     "python3", "-c", ATTACK, bob_ip, f"{RELEASE}-hub", NS)
+            assert r.returncode == 0, r.stderr
+            seen = json.loads(r.stdout.strip().splitlines()[-1])
+        finally:
+            for user in ("alice", "bob"):
+                _stop(base, tok[user], user=user)
+    assert seen["own_token"], "the workspace has its own server token (the test's premise)"
+    assert not seen["sa_token"] and not seen["hub_db"]
+    assert seen["k8s_secrets"][0] != 200, seen["k8s_secrets"]
+    code, body = seen["hub_users"]
+    assert code in (403, 404) or (code == 200 and '"bob"' not in body), seen["hub_users"]
+    assert seen["hub_bob"][0] in (403, 404), seen["hub_bob"]
+    for key in ("bob_via_proxy", "bob_direct", "bob_direct_no_token"):
+        assert seen[key][0] != 200, (key, seen[key])
+    assert not any("jupyterhub_config" in c or "configurable-http-proxy" in c
+                   for c in seen["procs"]), seen["procs"]
+    assert not any("/user/bob/" in c for c in seen["procs"]), seen["procs"]
+    assert seen["uid"] == 1000
