@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import re
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,19 +76,46 @@ def port_forward(info: ClusterInfo, ns: str, target: str, port: int,
                  local: int = 0) -> Iterator[str]:
     """``kubectl port-forward`` to ``target`` (``pod/NAME``, ``svc/NAME``) ``port`` through
     the API server, on local port ``local`` (0: a free one); yields
-    ``http://127.0.0.1:LOCAL``."""
-    pf = subprocess.Popen([str(info.kubernetes_bin / "kubectl"), "-n", ns, "port-forward",
-                           target, f"{local or ''}:{port}"], env=info.env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ``http://127.0.0.1:LOCAL``. kubectl ends its forward when one forwarded connection breaks
+    (a browser's websocket closed mid-stream does it): it is started again on the same local
+    port, and its output is read so that it never blocks on a full pipe."""
+    stopping = threading.Event()
+    bound: list[int] = []
+
+    def start(at: int) -> subprocess.Popen:
+        return subprocess.Popen([str(info.kubernetes_bin / "kubectl"), "-n", ns, "port-forward",
+                                 target, f"{at or ''}:{port}"], env=info.env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def keep(pf: subprocess.Popen) -> None:
+        while True:
+            assert pf.stdout is not None
+            for _ in pf.stdout:  # "Handling connection for ...": read, not kept
+                pass
+            pf.wait()
+            if stopping.is_set():
+                return
+            time.sleep(0.5)
+            if stopping.is_set():
+                return
+            pf = procs[0] = start(bound[0])
+            assert pf.stdout is not None
+            pf.stdout.readline()  # its forwarding line (or its error, and it ends again)
+
+    procs = [start(local)]
     try:
-        assert pf.stdout is not None
-        line = pf.stdout.readline()
-        local = re.search(r"127\.0\.0\.1:(\d+) -> \d+", line)
-        assert local, f"no forwarding line: {line!r} {pf.stderr.read() if pf.poll() else ''}"
-        yield f"http://127.0.0.1:{local.group(1)}"
+        first = procs[0]
+        assert first.stdout is not None
+        line = first.stdout.readline()
+        found = re.search(r"127\.0\.0\.1:(\d+) -> \d+", line)
+        assert found, f"no forwarding line: {line!r} {first.stdout.read() if first.poll() is not None else ''}"
+        bound.append(int(found.group(1)))
+        threading.Thread(target=keep, args=(first,), daemon=True).start()
+        yield f"http://127.0.0.1:{bound[0]}"
     finally:
-        pf.terminate()
-        pf.wait(timeout=10)
+        stopping.set()
+        procs[0].terminate()
+        procs[0].wait(timeout=10)
 
 
 def ns_inode(pid: int, kind: str) -> str | None:

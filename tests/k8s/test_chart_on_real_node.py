@@ -255,9 +255,9 @@ print(json.dumps({"total": total.value, "hostname": os.uname().nodename,
 
 @pytest.fixture(scope="module")
 def homes(release: ClusterInfo, tmp_path_factory):
-    """Volumes for the home claims of alice's servers (KubeSpawner makes one claim per
-    server; kube-controller-manager binds each to one of these)."""
-    for i in range(2):
+    """Volumes for the home claims of alice's two servers and bob's (KubeSpawner makes one
+    claim per server; kube-controller-manager binds each to one of these)."""
+    for i in range(3):
         home = tmp_path_factory.mktemp(f"home{i}")
         home.chmod(0o777)  # the image's user (1000) writes its home
         run(_volume(release, f"real-node-chart-home-{i}", home))
@@ -1112,7 +1112,10 @@ def test_from_inside_alice_s_workspace_bob_s_work_the_hub_and_the_api_server_sta
                     status, body = call(base, tok[user], "GET", f"/hub/api/users/{user}", api=False)
                     return status == 200 and (body["servers"].get("") or {}).get("ready")
 
-                run(wait_until(ready, f"{user}'s workspace ready", timeout=400, interval=2))
+                try:
+                    run(wait_until(ready, f"{user}'s workspace ready", timeout=400, interval=2))
+                except AssertionError:
+                    pytest.fail(f"{user}'s workspace did not start:\n{_describe(info)}")
             bob_ip = _workload_pod(info, "ws-bob")["status"]["podIP"]
             r = _cli(base, tok["alice"], tmp_path / "alice", "workspace", "exec", "ws-alice", "--",
                      "python3", "-c", ATTACK, bob_ip, f"{RELEASE}-hub", NS)
