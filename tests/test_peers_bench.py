@@ -79,7 +79,15 @@ def test_the_gang_binds_whole(results):
 
 
 def test_every_fraction_is_placed_on_a_shared_gpu(results):
-    for name, row in results["fractions"]["schedulers"].items():
-        assert row["bound"] == row["pods"] == SMALL_NODES * 6, name
-        assert row["gpus_ideal"] == SMALL_NODES * 2
-        assert row["gpus_ideal"] <= row["gpus_used"] < row["pods"], name
+    """gpupool binds every fraction on shared GPUs; a peer's bound fractions share GPUs too.
+    A peer may leave a fraction unbound past the stall (KAI's binder has left 1 or 2 of 24
+    waiting on its back-off in some runs): that is the peer's result, which the bench reports,
+    not a failure of the run."""
+    rows = results["fractions"]["schedulers"]
+    for name, row in rows.items():
+        assert row["pods"] == SMALL_NODES * 6 and row["gpus_ideal"] == SMALL_NODES * 2, name
+        assert 0 < row["bound"] <= row["pods"], name
+        assert row["gpus_used"] < row["bound"], name  # shared, not one GPU per fraction
+    ours = rows["gpupool"]
+    assert ours["bound"] == ours["pods"], ours
+    assert ours["gpus_ideal"] <= ours["gpus_used"], ours
