@@ -34,9 +34,7 @@ the team wants over-quota GPUs: the time the Jain index counts it as owed a shar
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -47,10 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sweeplib  # noqa: E402
 
 from scheduler import guarantee  # noqa: E402
-from scheduler.actions.evictions import Floor, may_take  # noqa: E402
 from scheduler.guarantee import protection  # noqa: E402
 from scheduler.model import MILLI, State, Workload  # noqa: E402
 from scheduler.sim import replay  # noqa: E402
+from scheduler.sim.startable import holds, room_on, takeable_from  # noqa: E402
 from scheduler.snapshot import SchedulerConfig  # noqa: E402
 
 
@@ -84,17 +82,7 @@ def fits(r, w: Workload, nodes: dict, keeps) -> bool:
                 keep_gpu[p.node][g] += p.gpu_milli
             keep_res[p.node][0] += v.demand.cpu_milli
             keep_res[p.node][1] += v.demand.memory_mib
-    return any(holds(node, d, keep_gpu[name], keep_res[name]) for name, node in nodes.items())
-
-
-def holds(node, d, kept_gpu: dict[int, int] | None = None, kept_res: tuple[int, int] | list[int] = (0, 0)) -> bool:
-    """Could ``node`` hold a pod of demand ``d`` beside what is kept there (milli per GPU
-    index, and CPU and memory)? With nothing kept: is the node big enough for it at all."""
-    if node.cpu_milli - kept_res[0] < d.cpu_milli or node.memory_mib - kept_res[1] < d.memory_mib:
-        return False
-    kept_gpu = kept_gpu or {}
-    room = sum(1 for g in node.gpus if kept_gpu.get(g.index, 0) + d.milli_on(g.memory_mib) <= MILLI)
-    return room >= max(1, d.gpus)
+    return any(holds(node, d, keep_gpu[name], *keep_res[name]) for name, node in nodes.items())
 
 
 def held_back(r, w: Workload, nodes: dict) -> bool:
@@ -109,22 +97,20 @@ def held_back(r, w: Workload, nodes: dict) -> bool:
     return not _room_by_the_rules(r, w, nodes)
 
 
-# Past this many sets of victims on one node the reading gives up and counts room (the
-# bound above): the meter stays an upper bound on what the rules allow, never below it.
-_MOST_SETS = 4096
-
-
 def _room_by_the_rules(r, w: Workload, nodes: dict) -> bool:
-    """Would some node hold ``w`` with its own project's unprotected work gone and, of
-    each other project over its quota, a set of its unprotected work there that the
-    reclaim rule allows one plan to take (``scheduler.actions.evictions.may_take`` with
-    the quota as a ``below`` floor, counting the whole of each piece)?"""
+    """Would some node hold ``w`` with its own project's unprotected work gone and, of each
+    other project the rules take from for it, a set of its unprotected work there that the
+    reclaim rule lets one plan take? The replay's own reading (``sim.startable``:
+    ``takeable_from`` names the projects and the floors they keep, ``room_on`` weighs the
+    sets), with evicted work released."""
     on: dict[str, list[Workload]] = defaultdict(list)
     for v in r.snap.workloads.values():
         if v.state in (State.RUNNING, State.RELEASING):
             for node in {p.node for p in v.placement}:
                 on[node].append(v)
-    held, quota = r.meter.held, r.quota
+    cfg = getattr(r.snap, "config", None) or SchedulerConfig()
+    floors = takeable_from(w, r.jobs[w.name].milli, r.meter.held, r.quota, r.fair,
+                           getattr(r.snap, "over_quota_lag", {}), cfg)
     for name, node in nodes.items():
         if not holds(node, w.demand):
             continue
@@ -135,43 +121,11 @@ def _room_by_the_rules(r, w: Workload, nodes: dict) -> bool:
                 continue  # releasing: gone
             if protected(r, v, w):
                 stays.append(v)
-            elif v.project != w.project:
+            elif v.project != w.project and v.project in floors:
                 others[v.project].append(v)
-        sets_per_project = []
-        if any(len(pieces) > 12 for pieces in others.values()):
-            return True  # too many to weigh: counted as room (the bound)
-        for project, pieces in others.items():
-            floor = Floor(quota[project], below=True)
-            allowed = []
-            for k in range(len(pieces) + 1):
-                for chosen in itertools.combinations(pieces, k):
-                    milli = [_milli(v) for v in chosen]
-                    if not chosen or may_take(floor, held[project] - sum(milli), min(milli)):
-                        allowed.append(chosen)
-                if len(allowed) > _MOST_SETS:
-                    return True
-            sets_per_project.append((pieces, allowed))
-        if math.prod(len(a) for _, a in sets_per_project) > _MOST_SETS:
+        if room_on(node, w.demand, stays, others, floors, r.meter.held):
             return True
-        for combo in itertools.product(*(a for _, a in sets_per_project)):
-            gone = {v.name for chosen in combo for v in chosen}
-            kept = stays + [v for pieces, _ in sets_per_project for v in pieces if v.name not in gone]
-            gpu: dict[int, int] = defaultdict(int)
-            res = [0, 0]
-            for v in kept:
-                for p in v.placement:
-                    if p.node == name:
-                        for g in p.gpu_indices:
-                            gpu[g] += p.gpu_milli
-                        res[0] += v.demand.cpu_milli
-                        res[1] += v.demand.memory_mib
-            if holds(node, w.demand, gpu, res):
-                return True
     return False
-
-
-def _milli(v: Workload) -> int:
-    return sum(p.gpu_milli * len(p.gpu_indices) for p in v.placement)
 
 
 # What protects the work that holds a waiting pod back, in the order a holder is read; the

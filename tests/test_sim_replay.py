@@ -891,7 +891,9 @@ def test_wait_causes_hold_back_a_pod_only_behind_work_the_rules_protect():
 
     def replay_with(*running, held):
         snap = SimpleNamespace(workloads={v.name: v for v in running})
-        return SimpleNamespace(snap=snap, meter=SimpleNamespace(held=held), quota={"idle": 2000, "busy": 1000, "mid": 1000})
+        jobs = {"w": SimpleNamespace(milli=4000), "x": SimpleNamespace(milli=8000), "f": SimpleNamespace(milli=500)}
+        return SimpleNamespace(snap=snap, meter=SimpleNamespace(held=held), jobs=jobs, fair={},
+                               quota={"idle": 2000, "busy": 5000, "mid": 1000})
 
     # Another project's training while that project is over its quota: it may be taken.
     over = replay_with(_running("t", "idle", "n0", milli=500), held={"idle": 2500, "busy": 0, "mid": 0})
@@ -934,7 +936,8 @@ def test_wait_causes_take_from_another_project_only_what_the_reclaim_rule_allows
 
     def replay_with(*running, held):
         snap = SimpleNamespace(workloads={v.name: v for v in running})
-        return SimpleNamespace(snap=snap, meter=SimpleNamespace(held=held), quota={"idle": 2000, "busy": 4000, "mid": 1000})
+        return SimpleNamespace(snap=snap, meter=SimpleNamespace(held=held), jobs={"w": SimpleNamespace(milli=4000)},
+                               fair={}, quota={"idle": 2000, "busy": 4000, "mid": 1000})
 
     # idle (quota 2) holds three 1-GPU pieces, 1 over its quota: room for the 4-GPU pod
     # needs all three, which would leave idle at 0, and a piece would fit back: not allowed.

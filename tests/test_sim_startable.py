@@ -84,3 +84,65 @@ def test_a_workspace_that_borrowed_over_its_quota_may_be_taken():
     ws = dataclasses.replace(_on_n1("a1").kind(Kind.WORKSPACE).over_quota().obj(), over_quota=True)
     h, w = _case(ws, a_quota=0)
     assert h.could_start(w)
+
+
+def _pieces(project: str, n: int, node: str = "n1"):
+    return [make_workload(f"{project}{i}").project(project).gpus(1).submitted(1).running((node, (i,), 1000)).obj()
+            for i in range(n)]
+
+
+def test_room_being_released_is_a_reclaim_in_flight_not_room_to_start():
+    # a's borrowed training was evicted for b and is releasing its GPUs: the rules took
+    # that room already, and b's pod waits for it whatever they decide now.
+    import dataclasses
+
+    from scheduler.model import State
+
+    releasing = dataclasses.replace(_on_n1("a1").obj(), state=State.RELEASING)
+    h, w = _case(releasing, a_quota=0)
+    assert not h.could_start(w) and h.hold_causes(w) == {CAUSES[5]}
+    assert not h.fits_free(w)
+
+
+def test_another_project_keeps_what_the_reclaim_rule_leaves_it():
+    # a (quota 3) holds four 1-GPU trainings, one GPU over its quota. Room for b's 4-GPU pod
+    # takes all four, leaving a at 0, and each would fit back in a's quota: the reclaim
+    # rule (``may_take``) does not take them, so b's pod could not start.
+    ds, ps = org(("a", 3), ("b", 4))
+    wait = make_workload("b1").project("b").gpus(4).submitted(10).obj()
+    snap = snapshot([make_node("n1", gpus=4)], ds, ps, [*_pieces("a", 4), wait])
+    h = Holdings(snap, {"a": 4000, "b": 0}, {"a": 3000, "b": 4000})
+    assert not h.could_start(wait, 4000) and h.hold_causes(wait, 4000) == {CAUSES[2]}
+    # One 4-GPU piece instead would be over a's quota if it came back: taken whole.
+    snap = snapshot([make_node("n1", gpus=4)], ds, ps, [_on_n1("a1").obj(), wait])
+    assert Holdings(snap, {"a": 4000, "b": 0}, {"a": 3000, "b": 4000}).could_start(wait, 4000)
+
+
+def test_a_pod_over_its_quota_takes_only_what_fair_share_reclaim_would():
+    # b (quota 0) waits with a 2-GPU training over its quota; a (quota 1) borrowed three
+    # GPUs of the 4-GPU node. Fair-share reclaim takes a's work above a's fair share for b
+    # only while b's pod fits b's own fair share.
+    ds, ps = org(("a", 1), ("b", 0))
+    wait = make_workload("b1").project("b").gpus(2).submitted(10).obj()
+    snap = snapshot([make_node("n1", gpus=4)], ds, ps, [*_pieces("a", 4), wait])
+    held, quota = {"a": 4000, "b": 0}, {"a": 1000, "b": 0}
+    assert Holdings(snap, held, quota, fair={"a": 2000, "b": 2000}).could_start(wait, 2000)
+    # b's fair share is one GPU: its 2-GPU pod is past it, and nothing is taken for it.
+    h = Holdings(snap, held, quota, fair={"a": 3000, "b": 1000})
+    assert not h.could_start(wait, 2000) and h.hold_causes(wait, 2000) == {CAUSES[6]}
+    # a at its fair share: nothing of it is above that share to take.
+    h = Holdings(snap, held, quota, fair={"a": 4000, "b": 2000})
+    assert not h.could_start(wait, 2000)
+
+
+def test_a_pod_over_its_quota_catches_up_from_a_project_ahead_over_time():
+    # As above with b past its fair share now, but b got far less than its share of
+    # over-quota GPUs lately and a far more: catch up takes a's work down to a's quota.
+    ds, ps = org(("a", 1), ("b", 0))
+    wait = make_workload("b1").project("b").gpus(2).submitted(10).obj()
+    snap = snapshot([make_node("n1", gpus=4)], ds, ps, [*_pieces("a", 4), wait])
+    held, quota, fair = {"a": 4000, "b": 0}, {"a": 1000, "b": 0}, {"a": 3000, "b": 1000}
+    assert not Holdings(snap, held, quota, fair).could_start(wait, 2000)
+    gap = 2000 * snap.config.catch_up_s
+    snap.over_quota_lag = {("a", "default"): gap, ("b", "default"): -1.0}
+    assert Holdings(snap, held, quota, fair).could_start(wait, 2000)

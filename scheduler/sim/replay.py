@@ -449,6 +449,9 @@ class _Replay:
         self.pend_all: dict[str, int] = dict.fromkeys(self.quota, 0)  # pending milli
         self.pend_over: dict[str, int] = dict.fromkeys(self.quota, 0)  # of it, may go over quota
         self.period = scn.time.scheduling_period_s
+        # The last decided cycle's fair share per project (milli), which the rules read for
+        # work over its quota; a quiet cycle skipped would have decided the same.
+        self.fair: dict[str, int] = {}
         self.ckpt = scn.time.checkpoint_interval_s
         self.events: list[tuple[float, int, int, str, int]] = []
         self.seq = 0
@@ -557,6 +560,7 @@ class _Replay:
         t0 = time.perf_counter()
         d = decide(snap)
         self.decide_s += time.perf_counter() - t0
+        self.fair = {p: m for (p, pool), m in d.fair_share_milli.items() if pool == DEFAULT_POOL}
         self.quiet = None if d.binds or d.evictions else (self.version, t, snap.over_quota_lag)
         for b in d.binds:
             job = self.jobs[b.workload]
@@ -628,15 +632,15 @@ class _Replay:
         waiting = list(self.snap.pending.values())
         if not m.pending_seen or not waiting:
             return
-        h = Holdings(self.snap, m.held, self.quota)
+        h = Holdings(self.snap, m.held, self.quota, self.fair)
         if self.policy != "gpupool":
             m.could_start = any(self._quota_lets(w) and h.fits_free(w) for w in waiting)
             return
-        if any(self._quota_lets(w) and h.could_start(w) for w in waiting):
+        if any(self._quota_lets(w) and h.could_start(w, self.jobs[w.name].milli) for w in waiting):
             m.could_start = True
             return
         for w in waiting:
-            causes = h.hold_causes(w) if self._quota_lets(w) else {"own quota or limit"}
+            causes = h.hold_causes(w, self.jobs[w.name].milli) if self._quota_lets(w) else {"own quota or limit"}
             for c in causes:
                 m.held_split[c] = m.held_split.get(c, 0.0) + 1 / (len(waiting) * len(causes))
 

@@ -1,44 +1,145 @@
 """Whether the rules let a waiting pod start: the reading of "allocation while work waits"
-(record 0051) that counts only the moments in which some waiting pod could start.
+(records 0051, 0083) that counts only the moments in which some waiting pod could start.
 
-A pod *could start* when some node would hold it (its GPUs, CPUs and memory) with every
-workload gone that the rules let go for it. What stays is *protected* work, by the rules'
+A pod *could start* when some node would hold it (its GPUs, CPUs and memory) with the
+work gone that the rules would take for it. What stays is *protected* work, by the rules'
 own definition (``scheduler.guarantee.protection``):
   not preemptible      a workspace or an inference service inside its team's quota;
   own project          the pod's own project's work of its priority or higher (a project
                        preempts only its lower-priority work for its own);
   other project in quota  another project's work while that project holds no more than
-                       its quota (the in-quota promise);
+                       its quota (the in-quota promise); of a project over its quota, what
+                       the reclaim rule leaves it (``actions.evictions.may_take``);
+  other project's fair share  for a pod over its own quota, another project's work that
+                       neither fair-share reclaim nor catch up would take for it
+                       (``takeable_from``);
   resumed lately       work restarted after an eviction within the resume protection;
-and work that is releasing is already gone. A pod that could not start is *held back*;
-``hold_causes`` names what protects the work on the nodes big enough for it (or that no
-node is).
+  reclaim in flight    work already evicted and releasing its GPUs: the rules took that
+                       room, and the pod waits for it whatever they decide now;
+and a pod that could not start is *held back*; ``hold_causes`` names what protects the work
+on the nodes big enough for it (or that no node is).
 
 The holdings are read once per scheduling cycle into per-node arrays, one per protection
-and project, so that each waiting pod costs a few array sums, not a pass over the work.
+and project, so that each waiting pod costs a few array sums; only where that bound finds
+room does the reading weigh, node by node, which sets of a project's work the reclaim
+rule lets one plan take (``room_on``).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import cast
 
 import numpy as np
 
+from ..actions.evictions import Floor, may_take
 from ..guarantee import evictable, outranks, resumed_lately
-from ..model import MILLI, State, Workload
-from ..snapshot import Snapshot
+from ..model import DEFAULT_POOL, MILLI, Node, PodDemand, State, Workload
+from ..quota import may_catch_up
+from ..snapshot import SchedulerConfig, Snapshot
 
-__all__ = ["CAUSES", "Holdings"]
+__all__ = ["CAUSES", "Holdings", "room_on", "takeable_from"]
 
-CAUSES = ("not preemptible", "own project", "other project in quota", "no node big enough", "resumed lately")
+CAUSES = ("not preemptible", "own project", "other project in quota", "no node big enough", "resumed lately",
+          "reclaim in flight", "other project's fair share")
+
+# Past this many pieces of one project, or sets of pieces, on one node the reading stops
+# weighing and counts room: it stays an upper bound on what the rules allow, never below.
+MOST_PIECES, MOST_SETS = 12, 4096
+
+
+def takeable_from(w: Workload, milli: int, held: dict[str, int], quota: dict[str, int], fair: dict[str, int],
+                  lag: dict[tuple[str, str], float], cfg: SchedulerConfig) -> dict[str, Floor]:
+    """The other projects whose work the rules may take for waiting ``w`` (``milli`` its
+    GPUs), each with the floor it keeps (``actions.evictions``): for a pod inside its
+    project's quota, every project over its quota (quota reclaim, down to the quota and
+    below it as ``may_take`` allows); for one over its quota, a project above its fair
+    share while ``w`` fits its own (fair-share reclaim), or ahead of its share over time
+    while ``w``'s project is behind (catch up, down to the quota). ``fair`` is the cycle's
+    fair share per project, ``lag`` the over-quota lag per (project, pool)."""
+    mine = held.get(w.project, 0)
+    out: dict[str, Floor] = {}
+    if mine + milli <= quota.get(w.project, 0):
+        if cfg.reclaim:
+            out = {p: Floor(q, below=True) for p, q in quota.items() if p != w.project and held.get(p, 0) > q}
+        return out
+    if not cfg.fair_share_reclaim:
+        return out
+    fits_fair = mine + milli <= fair.get(w.project, 0)
+    my_lag = lag.get((w.project, DEFAULT_POOL), 0.0)
+    for p, q in quota.items():
+        if p == w.project or held.get(p, 0) <= q:
+            continue
+        floors = []
+        if fits_fair and held[p] > fair.get(p, 0):
+            floors.append(fair.get(p, 0))
+        if may_catch_up(my_lag, lag.get((p, DEFAULT_POOL), 0.0), milli, cfg.catch_up_s, mine, fair.get(w.project, 0)):
+            floors.append(q)
+        if floors:
+            out[p] = Floor(min(floors))
+    return out
+
+
+def room_on(node: Node, demand: PodDemand, stays: Iterable[Workload], others: dict[str, list[Workload]],
+            floors: dict[str, Floor], held: dict[str, int]) -> bool:
+    """Would ``node`` hold a pod of ``demand`` with ``stays`` kept and, of each project in
+    ``others`` (its unprotected work there), a set that the reclaim rule lets one plan take
+    (``may_take`` with the project's floor, counting the whole of each piece) gone?"""
+    kept = list(stays)
+    sets = []
+    for project, pieces in others.items():
+        if len(pieces) > MOST_PIECES:
+            return True  # too many to weigh: counted as room (the bound)
+        floor = floors[project]
+        allowed: list[tuple[Workload, ...]] = []
+        for k in range(len(pieces) + 1):
+            for chosen in itertools.combinations(pieces, k):
+                milli = [v.allocated_milli() for v in chosen]
+                if not chosen or may_take(floor, held.get(project, 0) - sum(milli), min(milli)):
+                    allowed.append(chosen)
+            if len(allowed) > MOST_SETS:
+                return True
+        sets.append((pieces, allowed))
+    if math.prod(len(a) for _, a in sets) > MOST_SETS:
+        return True
+    for combo in itertools.product(*(a for _, a in sets)):
+        gone = {v.name for chosen in combo for v in chosen}
+        gpu: dict[int, int] = defaultdict(int)
+        cpu = mem = 0
+        for v in itertools.chain(kept, (v for pieces, _ in sets for v in pieces if v.name not in gone)):
+            for p in v.placement:
+                if p.node == node.name:
+                    for g in p.gpu_indices:
+                        gpu[g] += p.gpu_milli
+                    cpu += v.demand.cpu_milli
+                    mem += v.demand.memory_mib
+        if holds(node, demand, gpu, cpu, mem):
+            return True
+    return False
+
+
+def holds(node: Node, d: PodDemand, kept_gpu: dict[int, int] | None = None, cpu: int = 0, mem: int = 0) -> bool:
+    """Could ``node`` hold a pod of demand ``d`` beside what is kept there (milli per GPU
+    index, CPU and memory)? With nothing kept: is the node big enough for it at all."""
+    if node.cpu_milli - cpu < d.cpu_milli or node.memory_mib - mem < d.memory_mib:
+        return False
+    kept_gpu = kept_gpu or {}
+    room = sum(1 for g in node.gpus if kept_gpu.get(g.index, 0) + d.milli_on(g.memory_mib) <= MILLI)
+    return room >= max(1, d.gpus)
 
 
 class Holdings:
-    """What the running work holds on each node after one cycle, by what protects it."""
+    """What the running and releasing work holds on each node after one cycle, by what
+    protects it. ``fair``: the cycle's fair share per project (milli), which the rules read
+    for work over its quota."""
 
-    def __init__(self, snap: Snapshot, held: dict[str, int], quota: dict[str, int]):
+    def __init__(self, snap: Snapshot, held: dict[str, int], quota: dict[str, int], fair: dict[str, int] | None = None):
+        self.snap, self.held, self.quota, self.fair = snap, held, quota, fair or {}
         nodes = list(snap.nodes.values())
+        self.nodes = nodes
         self.index = {n.name: i for i, n in enumerate(nodes)}
         width = max((len(n.gpus) for n in nodes), default=0)
         self.gpu_mem = np.zeros((len(nodes), width), dtype=np.int64)
@@ -52,20 +153,26 @@ class Holdings:
         self.over = {p: held.get(p, 0) > q for p, q in quota.items()}
         shape = (len(nodes), width)
         # Per key: (GPU milli per node and GPU, CPU per node, memory per node). Keys:
-        # "fixed" (not evictable), "resumed" (resumed lately), and (project, priority) for
-        # the rest.
+        # "fixed" (not evictable), "resumed" (resumed lately), "releasing", and
+        # (project, priority) for the rest.
         self.parts: dict[object, tuple[np.ndarray, np.ndarray, np.ndarray]] = defaultdict(
             lambda: (np.zeros(shape, dtype=np.int64), np.zeros(len(nodes), dtype=np.int64),
                      np.zeros(len(nodes), dtype=np.int64)))
+        self.key_of: dict[str, object] = {}
+        self.on: dict[int, list[Workload]] = defaultdict(list)  # node -> its work, for ``room_on``
         for ws in snap.holding.values():
             for v in ws.values():
-                if v.state != State.RUNNING:
+                if v.state == State.RELEASING:
+                    key: object = "releasing"
+                elif v.state != State.RUNNING:
                     continue
-                key: object = (v.project, v.effective_priority)
-                if resumed_lately(v, snap.now, snap.config.resume_protection_s):
+                elif resumed_lately(v, snap.now, snap.config.resume_protection_s):
                     key = "resumed"
                 elif not evictable(v):
                     key = "fixed"
+                else:
+                    key = (v.project, v.effective_priority)
+                self.key_of[v.name] = key
                 gpu, cpu, mem = self.parts[key]
                 for p in v.placement:
                     i = self.index[p.node]
@@ -73,6 +180,8 @@ class Holdings:
                         gpu[i, gi] += p.gpu_milli
                     cpu[i] += v.demand.cpu_milli
                     mem[i] += v.demand.memory_mib
+                for i in {self.index[p.node] for p in v.placement}:
+                    self.on[i].append(v)
         self._sum: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def _kept(self, keys: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -86,19 +195,31 @@ class Holdings:
             self._sum[key] = (gpu, cpu, mem)
         return self._sum[key]
 
-    def _keys(self, w: Workload) -> dict[str, list]:
+    def milli(self, w: Workload) -> int:
+        return w.gpu_milli_estimate(int(self.gpu_mem.max()) if self.gpu_mem.size else 1)
+
+    def takeable(self, w: Workload, milli: int | None = None) -> dict[str, Floor]:
+        """Of the other projects, those whose work the rules may take for ``w``, with floors."""
+        m = self.milli(w) if milli is None else milli
+        return takeable_from(w, m, self.held, self.quota, self.fair, self.snap.over_quota_lag, self.snap.config)
+
+    def _keys(self, w: Workload, takeable: dict[str, Floor]) -> dict[str, list]:
         """The parts that stay for ``w``, by protection."""
-        own, other = [], []
+        own: list[object] = []
+        other: list[object] = []
+        share: list[object] = []
+        preempt = self.snap.config.preempt
         for k in self.parts:
-            if k in ("fixed", "resumed"):
+            if k in ("fixed", "resumed", "releasing"):
                 continue
             project, prio = cast(tuple[str, int], k)
             if project == w.project:
-                if outranks(prio, w):
+                if outranks(prio, w) or not preempt:
                     own.append(k)
-            elif not self.over.get(project, False):
-                other.append(k)
-        return {CAUSES[0]: ["fixed"], CAUSES[1]: own, CAUSES[2]: other, CAUSES[4]: ["resumed"]}
+            elif project not in takeable:
+                (share if self.over.get(project, False) else other).append(k)
+        return {CAUSES[0]: ["fixed"], CAUSES[1]: own, CAUSES[2]: other, CAUSES[4]: ["resumed"],
+                CAUSES[5]: ["releasing"], CAUSES[6]: share}
 
     def _room(self, w: Workload, kept: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
         """Per node: would it hold ``w`` beside ``kept``?"""
@@ -117,20 +238,45 @@ class Holdings:
         """Would some node hold ``w`` in its free room, every running workload staying?"""
         return bool(self._room(w, self._kept(list(self.parts))).any())
 
-    def could_start(self, w: Workload) -> bool:
-        keys = self._keys(w)
-        return bool(self._room(w, self._kept([k for ks in keys.values() for k in ks])).any())
+    def could_start(self, w: Workload, milli: int | None = None) -> bool:
+        """Would some node hold ``w`` with the work gone that the rules would take for it
+        (``milli``: its GPUs as the quota counts them; read from ``w`` if not given)?"""
+        takeable = self.takeable(w, milli)
+        keys = self._keys(w, takeable)
+        bound = self._room(w, self._kept([k for ks in keys.values() for k in ks]))
+        if not bound.any():
+            return False
+        # The bound took every piece of the projects it may take from; the reclaim rule
+        # takes only sets that leave each its floor: weigh those where the bound found room.
+        for i in np.flatnonzero(bound):
+            stays, others = [], defaultdict(list)
+            for v in self.on.get(int(i), ()):
+                key = self.key_of[v.name]
+                if isinstance(key, tuple) and key[0] in takeable:
+                    others[v.project].append(v)
+                elif not (isinstance(key, tuple) and key[0] == w.project and not outranks(key[1], w)
+                          and self.snap.config.preempt):
+                    stays.append(v)
+            if not others or room_on(self.nodes[i], w.demand, stays, others, takeable, self.held):
+                return True
+        return False
 
-    def hold_causes(self, w: Workload) -> set[str]:
+    def hold_causes(self, w: Workload, milli: int | None = None) -> set[str]:
         """What protects the work on the nodes big enough for ``w``: the protections whose
-        work is there (``CAUSES``), or that no node is big enough."""
+        work is there (``CAUSES``), or that no node is big enough. Work of a project the
+        rules may take from that is there too counts as what its floor protects."""
         nothing = (np.zeros_like(self.gpu_mem), np.zeros_like(self.cpu), np.zeros_like(self.mem))
         big = self._room(w, nothing)
         if not big.any():
             return {CAUSES[3]}
+        m = self.milli(w) if milli is None else milli
+        takeable = self.takeable(w, m)
+        keys = self._keys(w, takeable)
+        floor_cause = CAUSES[2] if self.held.get(w.project, 0) + m <= self.quota.get(w.project, 0) else CAUSES[6]
+        keys[floor_cause] = keys[floor_cause] + [k for k in self.parts if isinstance(k, tuple) and k[0] in takeable]
         out = set()
-        for cause, keys in self._keys(w).items():
-            gpu, cpu, _ = self._kept(keys)
+        for cause, ks in keys.items():
+            gpu, cpu, _ = self._kept(ks)
             if (gpu[big].sum() + cpu[big].sum()) > 0:
                 out.add(cause)
         return out
