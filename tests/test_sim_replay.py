@@ -22,6 +22,7 @@ from scheduler.sim.replay import (
     goals,
     jain,
     make_jobs,
+    over_quota_shares,
     replay,
     replay_all,
 )
@@ -432,6 +433,19 @@ def test_workspace_over_quota_opt_in():
 
 def _minimal():
     return {"name": "m", "departments": [{"name": "d", "projects": [{"name": "x", "quota_share": 1, "pod_share": 1}]}]}
+
+
+def test_jain_leaves_out_what_the_limit_forbids():
+    # b (quota 10, limit 12) holds 11 with a 2-GPU pod waiting: its limit refuses the pod, so
+    # b wants no more than the 1 over quota it holds; a holds 15 and wants more. Counting
+    # b's refused pod, b "deserves" 3 of the 6 over-quota GPUs and the index drops to 0.69.
+    quota = {"a": 10, "b": 10}
+    held, w = {"a": 15, "b": 11}, {"a": 1, "b": 1}
+    assert jain(held, {"a": 100, "b": 2}, quota, w) == pytest.approx(36 / 52, abs=1e-3)
+    names, alloc, share = over_quota_shares(held, {"a": 100, "b": 2}, quota, w, {"b": 12})
+    assert dict(zip(names, share)) == {"a": pytest.approx(4.0), "b": pytest.approx(2.0)}  # capped at 12 - 10
+    names, alloc, share = over_quota_shares(held, {"a": 100, "b": 0}, quota, w, {"b": 12})
+    assert dict(zip(names, share)) == {"a": pytest.approx(5.0), "b": pytest.approx(1.0)}  # the replay drops the pod
 
 
 def test_jain_over_time_counts_turns():

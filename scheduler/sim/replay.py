@@ -161,7 +161,8 @@ def make_jobs(pods: list[TracePod], scn: Scenario, nodes: list[Node] | None = No
 
 # -- metrics ----------------------------------------------------------------------------
 def over_quota_shares(
-    held: dict[str, int], pend_over: dict[str, int], quota: dict[str, int], weight: dict[str, float]
+    held: dict[str, int], pend_over: dict[str, int], quota: dict[str, int], weight: dict[str, float],
+    limit: dict[str, int] | None = None,
 ) -> tuple[list[str], list[float], list[float]] | None:
     """The projects that want over-quota GPUs now (they hold at least their quota, and what
     they hold plus their pending work that may go over quota exceeds it), the over-quota milli each holds, and its
@@ -170,6 +171,8 @@ def over_quota_shares(
     names, want, alloc = [], [], []
     for p, q in quota.items():
         d = held.get(p, 0) + pend_over.get(p, 0) - q
+        if limit and p in limit:  # never more than its limit lets it hold (as quota.fair_shares)
+            d = min(d, limit[p] - q)
         # Only a project holding its quota competes for over-quota GPUs (record 0052): one
         # below it is short of its quota, which the quota-unserved goal counts.
         if d > 0 and weight[p] > 0 and held.get(p, 0) >= q:
@@ -208,10 +211,12 @@ class Meter:
     cycle has seen and not placed (a pod that just arrived is not yet waiting).
     """
 
-    def __init__(self, projects: list[str], quota: dict[str, int], weight: dict[str, float], window_end: float):
+    def __init__(self, projects: list[str], quota: dict[str, int], weight: dict[str, float], window_end: float,
+                 limit: dict[str, int] | None = None):
         self.projects = projects
         self.quota = quota
         self.weight = weight
+        self.limit = limit or {}
         self.window_end = window_end
         self.held: dict[str, int] = dict.fromkeys(projects, 0)
         self.held_total = 0
@@ -281,7 +286,7 @@ class Meter:
         self.unserved_now = sum(
             max(0, min(q - self.held[p], self.pend_all[p])) for p, q in self.quota.items()
         )
-        self.shares = st = over_quota_shares(self.held, self.pend_over, self.quota, self.weight)
+        self.shares = st = over_quota_shares(self.held, self.pend_over, self.quota, self.weight, self.limit)
         self.jain_now = None
         if st is not None:
             x = [a / s for a, s in zip(st[1], st[2]) if s > 0]
@@ -445,9 +450,11 @@ class _Replay:
         self.queues = _Queues(self.snap, depth)
         self.jobs = {j.name: j for j in jobs}
         window_end = max((j.submit for j in jobs), default=0.0)
-        self.meter = Meter([t.name for t in scn.teams], self.quota, scn.weights(), window_end)
+        self.meter = Meter([t.name for t in scn.teams], self.quota, scn.weights(), window_end, self.limits)
         self.pend_all: dict[str, int] = dict.fromkeys(self.quota, 0)  # pending milli
         self.pend_over: dict[str, int] = dict.fromkeys(self.quota, 0)  # of it, may go over quota
+        # The sizes of that work per project (milli -> pods), for the part its limit lets start.
+        self.pend_sizes: dict[str, dict[int, int]] = {p: {} for p in self.quota}
         self.period = scn.time.scheduling_period_s
         # The last decided cycle's fair share per project (milli), which the rules read for
         # work over its quota; a quiet cycle skipped would have decided the same.
@@ -519,6 +526,8 @@ class _Replay:
         self.pend_all[job.project] += sign * job.milli
         if job.over_ok:
             self.pend_over[job.project] += sign * job.milli
+            sizes = self.pend_sizes[job.project]
+            sizes[job.milli] = sizes.get(job.milli, 0) + sign
 
     def _arrive(self, job: Job, t: float) -> None:
         p = job.project
@@ -599,7 +608,11 @@ class _Replay:
         if self.queues.refill():
             self.version += 1
             self._changed(t)  # the next pods of a queue get a cycle at once
-        self.meter.pend_over = dict(self.pend_over)
+        # Jain counts only the waiting work the quota rules let start (``_quota_lets``): a pod
+        # its project's limit refuses is not wanted over-quota capacity.
+        self.meter.pend_over = {p: self.pend_over[p] if (lim := self.limits.get(p)) is None else
+                                sum(m * n for m, n in self.pend_sizes[p].items() if self.meter.held[p] + m <= lim)
+                                for p in self.pend_over}
         self.meter.pend_all = dict(self.pend_all)
         if self.ledger is not None:
             self.ledger.observe(
