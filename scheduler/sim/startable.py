@@ -158,21 +158,11 @@ class Holdings:
         self.parts: dict[object, tuple[np.ndarray, np.ndarray, np.ndarray]] = defaultdict(
             lambda: (np.zeros(shape, dtype=np.int64), np.zeros(len(nodes), dtype=np.int64),
                      np.zeros(len(nodes), dtype=np.int64)))
-        self.key_of: dict[str, object] = {}
-        self.on: dict[int, list[Workload]] = defaultdict(list)  # node -> its work, for ``room_on``
         for ws in snap.holding.values():
             for v in ws.values():
-                if v.state == State.RELEASING:
-                    key: object = "releasing"
-                elif v.state != State.RUNNING:
+                key = self._key(v)
+                if key is None:
                     continue
-                elif resumed_lately(v, snap.now, snap.config.resume_protection_s):
-                    key = "resumed"
-                elif not evictable(v):
-                    key = "fixed"
-                else:
-                    key = (v.project, v.effective_priority)
-                self.key_of[v.name] = key
                 gpu, cpu, mem = self.parts[key]
                 for p in v.placement:
                     i = self.index[p.node]
@@ -180,9 +170,34 @@ class Holdings:
                         gpu[i, gi] += p.gpu_milli
                     cpu[i] += v.demand.cpu_milli
                     mem[i] += v.demand.memory_mib
-                for i in {self.index[p.node] for p in v.placement}:
-                    self.on[i].append(v)
+        self._on: dict[int, list[tuple[Workload, object]]] | None = None  # node -> its work, for ``room_on``
         self._sum: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # Answers per (project, priority, demand, GPUs): pods of one shape and project share them.
+        self._answers: dict[tuple, object] = {}
+
+    def _key(self, v: Workload) -> object:
+        """Which part ``v`` is held in; None for work that holds nothing."""
+        if v.state == State.RELEASING:
+            return "releasing"
+        if v.state != State.RUNNING:
+            return None
+        if resumed_lately(v, self.snap.now, self.snap.config.resume_protection_s):
+            return "resumed"
+        if not evictable(v):
+            return "fixed"
+        return (v.project, v.effective_priority)
+
+    def _work_on(self, i: int) -> list[tuple[Workload, object]]:
+        """Node ``i``'s work with its part, read once per cycle where a set must be weighed."""
+        if self._on is None:
+            self._on = defaultdict(list)
+            for ws in self.snap.holding.values():
+                for v in ws.values():
+                    key = self._key(v)
+                    if key is not None:
+                        for n in {self.index[p.node] for p in v.placement}:
+                            self._on[n].append((v, key))
+        return self._on.get(i, [])
 
     def _kept(self, keys: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         key = tuple(sorted(map(str, keys)))
@@ -241,6 +256,13 @@ class Holdings:
     def could_start(self, w: Workload, milli: int | None = None) -> bool:
         """Would some node hold ``w`` with the work gone that the rules would take for it
         (``milli``: its GPUs as the quota counts them; read from ``w`` if not given)?"""
+        m = self.milli(w) if milli is None else milli
+        key = ("start", w.project, w.effective_priority, w.demand, m)
+        if key not in self._answers:
+            self._answers[key] = self._could_start(w, m)
+        return bool(self._answers[key])
+
+    def _could_start(self, w: Workload, milli: int) -> bool:
         takeable = self.takeable(w, milli)
         keys = self._keys(w, takeable)
         bound = self._room(w, self._kept([k for ks in keys.values() for k in ks]))
@@ -250,8 +272,7 @@ class Holdings:
         # takes only sets that leave each its floor: weigh those where the bound found room.
         for i in np.flatnonzero(bound):
             stays, others = [], defaultdict(list)
-            for v in self.on.get(int(i), ()):
-                key = self.key_of[v.name]
+            for v, key in self._work_on(int(i)):
                 if isinstance(key, tuple) and key[0] in takeable:
                     others[v.project].append(v)
                 elif not (isinstance(key, tuple) and key[0] == w.project and not outranks(key[1], w)
@@ -265,11 +286,17 @@ class Holdings:
         """What protects the work on the nodes big enough for ``w``: the protections whose
         work is there (``CAUSES``), or that no node is big enough. Work of a project the
         rules may take from that is there too counts as what its floor protects."""
+        m = self.milli(w) if milli is None else milli
+        key = ("causes", w.project, w.effective_priority, w.demand, m)
+        if key not in self._answers:
+            self._answers[key] = self._hold_causes(w, m)
+        return set(cast(set, self._answers[key]))
+
+    def _hold_causes(self, w: Workload, m: int) -> set[str]:
         nothing = (np.zeros_like(self.gpu_mem), np.zeros_like(self.cpu), np.zeros_like(self.mem))
         big = self._room(w, nothing)
         if not big.any():
             return {CAUSES[3]}
-        m = self.milli(w) if milli is None else milli
         takeable = self.takeable(w, m)
         keys = self._keys(w, takeable)
         floor_cause = CAUSES[2] if self.held.get(w.project, 0) + m <= self.quota.get(w.project, 0) else CAUSES[6]
