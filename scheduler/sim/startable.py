@@ -61,11 +61,11 @@ def takeable_from(w: Workload, milli: int, held: dict[str, int], quota: dict[str
     while ``w``'s project is behind (catch up, down to the quota). ``fair`` is the cycle's
     fair share per project, ``lag`` the over-quota lag per (project, pool)."""
     mine = held.get(w.project, 0)
-    out: dict[str, Floor] = {}
     if mine + milli <= quota.get(w.project, 0):
-        if cfg.reclaim:
-            out = {p: Floor(q, below=True) for p, q in quota.items() if p != w.project and held.get(p, 0) > q}
-        return out
+        if not cfg.reclaim:
+            return {}
+        return {p: Floor(q, below=True) for p, q in quota.items() if p != w.project and held.get(p, 0) > q}
+    out: dict[str, Floor] = {}
     if not cfg.fair_share_reclaim:
         return out
     fits_fair = mine + milli <= fair.get(w.project, 0)
